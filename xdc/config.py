@@ -1,0 +1,245 @@
+"""Typed, frozen run configuration.
+
+Every knob of a run lives in one of these dataclasses, with units in field names.
+The resolved config (defaults + file + CLI overrides) is written to every run directory,
+checkpoint manifest and summary, so a number can always be traced back to its settings.
+`load_config` turns a nested dict (from YAML/JSON) into a `RunConfig` and names the exact
+field that is wrong when it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+
+class ConfigError(ValueError):
+    """A config value is missing, unknown or of the wrong type; the message names the field."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A small byte-level decoder-only transformer (about 0.85M parameters by default)."""
+
+    vocab_size: int = 256  # bytes
+    seq_len: int = 128  # tokens per sample window (predicted positions)
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """The corpus: the source text of Python's standard library, present on every machine."""
+
+    max_corpus_bytes: int = 3_000_000  # stop adding documents past this many bytes
+    heldout_every_docs: int = 10  # every 10th document (by sorted path) is held out
+    heldout_samples: int = 32  # fixed held-out windows evaluated for NLL
+    shuffle_seed: int = 1234  # permutation of canonical sample ids
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How the sites train together."""
+
+    mode: Literal["sync", "local"] = "local"
+    per_site_batch: int = 8  # samples per site per inner step
+    inner_lr: float = 3e-3  # AdamW
+    inner_weight_decay: float = 0.0
+    inner_steps_h: int = 8  # DiLoCo H: inner steps between outer synchronisations (local mode)
+    outer_lr: float = 0.7  # outer Nesterov SGD (DiLoCo paper values)
+    outer_momentum: float = 0.9
+    target_useful_tokens: int = 65_536  # run ends once this many distinct tokens are retained
+    eval_every_rounds: int = 4  # held-out NLL cadence, in rounds (sync: steps, local: outer rounds)
+    checkpoint_every_rounds: int = 8
+    compression: Literal["none", "fp16", "int8"] = "none"  # collective payload
+    seed: int = 0  # model init
+    threads_per_site: int = 0  # torch intra-op threads per site process; 0 = cores // sites, min 1
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+@dataclass(frozen=True)
+class LinkProfile:
+    """One direction of one Toxiproxy proxy. 0 means unshaped. KB = 1000 bytes (Toxiproxy's unit)."""
+
+    latency_ms: int = 0
+    jitter_ms: int = 0
+    bandwidth_kbps: int = 0  # kilobytes per second, per connection
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """Both directions of a directed link: `up` is client->server (the link's name order)."""
+
+    up: LinkProfile = field(default_factory=LinkProfile)
+    down: LinkProfile = field(default_factory=LinkProfile)
+
+
+@dataclass(frozen=True)
+class WanConfig:
+    """The shaped WAN and the ZeroMQ transport over it."""
+
+    site_link: LinkSpec = field(default_factory=lambda: LinkSpec(LinkProfile(20, 2, 0), LinkProfile(20, 2, 0)))
+    service_link: LinkSpec = field(default_factory=lambda: LinkSpec(LinkProfile(5, 0, 0), LinkProfile(5, 0, 0)))
+    # Per-link overrides, e.g. {"a_to_b": LinkSpec(...)}; stored as a tuple of pairs to stay hashable.
+    link_overrides: tuple[tuple[str, LinkSpec], ...] = ()
+    curve: bool = True  # CurveZMQ encryption + authentication with per-cluster keys
+    max_frame_bytes: int = 8 * 1024 * 1024  # larger application frames are rejected
+    max_header_bytes: int = 64 * 1024
+    chunk_bytes: int = 1024 * 1024  # collective payloads are split into chunks of at most this
+    heartbeat_interval_ms: int = 200
+    heartbeat_timeout_ms: int = 3000
+    retransmit_timeout_ms: int = 10_000  # no ack progress on a link for this long -> resend
+    zmq_heartbeat_ivl_ms: int = 1000  # ZMTP PING, detects silent blackholes under live TCP
+    linger_ms: int = 200
+    collective_timeout_ms: int = 120_000
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    sites: tuple[str, ...] = ("a", "b", "c")
+    host: str = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    run_id: str = ""
+    runs_dir: str = "runs"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    wan: WanConfig = field(default_factory=WanConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+    def link_spec(self, link_name: str) -> LinkSpec:
+        for name, spec in self.wan.link_overrides:
+            if name == link_name:
+                return spec
+        return self.wan.service_link if link_name.endswith(("_to_coord", "_to_store")) else self.wan.site_link
+
+
+def to_dict(cfg: Any) -> Any:
+    """Plain JSON-able form; link overrides become a mapping."""
+    if dataclasses.is_dataclass(cfg):
+        out = {}
+        for f in dataclasses.fields(cfg):
+            v = getattr(cfg, f.name)
+            if f.name == "link_overrides":
+                out[f.name] = {k: to_dict(s) for k, s in v}
+            else:
+                out[f.name] = to_dict(v)
+        return out
+    if isinstance(cfg, tuple):
+        return [to_dict(x) for x in cfg]
+    return cfg
+
+
+def _coerce(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
+        return _build(tp, value, where)
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise ConfigError(f"{where}: {value!r} is not one of {list(allowed)}")
+        return value
+    if where.endswith("link_overrides"):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping of link name to {{up, down}}")
+        return tuple((str(k), _coerce(LinkSpec, v, f"{where}.{k}")) for k, v in sorted(value.items()))
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {type(value).__name__}")
+        (inner, *_rest) = typing.get_args(tp)
+        return tuple(_coerce(inner, v, f"{where}[{i}]") for i, v in enumerate(value))
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    return value
+
+
+def _build(cls: type, data: dict, where: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"{where or 'config'}: unknown field(s) {unknown}; known: {sorted(names)}")
+    kwargs = {k: _coerce(hints[k], v, f"{where}.{k}" if where else k) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def load_config(data: dict | None = None) -> RunConfig:
+    """Build a RunConfig from a nested dict; missing fields take their defaults."""
+    return _build(RunConfig, data or {}, "")
+
+
+def merge(base: dict, override: dict) -> dict:
+    """Deep-merge two nested dicts (override wins)."""
+    out = dict(base)
+    for k, v in override.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def parse_override(text: str) -> dict:
+    """`train.mode=sync` -> {"train": {"mode": "sync"}}; the value is parsed as JSON when it can be."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected KEY=VALUE, e.g. train.mode=sync")
+    key, raw = text.split("=", 1)
+    try:
+        value: Any = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    out: dict = {}
+    cur = out
+    parts = key.strip().split(".")
+    for p in parts[:-1]:
+        cur = cur.setdefault(p, {})
+    cur[parts[-1]] = value
+    return out
+
+
+def read_config_file(path: str | Path) -> dict:
+    """Read a YAML or JSON config file into a dict (validated later by load_config)."""
+    import yaml
+
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML/JSON: {e}") from e
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: top level must be a mapping")
+    return data
+
+
+def save_config(cfg: RunConfig, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(to_dict(cfg), indent=2, sort_keys=True))
+
+
+def config_from_json(path: str | Path) -> RunConfig:
+    return load_config(json.loads(Path(path).read_text()))
