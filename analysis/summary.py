@@ -1,0 +1,186 @@
+"""Run summary from the structured logs: the work ledger, the byte ledger, the frontier.
+
+Reads only `<run>/logs/*.jsonl` (and the resolved config), never a live process.
+
+Work ledger: every `work_attempted` (site, epoch, round, samples, tokens, FLOPs) is
+retained if a `commit` of that epoch and round, in the lineage of the last commit, names
+the site; otherwise it is lost. attempted = retained + lost holds by construction, per site
+and in total, and the summary checks it.
+
+Byte ledger: each process logs cumulative `wan_counters`; the last snapshot of each is
+summed over everything it sent (side "tx"), so every byte is counted once, by its sender.
+Collective bytes of rounds that never committed are moved to `aborted_collective`.
+The sum is reconciled with Toxiproxy's own per-proxy counters; the difference is the
+ZMTP/CURVE handshake and ZMTP heartbeat traffic that no class owns (framing overhead).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from wan.frames import TRAFFIC_CLASSES
+from xdc.eventlog import read_events
+
+
+def load_logs(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
+    return {p.stem: read_events(p) for p in sorted((run_dir / "logs").glob("*.jsonl"))}
+
+
+def lineage(commits: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The chain of commits from the last one back to the root, oldest first."""
+    if not commits:
+        return []
+    by_id = {c["commit_id"]: c for c in commits}
+    chain = []
+    cur: dict[str, Any] | None = commits[-1]
+    seen = set()
+    while cur is not None and cur["commit_id"] not in seen:
+        seen.add(cur["commit_id"])
+        chain.append(cur)
+        cur = by_id.get(cur.get("parent")) if cur.get("parent") else None
+    return list(reversed(chain))
+
+
+def work_ledger(logs: dict[str, list[dict[str, Any]]], sites: list[str], seq_len: int) -> dict[str, Any]:
+    commits = [e for e in logs.get("coord", []) if e["event"] == "commit"]
+    kept = {(c["epoch"], c["round"]): c for c in lineage(commits)}
+    per_site: dict[str, dict[str, float]] = {}
+    retained_ids: set[int] = set()
+    lost_units: list[dict[str, Any]] = []
+    for s in sites:
+        acc = defaultdict(float)
+        for e in logs.get(s, []):
+            if e["event"] != "work_attempted":
+                continue
+            acc["attempted_tokens"] += e["tokens"]
+            acc["attempted_flops"] += e["flops"]
+            c = kept.get((e["epoch"], e["round"]))
+            if c is not None and s in c.get("members", []):
+                acc["retained_tokens"] += e["tokens"]
+                acc["retained_flops"] += e["flops"]
+                retained_ids.update(e["samples"])
+            else:
+                acc["lost_tokens"] += e["tokens"]
+                acc["lost_flops"] += e["flops"]
+                lost_units.append({"site": s, "epoch": e["epoch"], "round": e["round"], "tokens": e["tokens"]})
+        per_site[s] = {k: acc.get(k, 0) for k in ("attempted_tokens", "retained_tokens", "lost_tokens",
+                                                 "attempted_flops", "retained_flops", "lost_flops")}
+    total = {k: sum(v[k] for v in per_site.values()) for k in next(iter(per_site.values()), {})}
+    balanced = all(v["attempted_tokens"] == v["retained_tokens"] + v["lost_tokens"] for v in per_site.values())
+    return {"per_site": per_site, "total": total, "balanced": balanced, "lost_units": lost_units,
+            "useful_tokens": len(retained_ids) * seq_len, "useful_samples": len(retained_ids),
+            "commits": len(commits), "lineage_length": len(kept)}
+
+
+def byte_ledger(logs: dict[str, list[dict[str, Any]]], committed_rounds: set[tuple[int, int]]) -> dict[str, Any]:
+    by_class = {c: 0 for c in TRAFFIC_CLASSES}
+    by_link: dict[str, int] = defaultdict(int)
+    by_link_class: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    missing = []
+    for proc, events in logs.items():
+        snaps = [e for e in events if e["event"] == "wan_counters"]
+        if not snaps:
+            if proc not in ("launcher",):
+                missing.append(proc)
+            continue
+        for row in snaps[-1]["counters"]:
+            if row["side"] != "tx":
+                continue
+            by_class[row["cls"]] += row["bytes"]
+            by_link[row["link"]] += row["bytes"]
+            by_link_class[row["link"]][row["cls"]] += row["bytes"]
+    # Collective payload of rounds that did not commit -> aborted_collective (payload share of wire bytes).
+    aborted_payload = 0
+    coll_payload = 0
+    for proc, events in logs.items():
+        for e in events:
+            if e["event"] == "collective" and "payload_bytes_sent" in e:
+                coll_payload += e["payload_bytes_sent"]
+                if (e["epoch"], e["round"]) not in committed_rounds:
+                    aborted_payload += e["payload_bytes_sent"]
+    if aborted_payload and coll_payload:
+        moved = round(by_class["collective"] * aborted_payload / coll_payload)
+        by_class["collective"] -= moved
+        by_class["aborted_collective"] += moved
+    return {"by_class": by_class, "by_link": dict(by_link),
+            "by_link_class": {k: dict(v) for k, v in by_link_class.items()}, "processes_without_counters": missing}
+
+
+def reconcile(counted_by_link: dict[str, int], proxy_bytes: dict[str, Any]) -> dict[str, Any]:
+    """Compare counted bytes with Toxiproxy's per-proxy totals (both directions)."""
+    if not proxy_bytes or "error" in proxy_bytes:
+        return {"evidence": "unavailable", "reason": str(proxy_bytes.get("error", "no proxy counters"))}
+    proxy_total = sum(v.get("upstream", 0) + v.get("downstream", 0) for v in proxy_bytes.values())
+    counted_total = sum(counted_by_link.values())
+    per_link = {}
+    for link, v in sorted(proxy_bytes.items()):
+        p = v.get("upstream", 0) + v.get("downstream", 0)
+        c = counted_by_link.get(link, 0)
+        per_link[link] = {"proxy": p, "counted": c, "overhead": p - c}
+    overhead = proxy_total - counted_total
+    return {"evidence": "measured", "proxy_total": proxy_total, "counted_total": counted_total,
+            "overhead_bytes": overhead, "overhead_fraction": overhead / proxy_total if proxy_total else 0.0,
+            "per_link": per_link}
+
+
+def summarize(run_dir: Path, *, proxy_bytes: dict[str, Any], exit_codes: dict[str, int | None],
+              interrupted: bool = False) -> dict[str, Any]:
+    run_dir = Path(run_dir)
+    cfg = json.loads((run_dir / "config.json").read_text())
+    sites = list(cfg["cluster"]["sites"])
+    logs = load_logs(run_dir)
+    work = work_ledger(logs, sites, cfg["model"]["seq_len"])
+    commits = [e for e in logs.get("coord", []) if e["event"] == "commit"]
+    committed = {(c["epoch"], c["round"]) for c in lineage(commits)}
+    nbytes = byte_ledger(logs, committed)
+    evals = [e for s in sites for e in logs.get(s, []) if e["event"] == "eval"]
+    evals.sort(key=lambda e: e["mono_ns"])
+    durable = [e for e in logs.get("store", []) if e["event"] == "checkpoint_durable"]
+    writes = [e for s in sites for e in logs.get(s, []) if e["event"] == "checkpoint_write" and "error" not in e]
+    writes.sort(key=lambda e: e["mono_ns"])
+    frontier = durable[-1] if durable else None
+    frontier_write = next((w for w in reversed(writes) if frontier and w.get("manifest_hash") == frontier["manifest_hash"]),
+                          None)
+    started = next((e for s in sites for e in logs.get(s, []) if e["event"] == "site_started"), {})
+    return {
+        "run_id": cfg["run_id"],
+        "mode": cfg["train"]["mode"],
+        "policy": cfg.get("policy", "none"),
+        "sites": sites,
+        "useful_tokens": work["useful_tokens"],
+        "target_useful_tokens": cfg["train"]["target_useful_tokens"],
+        "attempted_tokens": work["total"].get("attempted_tokens", 0),
+        "retained_tokens": work["total"].get("retained_tokens", 0),
+        "lost_tokens": work["total"].get("lost_tokens", 0),
+        "attempted_flops": work["total"].get("attempted_flops", 0),
+        "retained_flops": work["total"].get("retained_flops", 0),
+        "lost_flops": work["total"].get("lost_flops", 0),
+        "work_by_site": work["per_site"],
+        "work_balanced": work["balanced"],
+        "commits": work["commits"],
+        "frontier_hash": frontier_write.get("samples_sha256") if frontier_write else None,
+        "frontier_manifest_hash": frontier["manifest_hash"] if frontier else None,
+        "frontier_round": frontier.get("round") if frontier else None,
+        "final_heldout_nll": evals[-1]["heldout_nll"] if evals else None,
+        "heldout_nll_curve": [{"round": e["round"], "useful_tokens_trained": e.get("useful_tokens_trained"),
+                               "heldout_nll": e["heldout_nll"], "wall_ns": e["end_wall_ns"]} for e in evals],
+        "bytes_by_class": nbytes["by_class"],
+        "bytes_by_link": nbytes["by_link"],
+        "bytes_by_link_class": nbytes["by_link_class"],
+        "proxy_bytes": proxy_bytes,
+        "reconciliation": reconcile(nbytes["by_link"], proxy_bytes),
+        "exit_codes": exit_codes,
+        "clean_exit": all(exit_codes.get(p) == 0 for p in ["coord", "store", *sites]) and not interrupted,
+        "interrupted": interrupted,
+        "dataset_id": started.get("dataset_id"),
+        "device": started.get("device"),
+        "torch": started.get("torch"),
+        "n_params": started.get("n_params"),
+        "flops_per_token": {"value": started.get("flops_per_token"), "evidence": "measured",
+                            "source": "torch.utils.flop_counter.FlopCounterMode"},
+        "energy": {"evidence": "unavailable", "reason": "no energy counter read in this run"},
+        "config": cfg,
+    }

@@ -1,0 +1,122 @@
+"""Membership decisions as pure functions: (now, state, config) -> (decision, reason).
+
+The coordinator's loop applies the decision and logs the reason when it changes. Nothing
+here reads a clock or a socket, so every rule is tested on a virtual clock.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+
+
+class SiteState(str, enum.Enum):
+    JOINING = "joining"  # registered, not yet in an epoch
+    ACTIVE = "active"  # member of the current epoch, heartbeats on time
+    SUSPECT = "suspect"  # heartbeat overdue by more than the timeout
+    DONE = "done"  # finished its work and said so
+
+
+@dataclass(frozen=True)
+class Site:
+    name: str
+    state: SiteState
+    last_heartbeat_ns: int
+    incarnation: int = 0
+
+
+@dataclass(frozen=True)
+class Membership:
+    epoch: int = 0
+    members: tuple[str, ...] = ()
+    sites: dict[str, Site] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MembershipConfig:
+    expected_sites: tuple[str, ...]
+    heartbeat_timeout_ms: int
+
+
+class Action(str, enum.Enum):
+    NONE = "none"
+    FORM_EPOCH = "form_epoch"  # start a new epoch with `members`
+    SUSPECT = "suspect"  # mark `site` suspect (heartbeat overdue)
+    CLEAR_SUSPICION = "clear_suspicion"
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    members: tuple[str, ...] = ()
+    site: str = ""
+
+
+def transition(state: SiteState, event: str) -> SiteState:
+    """The site state machine; an event that does not apply leaves the state unchanged."""
+    table = {
+        (SiteState.JOINING, "admitted"): SiteState.ACTIVE,
+        (SiteState.ACTIVE, "heartbeat_overdue"): SiteState.SUSPECT,
+        (SiteState.SUSPECT, "heartbeat"): SiteState.ACTIVE,
+        (SiteState.ACTIVE, "done"): SiteState.DONE,
+        (SiteState.SUSPECT, "done"): SiteState.DONE,
+    }
+    return table.get((state, event), state)
+
+
+def decide(now_ns: int, m: Membership, cfg: MembershipConfig) -> tuple[Decision, str]:
+    """What the coordinator should do next about membership, and why."""
+    if m.epoch == 0:
+        joined = sorted(s for s in m.sites if s in cfg.expected_sites)
+        if tuple(joined) == tuple(sorted(cfg.expected_sites)):
+            return Decision(Action.FORM_EPOCH, members=tuple(joined)), f"all {len(joined)} expected sites joined"
+        missing = sorted(set(cfg.expected_sites) - set(joined))
+        return Decision(Action.NONE), f"waiting for {missing} to join"
+    timeout_ns = cfg.heartbeat_timeout_ms * 1_000_000
+    for name in m.members:
+        site = m.sites[name]
+        late_ns = now_ns - site.last_heartbeat_ns
+        if site.state == SiteState.ACTIVE and late_ns > timeout_ns:
+            return (Decision(Action.SUSPECT, site=name),
+                    f"{name}: no heartbeat for {late_ns / 1e6:.0f} ms > timeout {cfg.heartbeat_timeout_ms} ms")
+        if site.state == SiteState.SUSPECT and late_ns <= timeout_ns:
+            return Decision(Action.CLEAR_SUSPICION, site=name), f"{name}: heartbeat resumed"
+    return Decision(Action.NONE), "membership stable"
+
+
+def apply(m: Membership, d: Decision) -> Membership:
+    """The state after applying a decision (pure)."""
+    sites = dict(m.sites)
+    if d.action == Action.FORM_EPOCH:
+        for name in d.members:
+            sites[name] = replace(sites[name], state=transition(sites[name].state, "admitted"))
+        return Membership(epoch=m.epoch + 1, members=d.members, sites=sites)
+    if d.action == Action.SUSPECT:
+        sites[d.site] = replace(sites[d.site], state=transition(sites[d.site].state, "heartbeat_overdue"))
+    elif d.action == Action.CLEAR_SUSPICION:
+        sites[d.site] = replace(sites[d.site], state=transition(sites[d.site].state, "heartbeat"))
+    return replace(m, sites=sites)
+
+
+def on_heartbeat(m: Membership, name: str, now_ns: int, incarnation: int = 0) -> Membership:
+    if name not in m.sites:
+        return m
+    sites = dict(m.sites)
+    sites[name] = replace(sites[name], last_heartbeat_ns=now_ns, incarnation=incarnation or sites[name].incarnation)
+    return replace(m, sites=sites)
+
+
+def on_join(m: Membership, name: str, now_ns: int, incarnation: int) -> Membership:
+    sites = dict(m.sites)
+    prev = sites.get(name)
+    state = prev.state if prev is not None else SiteState.JOINING
+    sites[name] = Site(name, state, now_ns, incarnation)
+    return replace(m, sites=sites)
+
+
+def on_done(m: Membership, name: str) -> Membership:
+    if name not in m.sites:
+        return m
+    sites = dict(m.sites)
+    sites[name] = replace(sites[name], state=transition(sites[name].state, "done"))
+    return replace(m, sites=sites)

@@ -1,0 +1,39 @@
+"""Which canonical samples each site trains on: pure bookkeeping over integers.
+
+The cluster consumes `sample_order` position by position. Round r has `steps_per_round`
+inner steps (1 in sync mode, H in local mode); in each step every member, taken in sorted
+order, takes the next `per_site_batch` positions. A site's samples therefore depend only on
+(round, step in round, its index among the members, the number of members), so any
+process (a site, a reference run, the analysis) can recompute them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from xdc.config import RunConfig
+
+
+def steps_per_round(cfg: RunConfig) -> int:
+    return 1 if cfg.train.mode == "sync" else cfg.train.inner_steps_h
+
+
+def samples_per_round(cfg: RunConfig, n_members: int) -> int:
+    return n_members * cfg.train.per_site_batch * steps_per_round(cfg)
+
+
+def rounds_for_target(cfg: RunConfig, n_members: int) -> int:
+    """Rounds needed until at least target_useful_tokens distinct tokens are trained on."""
+    target_samples = math.ceil(cfg.train.target_useful_tokens / cfg.model.seq_len)
+    return math.ceil(target_samples / samples_per_round(cfg, n_members))
+
+
+def site_samples(order: np.ndarray, cfg: RunConfig, rnd: int, step_in_round: int, site_index: int,
+                 n_members: int) -> list[int]:
+    """Canonical sample ids of one site's batch in one inner step."""
+    b = cfg.train.per_site_batch
+    base = rnd * samples_per_round(cfg, n_members) + step_in_round * n_members * b + site_index * b
+    n = order.size
+    return [int(order[(base + j) % n]) for j in range(b)]

@@ -1,0 +1,92 @@
+"""One site's training state and its update rules, without any networking.
+
+`SiteTrainer` holds the model, the inner AdamW optimizer and (in local mode) the DiLoCo
+outer state. The site agent calls it around the WAN collective; the sync-equivalence test
+calls the same methods in one process, so both follow exactly the same arithmetic.
+
+sync mode, per step:   grads = backward(batch); g = mean over sites (collective); AdamW(g)
+local mode, per round: H x [backward(batch); AdamW] on local params;
+                       delta = global - local (pseudo-gradient); d = mean over sites;
+                       outer Nesterov SGD on global with grad d; local <- global
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from site_agent.model import (build_model, flat_grads, flat_params, load_flat_grads_, load_flat_params_,
+                              measure_flops_per_token, params_hash)
+from xdc.config import RunConfig
+
+
+class SiteTrainer:
+    def __init__(self, cfg: RunConfig, device: torch.device) -> None:
+        self.cfg = cfg
+        self.device = device
+        self.model = build_model(cfg.model, cfg.train.seed).to(device)
+        self.model.train()
+        self.inner_opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.train.inner_lr,
+                                           weight_decay=cfg.train.inner_weight_decay)
+        self.flops_per_token = measure_flops_per_token(self.model, cfg.model, cfg.train.per_site_batch)
+        # DiLoCo outer state: the global parameters [P] (float32, CPU) and Nesterov momentum.
+        self.global_params = torch.nn.Parameter(flat_params(self.model).clone(), requires_grad=False)
+        self.outer_opt = torch.optim.SGD([self.global_params], lr=cfg.train.outer_lr,
+                                         momentum=cfg.train.outer_momentum, nesterov=True)
+        self.inner_steps = 0
+        self.outer_steps = 0
+
+    # ----------------------------------------------------------------- sync mode
+    def compute_grads(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, np.ndarray]:
+        """Loss (nats/token) and flat grads [P] float32 of one batch x, y [B, T]."""
+        self.inner_opt.zero_grad(set_to_none=True)
+        _, loss = self.model(x.to(self.device), y.to(self.device))
+        loss.backward()
+        return float(loss), flat_grads(self.model).numpy()
+
+    def apply_grads(self, avg_grads: np.ndarray) -> None:
+        """One AdamW step with the cluster-averaged grads [P]."""
+        load_flat_grads_(self.model, torch.from_numpy(avg_grads))
+        self.inner_opt.step()
+        self.inner_steps += 1
+
+    # ---------------------------------------------------------------- local mode
+    def inner_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        self.inner_opt.zero_grad(set_to_none=True)
+        _, loss = self.model(x.to(self.device), y.to(self.device))
+        loss.backward()
+        self.inner_opt.step()
+        self.inner_steps += 1
+        return float(loss)
+
+    def pseudo_gradient(self) -> np.ndarray:
+        """global - local [P] float32: the direction the outer optimizer descends along."""
+        return (self.global_params.detach() - flat_params(self.model)).numpy()
+
+    def apply_outer(self, avg_pseudo: np.ndarray) -> None:
+        self.global_params.grad = torch.from_numpy(avg_pseudo.copy())
+        self.outer_opt.step()
+        self.outer_opt.zero_grad(set_to_none=True)
+        load_flat_params_(self.model, self.global_params.detach())
+        self.outer_steps += 1
+
+    # ------------------------------------------------------------------ identity
+    def params_hash(self) -> str:
+        return params_hash(self.model)
+
+    def state_tensors(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Checkpoint blobs: model parameters, inner AdamW state, outer state (CPU tensors)."""
+        # named_parameters, not state_dict: the tied head would be a shared tensor, which safetensors refuses.
+        model = {k: v.detach().to("cpu").clone() for k, v in self.model.named_parameters()}
+        inner: dict[str, torch.Tensor] = {}
+        names = [n for n, _ in self.model.named_parameters()]
+        for (name, p) in zip(names, self.model.parameters()):
+            st = self.inner_opt.state.get(p, {})
+            for key, val in st.items():
+                t = val if torch.is_tensor(val) else torch.tensor(val)
+                inner[f"{name}.{key}"] = t.detach().to("cpu").contiguous()
+        outer = {"global_params": self.global_params.detach().clone()}
+        mom = self.outer_opt.state.get(self.global_params, {}).get("momentum_buffer")
+        if mom is not None:
+            outer["momentum"] = mom.detach().clone()
+        return {"model": model, "inner_optim": inner, "outer": outer}

@@ -1,0 +1,138 @@
+"""The one event record: typed JSON-lines events, one file per process.
+
+Every event carries a stable id (`process:seq`), wall-clock and monotonic nanoseconds,
+the run id, the process name, the membership epoch and the step. Spans carry both bounds
+(`start_wall_ns`/`end_wall_ns`, `start_mono_ns`/`end_mono_ns`). `analysis/` reads only
+these files; nothing a live process held only in memory is needed afterwards.
+
+Monotonic nanoseconds come from CLOCK_MONOTONIC, which is system-wide on Linux, so events
+of different processes on one machine can be ordered on one clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import structlog
+
+
+class EventLog:
+    """Append-only JSON-lines log of one process, safe to use from several threads."""
+
+    def __init__(self, path: str | Path, run_id: str, process: str) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.run_id = run_id
+        self.process = process
+        self.epoch = 0
+        self.step = 0
+        self._seq = itertools.count()
+        self._lock = threading.Lock()
+        # Line-buffered append: every event is on disk (page cache) when emit returns, so a
+        # SIGKILL loses at most the event being written.
+        self._file = open(self.path, "a", buffering=1, encoding="utf-8")
+        self._logger = structlog.wrap_logger(
+            structlog.WriteLogger(self._file),
+            processors=[self._stamp, structlog.processors.JSONRenderer(sort_keys=False, default=_json_default)],
+        )
+
+    def _stamp(self, _logger: Any, _method: str, ev: dict[str, Any]) -> dict[str, Any]:
+        name = ev.pop("event")
+        head = {
+            "id": f"{self.process}:{next(self._seq)}",
+            "event": name,
+            "wall_ns": time.time_ns(),
+            "mono_ns": time.monotonic_ns(),
+            "run_id": self.run_id,
+            "process": self.process,
+            "pid": os.getpid(),
+            "epoch": ev.pop("epoch", self.epoch),
+            "step": ev.pop("step", self.step),
+        }
+        head.update(ev)
+        return head
+
+    def set_context(self, *, epoch: int | None = None, step: int | None = None) -> None:
+        if epoch is not None:
+            self.epoch = epoch
+        if step is not None:
+            self.step = step
+
+    def emit(self, event: str, **fields: Any) -> None:
+        """Append one event. Field values must be JSON-able (numpy/torch scalars are converted)."""
+        with self._lock:
+            self._logger.msg(event, **fields)
+
+    @contextlib.contextmanager
+    def span(self, event: str, **fields: Any) -> Iterator[dict[str, Any]]:
+        """Emit one event when the block ends, with both wall and monotonic bounds.
+
+        The yielded dict may be filled with result fields inside the block. An exception inside
+        the block is recorded as `error` and re-raised.
+        """
+        extra: dict[str, Any] = {}
+        start_wall, start_mono = time.time_ns(), time.monotonic_ns()
+        try:
+            yield extra
+        except BaseException as e:
+            extra["error"] = f"{type(e).__name__}: {e}"
+            raise
+        finally:
+            self.emit(
+                event,
+                start_wall_ns=start_wall,
+                end_wall_ns=time.time_ns(),
+                start_mono_ns=start_mono,
+                end_mono_ns=time.monotonic_ns(),
+                **fields,
+                **extra,
+            )
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._file.closed:
+                self._file.flush()
+                self._file.close()
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "item"):
+        return o.item()
+    if isinstance(o, (set, frozenset, tuple)):
+        return list(o)
+    if isinstance(o, bytes):
+        return o.hex()
+    if isinstance(o, Path):
+        return str(o)
+    return repr(o)
+
+
+def read_events(path: str | Path) -> list[dict[str, Any]]:
+    """Read one process log; a torn last line (process killed mid-write) is skipped."""
+    out: list[dict[str, Any]] = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+def read_run_events(run_dir: str | Path) -> list[dict[str, Any]]:
+    """All events of a run, ordered by monotonic time."""
+    events: list[dict[str, Any]] = []
+    for p in sorted((Path(run_dir) / "logs").glob("*.jsonl")):
+        events.extend(read_events(p))
+    events.sort(key=lambda e: e.get("mono_ns", 0))
+    return events

@@ -1,0 +1,189 @@
+"""The native launcher (the embedded default, no Docker): one run as local OS processes.
+
+`launch(cfg)` starts the real toxiproxy-server on loopback (proxy metrics on), creates one
+proxy per directed link from the topology and applies the link profiles, writes the run
+directory (resolved config, topology, keys), starts the checkpoint store, the coordinator
+and the site agents as separate processes, shows progress from their logs, and on the end
+of the run (or Ctrl-C / SIGTERM) stops every process it started. After every process has
+closed its sockets it reads Toxiproxy's byte counters (Toxiproxy counts a connection's
+bytes when the connection closes), stops Toxiproxy and writes `summary.json`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+from analysis.summary import summarize
+from wan.keys import generate_cluster_keys
+from wan.toxiproxy import ToxiproxyServer, apply_link_spec, free_port
+from xdc.config import RunConfig, save_config
+from xdc.eventlog import EventLog
+from xdc.progress import Progress
+from xdc.topology import COORD, STORE, Link, Topology
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Child side of Popen: get SIGTERM if the launcher dies, so no process is orphaned."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid() % 10000:04d}{int(time.time_ns() % 1000):03d}"
+
+
+class Launcher:
+    def __init__(self, cfg: RunConfig, *, quiet: bool = False, on_progress: Callable[[dict], None] | None = None,
+                 timeout_s: float = 1800.0) -> None:
+        if not cfg.run_id:
+            cfg = replace(cfg, run_id=new_run_id())
+        self.cfg = cfg
+        self.run_dir = Path(cfg.runs_dir) / cfg.run_id
+        self.quiet = quiet
+        self.timeout_s = timeout_s
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.exit_codes: dict[str, int | None] = {}
+        self.toxi: ToxiproxyServer | None = None
+        self.interrupted = False
+        self.log: EventLog | None = None
+
+    # ------------------------------------------------------------------ setup
+    def prepare(self) -> Topology:
+        cfg = self.cfg
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.log = EventLog(self.run_dir / "logs" / "launcher.jsonl", cfg.run_id, "launcher")
+        save_config(cfg, self.run_dir / "config.json")
+        sites = tuple(cfg.cluster.sites)
+        host = cfg.cluster.host
+        binds = {p: f"{host}:{free_port(host)}" for p in (COORD, STORE, *sites)}
+        if cfg.wan.curve:
+            generate_cluster_keys(self.run_dir / "keys", [COORD, STORE, *sites])
+        self.toxi = ToxiproxyServer(host=host, port=0, log_path=self.run_dir / "logs" / "toxiproxy.out")
+        client = self.toxi.start()
+        links: dict[str, Link] = {}
+        for name, c, s in Topology.link_names(sites):
+            proxy = client.create_proxy(name, f"{host}:0", binds[s])
+            toxics = apply_link_spec(client, name, cfg.link_spec(name))
+            links[name] = Link(name, c, s, listen=proxy.listen, upstream=binds[s])
+            self.log.emit("proxy_created", proxy=name, listen=proxy.listen, upstream=binds[s], toxics=toxics)
+        topo = Topology(sites=sites, host=host, binds=binds, links=links, toxiproxy_api=self.toxi.api_address)
+        topo.save(self.run_dir / "topology.json")
+        latest = Path(cfg.runs_dir) / "latest"
+        try:
+            if latest.is_symlink() or latest.exists():
+                latest.unlink()
+            latest.symlink_to(cfg.run_id)
+        except OSError:
+            pass
+        return topo
+
+    def _spawn(self, name: str, module: str, *extra: str) -> None:
+        threads = self.cfg.train.threads_per_site or max(1, (os.cpu_count() or 1) // len(self.cfg.cluster.sites))
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+        root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        out = open(self.run_dir / "logs" / f"{name}.out", "wb")
+        self.procs[name] = subprocess.Popen([sys.executable, "-m", module, "--run-dir", str(self.run_dir), *extra],
+                                            stdout=out, stderr=subprocess.STDOUT, env=env,
+                                            preexec_fn=_die_with_parent)
+        assert self.log is not None
+        self.log.emit("process_started", name=name, pid=self.procs[name].pid, module=module)
+
+    # -------------------------------------------------------------------- run
+    def run(self) -> dict:
+        prev = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+        def _interrupt(signum: int, _frame: object) -> None:
+            self.interrupted = True
+
+        for s in prev:
+            signal.signal(s, _interrupt)
+        summary: dict = {}
+        try:
+            self.prepare()
+            self._spawn(STORE, "checkpoint_store.service")
+            self._spawn(COORD, "coordinator.service")
+            for site in self.cfg.cluster.sites:
+                self._spawn(site, "site_agent.agent", "--site", site)
+            self._watch()
+        finally:
+            self._stop_all()
+            proxy_bytes = {}
+            if self.toxi is not None:
+                try:
+                    proxy_bytes = self.toxi.client.proxy_bytes()
+                except Exception as e:  # report, but never leave processes behind
+                    proxy_bytes = {"error": f"{type(e).__name__}: {e}"}
+                self.toxi.stop()
+            if self.log is not None:
+                self.log.emit("run_finished", exit_codes=self.exit_codes, interrupted=self.interrupted)
+                self.log.close()
+            if (self.run_dir / "config.json").exists():
+                summary = summarize(self.run_dir, proxy_bytes=proxy_bytes, exit_codes=self.exit_codes,
+                                    interrupted=self.interrupted)
+                (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+            for s, h in prev.items():
+                signal.signal(s, h)
+        return summary
+
+    def _watch(self) -> None:
+        prog = Progress(self.run_dir, self.cfg, quiet=self.quiet)
+        deadline = time.monotonic() + self.timeout_s
+        workers = [COORD, *self.cfg.cluster.sites]
+        with prog:
+            while True:
+                prog.update()
+                if self.interrupted:
+                    prog.note("interrupted: stopping every process")
+                    return
+                done = {n: p.poll() for n, p in self.procs.items()}
+                if all(done[n] is not None for n in workers):
+                    prog.update()
+                    return
+                failed = [n for n in workers if done[n] not in (None, 0)]
+                if failed or done[STORE] is not None:
+                    prog.note(f"process exited early: {failed or [STORE]}; stopping the run")
+                    time.sleep(1.0)
+                    return
+                if time.monotonic() > deadline:
+                    prog.note(f"run exceeded {self.timeout_s:.0f} s; stopping it")
+                    return
+                time.sleep(0.25)
+
+    def _stop_all(self) -> None:
+        """SIGTERM what still runs, wait, SIGKILL stragglers; record every exit status."""
+        order = [*self.cfg.cluster.sites, COORD, STORE]
+        for name in order:
+            p = self.procs.get(name)
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for name in order:
+            p = self.procs.get(name)
+            if p is None:
+                continue
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            self.exit_codes[name] = p.returncode
+
+
+def launch(cfg: RunConfig, **kw: object) -> tuple[Path, dict]:
+    ln = Launcher(cfg, **kw)  # type: ignore[arg-type]
+    summary = ln.run()
+    return ln.run_dir, summary

@@ -1,0 +1,122 @@
+"""Live progress of a run, read from the processes' JSON-lines logs as they grow.
+
+Shows useful tokens committed (against the target), the membership epoch and members, and
+each site's current round and last loss, with a rich progress bar. It reads only the logs,
+so it works the same for any launcher.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from xdc.config import RunConfig
+
+
+class LogTail:
+    """Incrementally read complete lines appended to a JSON-lines file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        self.offset += len(data)
+        data = self.partial + data
+        lines = data.split(b"\n")
+        self.partial = lines.pop()
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return out
+
+
+class Progress:
+    def __init__(self, run_dir: Path, cfg: RunConfig, quiet: bool = False) -> None:
+        self.cfg = cfg
+        self.quiet = quiet
+        self.tails = {p: LogTail(run_dir / "logs" / f"{p}.jsonl") for p in ("coord", *cfg.cluster.sites)}
+        self.useful = 0
+        self.epoch = 0
+        self.members: list[str] = []
+        self.sites: dict[str, dict[str, Any]] = {s: {"round": "-", "loss": None, "state": "starting"}
+                                                 for s in cfg.cluster.sites}
+        self.nll: float | None = None
+        self.notes: list[str] = []
+        self.console = Console(stderr=False)
+        self.bar = RichProgress(TextColumn("useful tokens"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                console=self.console)
+        self.task = self.bar.add_task("useful", total=cfg.train.target_useful_tokens)
+        self.live: Live | None = None
+
+    def __enter__(self) -> "Progress":
+        if not self.quiet:
+            self.live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.update(self._render())
+            self.live.__exit__(None, None, None)
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+        if self.quiet:
+            print(text)
+
+    def update(self) -> None:
+        for proc, tail in self.tails.items():
+            for ev in tail.read():
+                self._apply(proc, ev)
+        self.bar.update(self.task, completed=min(self.useful, self.cfg.train.target_useful_tokens))
+        if self.live is not None:
+            self.live.update(self._render())
+
+    def _apply(self, proc: str, ev: dict[str, Any]) -> None:
+        name = ev.get("event")
+        if proc == "coord":
+            if name == "commit":
+                self.useful = max(self.useful, int(ev.get("useful_tokens", 0)))
+            elif name == "membership_epoch":
+                self.epoch = int(ev.get("epoch", 0))
+                self.members = list(ev.get("members", []))
+            return
+        site = self.sites[proc]
+        if name == "compute":
+            site["round"] = ev.get("round")
+            site["loss"] = ev.get("loss")
+            site["state"] = "training"
+        elif name == "eval":
+            self.nll = ev.get("heldout_nll")
+        elif name == "site_stopped":
+            site["state"] = f"stopped ({ev.get('reason')})"
+        elif name == "membership":
+            site["state"] = "joined"
+
+    def _render(self) -> Group:
+        t = Table(title=f"xdc run {self.cfg.run_id}  mode={self.cfg.train.mode}  epoch={self.epoch} "
+                        f"members={','.join(self.members) or '-'}", expand=False)
+        for col in ("site", "round", "train loss", "state"):
+            t.add_column(col)
+        for s, st in self.sites.items():
+            loss = f"{st['loss']:.3f}" if isinstance(st["loss"], (int, float)) else "-"
+            t.add_row(s, str(st["round"]), loss, st["state"])
+        extra = f"held-out NLL: {self.nll:.4f}" if self.nll is not None else "held-out NLL: -"
+        parts: list[Any] = [t, self.bar, extra, *self.notes[-3:]]
+        return Group(*parts)
