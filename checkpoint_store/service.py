@@ -1,0 +1,266 @@
+"""The checkpoint store service: `python -m checkpoint_store.service --run-dir RUN_DIR`.
+
+A process of its own, reached by the sites only over the WAN (through the Toxiproxy proxies
+`<site>_to_store`). It stores uploaded safetensors blobs and JSON manifests in a `BlobStore`
+under `RUN_DIR/store/`; the durable frontier is the last manifest it acknowledged.
+
+Requests (all replies are traffic class "checkpoint", reliable, sent back to the requester with
+the request's epoch, and carry the request's `req`):
+    ckpt_chunk        {req?, upload, offset, sha256} + uint8 buffer   -> (nothing; ckpt_error on failure)
+    ckpt_finish       {req, upload, sha256}                          -> ckpt_blob_ok {req, sha256, bytes}
+    ckpt_manifest     {req, manifest}                                -> ckpt_durable {req, manifest_hash, round}
+    ckpt_frontier_get {req}                                          -> ckpt_frontier {req, manifest_hash, manifest}
+    ckpt_blob_get     {req, sha256, offset, length}                  -> ckpt_blob_part {req, sha256, offset, total} + uint8 buffer
+Any failure                                                          -> ckpt_error {req, reason}
+A chunk's error reply carries `req` = its `req`, else its upload id. Once an upload was refused
+(gap, unknown upload, stale epoch, bad chunk), its later chunks are dropped without a reply until
+the writer restarts it at offset 0.
+
+Fencing: the store durably remembers the highest epoch of any accepted write (chunk, finish,
+manifest). A write whose message epoch is lower is refused with reason "stale_epoch: ...".
+
+This module must not import torch: the store only handles bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import queue
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from checkpoint_store.blobstore import BlobStore, CorruptCheckpoint, StoreError
+from wan.frames import Message
+from wan.node import WanNode
+from xdc.config import config_from_json
+from xdc.eventlog import EventLog
+from xdc.topology import STORE, Topology
+
+KINDS = ("ckpt_chunk", "ckpt_finish", "ckpt_manifest", "ckpt_frontier_get", "ckpt_blob_get")
+CLS = "checkpoint"
+CHUNK_LOG_EVERY = 16
+REFUSED_MEMORY = 1024
+
+
+class StoreService:
+    def __init__(self, *, node: WanNode, store: BlobStore, log: EventLog, run_id: str) -> None:
+        self.node = node
+        self.store = store
+        self.log = log
+        self.run_id = run_id
+        self._chunks: dict[str, int] = {}  # upload id -> chunks received
+        # upload id -> chunks dropped since it was refused (most recent REFUSED_MEMORY uploads)
+        self._refused: collections.OrderedDict[str, int] = collections.OrderedDict()
+        # Largest buffer one reply may carry under the transport's frame limit.
+        self.max_part_bytes = max(1, node.wan.max_frame_bytes - node.wan.max_header_bytes)
+
+    # ------------------------------------------------------------------ replies
+    def _reply(self, msg: Message, kind: str, body: dict[str, Any], arrays: tuple[np.ndarray, ...] = ()) -> None:
+        self.node.send(dest=msg.src, kind=kind, cls=CLS, body=body, arrays=arrays, reliable=True, epoch=msg.epoch)
+
+    def _error(self, msg: Message, req: Any, reason: str) -> None:
+        self.log.emit("ckpt_request_failed", kind=msg.kind, src=msg.src, req=req, msg_epoch=msg.epoch, reason=reason)
+        self._reply(msg, "ckpt_error", {"req": req, "reason": reason})
+
+    def _fenced(self, msg: Message, req: Any) -> bool:
+        """True if the write may proceed; otherwise refuse it (logged, error reply)."""
+        current = self.store.fence_epoch()
+        if msg.epoch < current:
+            reason = f"stale_epoch: request epoch {msg.epoch} < highest accepted write epoch {current}"
+            self.log.emit("write_rejected", kind=msg.kind, src=msg.src, req=req, msg_epoch=msg.epoch,
+                          fence_epoch=current, reason=reason)
+            self._reply(msg, "ckpt_error", {"req": req, "reason": reason})
+            return False
+        return True
+
+    def _accepted(self, msg: Message) -> None:
+        if self.store.raise_fence_epoch(msg.epoch):
+            self.log.emit("store_fence_raised", fence_epoch=msg.epoch, src=msg.src, kind=msg.kind)
+
+    def _drop_upload(self, upload: Any) -> None:
+        if isinstance(upload, str):
+            self.store.abort_upload(upload)
+            self._chunks.pop(upload, None)
+
+    # ------------------------------------------------------------------ handlers
+    def handle(self, msg: Message) -> None:
+        body = msg.body
+        req = body.get("req", body.get("upload") if msg.kind == "ckpt_chunk" else None)
+        try:
+            if msg.kind == "ckpt_chunk":
+                self._on_chunk(msg, req)
+            elif msg.kind == "ckpt_finish":
+                self._on_finish(msg, req)
+            elif msg.kind == "ckpt_manifest":
+                self._on_manifest(msg, req)
+            elif msg.kind == "ckpt_frontier_get":
+                self._on_frontier(msg, req)
+            elif msg.kind == "ckpt_blob_get":
+                self._on_blob_get(msg, req)
+            else:
+                self._error(msg, req, f"bad_request: unknown kind {msg.kind!r}")
+        except CorruptCheckpoint as e:
+            self._error(msg, req, f"corrupt_checkpoint: {e}")
+        except StoreError as e:
+            self._error(msg, req, f"store_error: {e}")
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            self._error(msg, req, f"bad_request: {type(e).__name__}: {e}")
+        except OSError as e:
+            self._error(msg, req, f"io_error: {type(e).__name__}: {e}")
+        except Exception as e:  # a bug here must not take the store down; it is logged and answered
+            self._error(msg, req, f"internal_error: {type(e).__name__}: {e}")
+
+    def _on_chunk(self, msg: Message, req: Any) -> None:
+        upload, offset = msg.body["upload"], msg.body["offset"]
+        if not isinstance(upload, str):
+            raise ValueError(f"upload id must be a string, got {upload!r}")
+        if offset != 0 and upload in self._refused:
+            # The writer was already told this upload failed; later chunks (in flight, or resent
+            # by the transport after a reconnect) are dropped without a reply each.
+            self._refused[upload] += 1
+            return
+        try:
+            if not self._fenced(msg, req):
+                self._refuse(upload)
+                return
+            if len(msg.bufs) != 1 or msg.buf_meta[0][0] != "uint8":
+                raise ValueError(f"a chunk carries exactly one uint8 buffer, got {[m[0] for m in msg.buf_meta]}")
+            data = msg.array(0)
+            if offset == 0:
+                self._refused.pop(upload, None)
+                self.store.begin_upload(upload)
+                self._chunks[upload] = 0
+            self.store.append(upload, offset, data)
+        except Exception:
+            self._refuse(upload)  # a gap, an unknown upload, a bad chunk: this upload cannot complete
+            raise
+        self._accepted(msg)
+        n = self._chunks.get(upload, 0) + 1
+        self._chunks[upload] = n
+        if n % CHUNK_LOG_EVERY == 0:
+            self.log.emit("ckpt_chunk_received", upload=upload, offset=offset, bytes=int(data.size), chunks=n,
+                          src=msg.src)
+
+    def _refuse(self, upload: str) -> None:
+        self._drop_upload(upload)
+        self._refused[upload] = 0
+        self._refused.move_to_end(upload)
+        while len(self._refused) > REFUSED_MEMORY:
+            self._refused.popitem(last=False)
+
+    def _on_finish(self, msg: Message, req: Any) -> None:
+        upload, sha = msg.body["upload"], msg.body["sha256"]
+        if not self._fenced(msg, req):
+            self._drop_upload(upload)
+            return
+        self._chunks.pop(upload, None)
+        self.store.finish_upload(upload, sha)
+        self._accepted(msg)
+        self._reply(msg, "ckpt_blob_ok", {"req": req, "sha256": sha, "bytes": self.store.blob_size(sha)})
+
+    def _on_manifest(self, msg: Message, req: Any) -> None:
+        manifest = msg.body["manifest"]
+        if not self._fenced(msg, req):
+            return
+        if isinstance(manifest, dict) and manifest.get("run_id") != self.run_id:
+            raise StoreError(f"manifest run_id {manifest.get('run_id')!r} is not this run ({self.run_id!r})")
+        h = self.store.put_manifest(manifest)
+        self._accepted(msg)
+        nbytes = sum(self.store.blob_size(s) for s in set(manifest["blobs"].values()))
+        self.log.emit("checkpoint_durable", manifest_hash=h, ckpt_id=manifest["ckpt_id"], round=manifest["round"],
+                      step=manifest["step"], epoch=msg.epoch, parent=manifest["parent"], bytes=nbytes,
+                      blobs=manifest["blobs"], src=msg.src)
+        self._reply(msg, "ckpt_durable", {"req": req, "manifest_hash": h, "round": manifest["round"]})
+
+    def _on_frontier(self, msg: Message, req: Any) -> None:
+        fr = self.store.frontier()
+        h, manifest = fr if fr is not None else (None, None)
+        self._reply(msg, "ckpt_frontier", {"req": req, "manifest_hash": h, "manifest": manifest})
+
+    def _on_blob_get(self, msg: Message, req: Any) -> None:
+        sha, offset, length = msg.body["sha256"], msg.body.get("offset", 0), msg.body.get("length")
+        if length is None or (isinstance(length, int) and length > self.max_part_bytes):
+            length = self.max_part_bytes
+        data = self.store.get_blob(sha, offset, length)
+        total = self.store.blob_size(sha)
+        self._reply(msg, "ckpt_blob_part", {"req": req, "sha256": sha, "offset": offset, "total": total},
+                    (np.frombuffer(data, dtype=np.uint8),))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="checkpoint_store.service", description=__doc__.splitlines()[0])
+    ap.add_argument("--run-dir", required=True, type=Path)
+    args = ap.parse_args(argv)
+    run: Path = args.run_dir
+    cfg = config_from_json(run / "config.json")
+    topo = Topology.load(run / "topology.json")
+    log = EventLog(run / "logs" / "store.jsonl", run_id=cfg.run_id, process=STORE)
+
+    stop = threading.Event()
+    stop_reason: list[str] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop_reason.append(signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    store = BlobStore(run / "store")
+    removed = store.recover()
+    node = WanNode(
+        name=STORE,
+        run_id=cfg.run_id,
+        wan=cfg.wan,
+        log=log,
+        bind=topo.bind_for(STORE),
+        server_links=topo.server_links_for(STORE),
+        members=topo.peers_of(STORE),
+        keys_dir=str(run / "keys") if cfg.wan.curve else None,
+    )
+    inbox = node.inbox(*KINDS)
+    try:
+        node.start()
+    except BaseException as e:
+        log.emit("store_failed", error=f"{type(e).__name__}: {e}")
+        log.close()
+        raise
+    frontier_hash: str | None = None
+    frontier_error: str | None = None
+    try:
+        fr = store.frontier()
+        frontier_hash = fr[0] if fr is not None else None
+    except StoreError as e:
+        frontier_error = str(e)
+    log.emit("store_started", removed=removed, frontier=frontier_hash, frontier_error=frontier_error,
+             fence_epoch=store.fence_epoch(), bind=topo.bind_for(STORE), root=str(store.root))
+    svc = StoreService(node=node, store=store, log=log, run_id=cfg.run_id)
+    rc = 0
+    try:
+        while not stop.is_set():
+            try:
+                msg = inbox.get(timeout=0.2)
+            except queue.Empty:
+                crashed = getattr(node, "crashed", None)
+                if crashed:  # the WAN I/O thread died: nothing can reach us any more
+                    stop_reason.append(f"wan_thread_crashed: {crashed}")
+                    rc = 1
+                    break
+                continue
+            svc.handle(msg)
+    finally:
+        log.emit("store_stopped", reason=stop_reason[0] if stop_reason else "exit")
+        store.close()
+        node.close()
+        log.close()
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
