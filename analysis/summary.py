@@ -66,7 +66,7 @@ def work_ledger(logs: dict[str, list[dict[str, Any]]], sites: list[str], seq_len
                 acc["lost_tokens"] += e["tokens"]
                 acc["lost_flops"] += e["flops"]
                 lost_units.append({"site": s, "epoch": e["epoch"], "round": e["round"], "tokens": e["tokens"]})
-        per_site[s] = {k: acc.get(k, 0) for k in ("attempted_tokens", "retained_tokens", "lost_tokens",
+        per_site[s] = {k: (int(acc.get(k, 0)) if k.endswith("tokens") else float(acc.get(k, 0))) for k in ("attempted_tokens", "retained_tokens", "lost_tokens",
                                                  "attempted_flops", "retained_flops", "lost_flops")}
     total = {k: sum(v[k] for v in per_site.values()) for k in next(iter(per_site.values()), {})}
     balanced = all(v["attempted_tokens"] == v["retained_tokens"] + v["lost_tokens"] for v in per_site.values())

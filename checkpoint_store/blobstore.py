@@ -313,10 +313,14 @@ class BlobStore:
         ck = manifest["ckpt_id"]
         if isinstance(ck, bool) or not isinstance(ck, (str, int)):
             raise StoreError(f"manifest field 'ckpt_id' must be a string or integer, got {ck!r}")
-        for k in ("round", "step", "epoch", "samples", "created_wall_ns"):
+        for k in ("round", "step", "epoch", "created_wall_ns"):
             v = manifest[k]
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise StoreError(f"manifest field {k!r} must be a non-negative integer, got {v!r}")
+        sm = manifest["samples"]
+        if not isinstance(sm, dict) and (isinstance(sm, bool) or not isinstance(sm, int) or sm < 0):
+            raise StoreError(f"manifest field 'samples' must be a non-negative count or a mapping "
+                             f"(e.g. count, tokens, sha256 of the sample ids), got {sm!r}")
         blobs = manifest["blobs"]
         if not isinstance(blobs, dict):
             raise StoreError(f"manifest field 'blobs' must map names to sha256, got {type(blobs).__name__}")

@@ -147,6 +147,7 @@ class Coordinator:
                       journal_commits=len(self.commits))
         last_stats = time.monotonic()
         while not self.stop:
+            self.node.check()
             try:
                 msg = self.q.get(timeout=0.05)
                 self.on_message(msg, time.monotonic_ns())

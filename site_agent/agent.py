@@ -12,6 +12,7 @@ says which of it was retained.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import queue
 import signal
@@ -30,7 +31,7 @@ from site_agent.schedule import rounds_for_target, site_samples, steps_per_round
 from site_agent.trainer import SiteTrainer
 from wan.frames import TrafficClass
 from wan.node import WanNode
-from xdc.config import config_from_json
+from xdc.config import config_from_json, to_dict
 from xdc.eventlog import EventLog
 from xdc.topology import COORD, STORE, Topology
 
@@ -103,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         while not members:
             if stopping["flag"]:
                 return _exit(log, node, 0, "signal before membership")
+            node.check()
             try:
                 msg = ctl_q.get(timeout=0.2)
             except queue.Empty:
@@ -130,16 +132,15 @@ def main(argv: list[str] | None = None) -> int:
             return
         ids = sorted({s for r in range(rnd + 1) for h in range(spr) for i in range(n)
                       for s in site_samples(order, cfg, r, h, i, n)})
-        import hashlib
-        samples = {"count": len(ids), "tokens": len(ids) * tokens_per_sample,
-                   "sha256": hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest(),
-                   "rounds": [0, rnd + 1]}
+        samples_sha = hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()
         with log.span("checkpoint_write", round=rnd) as sp:
             mhash, _manifest = store.save(trainer.state_tensors(), {
                 "run_id": cfg.run_id, "ckpt_id": f"r{rnd}", "round": rnd, "step": step, "epoch": epoch,
-                "parent": parent_ckpt, "samples": samples, "params_hash": trainer.params_hash(),
-                "dataset_id": corpus.dataset_id}, timeout_s=120.0)
-            sp.update(manifest_hash=mhash, samples_sha256=samples["sha256"], useful_tokens=samples["tokens"])
+                "parent": parent_ckpt, "samples": len(ids), "samples_sha256": samples_sha,
+                "useful_tokens": len(ids) * tokens_per_sample, "rounds_covered": [0, rnd + 1],
+                "params_hash": trainer.params_hash(), "dataset_id": corpus.dataset_id,
+                "config": to_dict(cfg)}, timeout_s=120.0)
+            sp.update(manifest_hash=mhash, samples_sha256=samples_sha, useful_tokens=len(ids) * tokens_per_sample)
         parent_ckpt = mhash
 
     # -------------------------------------------------------------------- loop

@@ -169,6 +169,7 @@ class AllReduce:
             if remaining <= 0:
                 missing = sorted(src for (k, src), n in sizes.items() if filled[(k, src)] < n)
                 raise CollectiveAborted(f"round {rnd} phase {phase}: no data from {missing} before the deadline")
+            self.node.check()
             try:
                 msg = self.inbox.get(timeout=min(remaining, 0.5))
             except queue.Empty:

@@ -166,7 +166,14 @@ def test_manifest_naming_missing_blob_is_refused_and_frontier_unchanged(tmp_path
     del bad["samples"]
     with pytest.raises(StoreError, match=r"lacks required field\(s\) \['samples'\]"):
         store.put_manifest(bad)
+    with pytest.raises(StoreError, match="'samples' must be"):
+        store.put_manifest(dict(bad, samples="many"))
+    with pytest.raises(StoreError, match="'round' must be"):
+        store.put_manifest(dict(bad, samples=1, round=-1))
     assert (tmp_path / "FRONTIER").read_bytes() == before
+    # `samples` may also describe the retained samples (as the site agent writes it).
+    h4 = store.put_manifest(dict(bad, samples={"count": 3, "tokens": 384, "sha256": "00" * 32}))
+    assert store.frontier()[0] == h4
 
 
 def test_lineage_parent_must_exist_and_branches_are_kept(tmp_path: Path) -> None:

@@ -121,6 +121,7 @@ class WanNode:
         self._thread: threading.Thread | None = None
         self._wake_addr = f"inproc://wake-{id(self)}"
         self.rejected = 0
+        self.crashed: str | None = None
         self.duplicates = 0
         self.retransmits = 0
 
@@ -170,6 +171,11 @@ class WanNode:
             self._outbox.append((dest, frames, cls, reliable, seq))
         self._wake()
         return seq
+
+    def check(self) -> None:
+        """Raise if the I/O thread died: a process must not wait forever on a dead endpoint."""
+        if self.crashed is not None:
+            raise RuntimeError(f"WAN I/O thread of {self.name} crashed: {self.crashed}")
 
     def unacked(self, dest: str | None = None) -> int:
         with self._lock:
@@ -304,8 +310,9 @@ class WanNode:
                 self._flush_outbox()
                 self._run_periodic()
                 self._check_retransmit()
-        except BaseException as e:  # an I/O thread crash must be visible in the log
-            self.log.emit("wan_thread_crashed", error=f"{type(e).__name__}: {e}")
+        except BaseException as e:  # an I/O thread crash must be visible in the log and to callers
+            self.crashed = f"{type(e).__name__}: {e}"
+            self.log.emit("wan_thread_crashed", error=self.crashed)
             raise
         finally:
             for s in list(self._monitors):
@@ -497,7 +504,7 @@ class WanNode:
                     self._resend_all(peer, "reconnected")
                 self._ever_up[peer] = True
             elif name.startswith("handshake_failed"):
-                self.log.emit("handshake_failed", peer=peer, link=self.routes[peer].link, event=name, code=ev["value"])
+                self.log.emit("handshake_failed", peer=peer, link=self.routes[peer].link, zmq_event=name, code=ev["value"])
 
 
 def _wire(frames: list[Any], curve: bool) -> int:

@@ -68,6 +68,8 @@ class EventLog:
     def emit(self, event: str, **fields: Any) -> None:
         """Append one event. Field values must be JSON-able (numpy/torch scalars are converted)."""
         with self._lock:
+            if self._file.closed:
+                return  # late events (a signal after shutdown) are dropped, not raised
             self._logger.msg(event, **fields)
 
     @contextlib.contextmanager

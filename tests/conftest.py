@@ -1,0 +1,112 @@
+"""Shared fixtures: real cluster runs, launched once per session and reused by several tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from xdc.config import load_config
+from xdc.launcher import launch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A small, fast workload: 12 inner steps of 3 sites x 8 samples x 128 tokens.
+SMALL = {
+    "train": {"per_site_batch": 8, "inner_steps_h": 4, "target_useful_tokens": 36_864, "eval_every_rounds": 1,
+              "checkpoint_every_rounds": 2, "threads_per_site": 1, "device": "cpu"},
+    "wan": {"site_link": {"up": {"latency_ms": 10}, "down": {"latency_ms": 10}},
+            "service_link": {"up": {"latency_ms": 2}, "down": {"latency_ms": 2}}},
+}
+
+
+def run_cluster(tmp: Path, overrides: dict[str, Any]) -> tuple[Path, dict]:
+    from xdc.config import merge
+
+    cfg = load_config(merge(merge(SMALL, overrides), {"runs_dir": str(tmp)}))
+    return launch(cfg, quiet=True, timeout_s=600)
+
+
+@pytest.fixture(scope="session")
+def local_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """Three sites, DiLoCo local mode (H=4), 3 outer rounds, 10 ms latency each way."""
+    return run_cluster(tmp_path_factory.mktemp("local"), {"train": {"mode": "local"}})
+
+
+@pytest.fixture(scope="session")
+def sync_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """Three sites, sync mode, 12 steps over the same samples as local_run."""
+    return run_cluster(tmp_path_factory.mktemp("sync"), {"train": {"mode": "sync"}})
+
+
+def events(run_dir: Path, process: str) -> list[dict]:
+    path = run_dir / "logs" / f"{process}.jsonl"
+    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+
+
+class BackgroundRun:
+    """`xdc run` as a real subprocess, for tests that act on a live cluster."""
+
+    def __init__(self, runs_dir: Path, sets: list[str]) -> None:
+        self.runs_dir = runs_dir
+        cmd = [sys.executable, "-m", "xdc.cli", "run", "--quiet", "--runs-dir", str(runs_dir)]
+        for s in sets:
+            cmd += ["--set", s]
+        self.out = open(runs_dir / "launcher.out", "wb")
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.out, stderr=subprocess.STDOUT,
+                                     env=dict(os.environ, PYTHONPATH=str(ROOT)))
+
+    @property
+    def run_dir(self) -> Path:
+        return (self.runs_dir / "latest").resolve()
+
+    def wait_for_event(self, process: str, name: str, timeout_s: float = 120) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"run ended (rc {self.proc.returncode}) before {process} logged {name}")
+            try:
+                for e in events(self.run_dir, process):
+                    if e["event"] == name:
+                        return e
+            except (FileNotFoundError, json.JSONDecodeError):
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"{process} did not log {name} within {timeout_s} s")
+
+    def wait(self, timeout_s: float = 300) -> int:
+        try:
+            return self.proc.wait(timeout_s)
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.out.close()
+
+
+@pytest.fixture
+def background_run(tmp_path: Path) -> Iterator[Any]:
+    runs: list[BackgroundRun] = []
+
+    def start(sets: list[str]) -> BackgroundRun:
+        r = BackgroundRun(tmp_path, sets)
+        runs.append(r)
+        return r
+
+    yield start
+    for r in runs:
+        r.stop()
