@@ -171,7 +171,7 @@ def test_manifest_naming_missing_blob_is_refused_and_frontier_unchanged(tmp_path
     with pytest.raises(StoreError, match="'round' must be"):
         store.put_manifest(dict(bad, samples=1, round=-1))
     assert (tmp_path / "FRONTIER").read_bytes() == before
-    # `samples` may also describe the retained samples (as the site agent writes it).
+    # `samples` may also be a mapping describing the retained samples (count, tokens, hash of the ids).
     h4 = store.put_manifest(dict(bad, samples={"count": 3, "tokens": 384, "sha256": "00" * 32}))
     assert store.frontier()[0] == h4
 
