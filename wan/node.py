@@ -178,10 +178,12 @@ class WanNode:
             raise RuntimeError(f"WAN I/O thread of {self.name} crashed: {self.crashed}")
 
     def unacked(self, dest: str | None = None) -> int:
+        """Reliable messages not yet acked, including those still queued to be sent."""
         with self._lock:
+            queued = sum(1 for d, _f, _c, rel, _s in self._outbox if rel and (dest is None or d == dest))
             if dest is not None:
-                return len(self._unacked.get(dest, {}))
-            return sum(len(v) for v in self._unacked.values())
+                return queued + len(self._unacked.get(dest, {}))
+            return queued + sum(len(v) for v in self._unacked.values())
 
     def wait_acked(self, timeout_s: float, dest: str | None = None) -> bool:
         deadline = time.monotonic() + timeout_s
