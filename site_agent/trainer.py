@@ -42,7 +42,7 @@ class SiteTrainer:
         self.inner_opt.zero_grad(set_to_none=True)
         _, loss = self.model(x.to(self.device), y.to(self.device))
         loss.backward()
-        return float(loss), flat_grads(self.model).numpy()
+        return float(loss.detach()), flat_grads(self.model).numpy()
 
     def apply_grads(self, avg_grads: np.ndarray) -> None:
         """One AdamW step with the cluster-averaged grads [P]."""
@@ -57,7 +57,7 @@ class SiteTrainer:
         loss.backward()
         self.inner_opt.step()
         self.inner_steps += 1
-        return float(loss)
+        return float(loss.detach())
 
     def pseudo_gradient(self) -> np.ndarray:
         """global - local [P] float32: the direction the outer optimizer descends along."""

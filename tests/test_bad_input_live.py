@@ -1,0 +1,90 @@
+"""Bad input against a live cluster: every frame is rejected with a logged reason, the site trains on.
+
+A real `xdc run` (real processes, real Toxiproxy); the test connects its own ZeroMQ sockets
+straight to site a's listening port, as an intruder on the network would.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import zmq
+import zmq.auth
+
+from tests.conftest import events
+from wan.frames import encode
+from wan.keys import load_keypair, load_public
+
+
+def _dealer(ctx: zmq.Context, addr: str, *, identity: bytes, keys: tuple[bytes, bytes] | None,
+            server_key: bytes | None) -> zmq.Socket:
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.ROUTING_ID, identity)
+    if keys is not None:
+        s.curve_publickey, s.curve_secretkey = keys
+        s.curve_serverkey = server_key
+    s.connect(addr)
+    return s
+
+
+def test_malformed_oversized_stale_and_unauthenticated_frames_are_rejected_and_site_keeps_training(background_run):
+    run = background_run(["train.mode=sync", "train.target_useful_tokens=98304", "train.threads_per_site=1",
+                          "train.device=cpu", "wan.max_frame_bytes=2097152", "train.checkpoint_every_rounds=100"])
+    run.wait_for_event("a", "round_done", timeout_s=180)
+    run_dir = run.run_dir
+    topo = json.loads((run_dir / "topology.json").read_text())
+    cfg = json.loads((run_dir / "config.json").read_text())
+    addr = f"tcp://{topo['binds']['a']}"
+    keys = run_dir / "keys"
+    a_pub = load_public(keys, "a")
+    coord = load_keypair(keys, "coord")  # a cluster key whose identity never connects to a site
+    run_id = cfg["run_id"]
+    ctx = zmq.Context()
+    try:
+        s = _dealer(ctx, addr, identity=b"coord", keys=(coord.public, coord.secret), server_key=a_pub)
+
+        def msg(**kw):
+            base = dict(kind="coll", cls="collective", run=run_id, epoch=1, step=0, src="coord", inc=7, seq=0,
+                        body={"round": 0, "phase": "rs", "shard": 0, "offset": 0, "total": 1, "scale": 1.0})
+            base.update(kw)
+            return encode(**base)
+
+        s.send_multipart(msg(epoch=0))  # stale epoch (the cluster is in epoch 1)
+        s.send_multipart(msg(run="someone-elses-run"))  # wrong run id
+        s.send_multipart(msg(src="mallory"))  # not a member
+        s.send_multipart([b"\xc1 this is not msgpack"])  # malformed header
+        big = np.zeros(1_500_000, dtype=np.uint8)
+        s.send_multipart(msg(arrays=[big, big]))  # 3 MB message, limit is 2 MiB
+        # No CURVE at all, and CURVE with a key the cluster does not know.
+        plain = _dealer(ctx, addr, identity=b"plain", keys=None, server_key=None)
+        plain.send_multipart([b"hello"])
+        stranger_pub, stranger_sec = zmq.curve_keypair()
+        stranger = _dealer(ctx, addr, identity=b"stranger", keys=(stranger_pub, stranger_sec), server_key=a_pub)
+        stranger.send_multipart(msg(src="stranger"))
+        t0 = time.monotonic()
+        want = {"stale_epoch", "wrong_run", "unknown_member", "malformed_header", "too_large"}
+        while time.monotonic() - t0 < 30:
+            reasons = {e["reason"] for e in events(run_dir, "a") if e["event"] == "frame_rejected"}
+            if want <= reasons and any(r.startswith("handshake_failed") for r in reasons) >= 1:
+                break
+            time.sleep(0.5)
+    finally:
+        ctx.destroy(linger=0)
+    rejected = [e for e in events(run_dir, "a") if e["event"] == "frame_rejected"]
+    reasons = {e["reason"] for e in rejected}
+    assert want <= reasons, reasons
+    handshakes = [e for e in rejected if e["reason"].startswith("handshake_failed")]
+    assert len(handshakes) >= 2, rejected  # the plain socket and the unknown key
+    stale = next(e for e in rejected if e["reason"] == "stale_epoch")
+    assert "message epoch 0 < current epoch 1" in stale["detail"]
+    # The site kept training after the attacks and the run ended cleanly.
+    attack_ns = min(e["mono_ns"] for e in rejected)
+    assert run.wait(300) == 0
+    later = [e for e in events(run_dir, "a") if e["event"] == "round_done" and e["mono_ns"] > attack_ns]
+    assert later, "site a did not train after the bad frames"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["clean_exit"] and summary["work_balanced"]
+    assert summary["useful_tokens"] >= 98304
