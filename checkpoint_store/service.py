@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import collections
 import queue
+import time
 import signal
 import sys
 import threading
@@ -242,8 +243,12 @@ def main(argv: list[str] | None = None) -> int:
              fence_epoch=store.fence_epoch(), bind=topo.bind_for(STORE), root=str(store.root))
     svc = StoreService(node=node, store=store, log=log, run_id=cfg.run_id)
     rc = 0
+    last_counters = time.monotonic()
     try:
         while not stop.is_set():
+            if time.monotonic() - last_counters > 2.0:  # a SIGKILLed store loses at most 2 s of counts
+                last_counters = time.monotonic()
+                log.emit("wan_counters", counters=node.counters.snapshot())
             try:
                 msg = inbox.get(timeout=0.2)
             except queue.Empty:
@@ -255,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             svc.handle(msg)
     finally:
+        log.emit("wan_counters", counters=node.counters.snapshot(), rejected=node.rejected,
+                 duplicates=node.duplicates, retransmits=node.retransmits, final=True)
         log.emit("store_stopped", reason=stop_reason[0] if stop_reason else "exit")
         store.close()
         node.close()

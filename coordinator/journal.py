@@ -17,7 +17,20 @@ class Journal:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._drop_torn_tail()
         self._f = open(self.path, "a", encoding="utf-8")
+
+    def _drop_torn_tail(self) -> None:
+        """Cut a partial last line (crash mid-write) so the next record starts on its own line."""
+        if not self.path.exists():
+            return
+        data = self.path.read_bytes()
+        end = data.rfind(b"\n") + 1
+        if end != len(data):
+            with open(self.path, "r+b") as f:
+                f.truncate(end)
+                f.flush()
+                os.fsync(f.fileno())
 
     def append(self, record: dict[str, Any]) -> None:
         self._f.write(json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n")

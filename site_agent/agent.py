@@ -143,6 +143,11 @@ def main(argv: list[str] | None = None) -> int:
             sp.update(manifest_hash=mhash, samples_sha256=samples_sha, useful_tokens=len(ids) * tokens_per_sample)
         parent_ckpt = mhash
 
+    if leader:  # the starting point of the learning curve: the initial weights on the held-out set
+        with log.span("eval", round=-1) as sp:
+            sp["heldout_nll"] = evaluate_nll(trainer.model, hx, hy, device)
+            sp["useful_tokens_trained"] = 0
+
     # -------------------------------------------------------------------- loop
     exit_reason = "completed"
     rc = 0
@@ -186,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             node.send(COORD, "telemetry", TELEMETRY, {"round": rnd, "loss": float(np.mean(losses))}, reliable=False)
             log.emit("round_done", round=rnd, param_hash=phash)
             last = rnd == total_rounds - 1
-            if leader and ((rnd + 1) % cfg.train.eval_every_rounds == 0 or last or rnd == 0):
+            if leader and ((rnd + 1) % cfg.train.eval_every_rounds == 0 or last):
                 with log.span("eval", round=rnd) as sp:
                     sp["heldout_nll"] = evaluate_nll(trainer.model, hx, hy, device)
                     sp["useful_tokens_trained"] = (rnd + 1) * n * spr * cfg.train.per_site_batch * tokens_per_sample

@@ -36,8 +36,8 @@ class CollectiveAborted(RuntimeError):
 
 def reduce_in_order(contribs: Sequence[np.ndarray]) -> np.ndarray:
     """Mean of the contributions, summed left to right in float32 (the reference order)."""
-    acc = np.zeros_like(contribs[0], dtype=np.float32)
-    for c in contribs:
+    acc = np.array(contribs[0], dtype=np.float32, copy=True)
+    for c in contribs[1:]:
         acc += c
     acc /= np.float32(len(contribs))
     return acc

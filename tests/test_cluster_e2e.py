@@ -40,8 +40,8 @@ def test_three_sites_train_through_toxiproxy_with_latency(local_run):
     assert s["lost_tokens"] == 0 and s["retained_tokens"] == s["useful_tokens"]
     # Held-out NLL falls.
     curve = [p["heldout_nll"] for p in s["heldout_nll_curve"]]
-    assert len(curve) >= 3
-    assert curve[-1] < curve[0] - 0.2, curve
+    assert len(curve) >= 4  # the initial weights, then after every round
+    assert curve[-1] < curve[0] - 1.0, curve
     # All six classes are reported; traffic of a fault-free run is in the expected ones.
     assert set(s["bytes_by_class"]) == set(TRAFFIC_CLASSES)
     for cls in ("collective", "checkpoint", "control", "telemetry"):

@@ -69,9 +69,6 @@ def test_torn_last_line_is_reported_and_complete_records_kept(tmp_path: Path) ->
     assert problem.startswith(f"{path}:3: torn record ignored")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG coordinator/journal.py:20: Journal opens a file with a torn tail in "
-                                       "append mode without truncating it, so the first record appended after "
-                                       "restart is glued onto the torn fragment and lost on the next load")
 def test_record_appended_after_a_torn_tail_survives(tmp_path: Path) -> None:
     path = tmp_path / "j.jsonl"
     write(path, RECORDS[:1])

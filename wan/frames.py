@@ -16,6 +16,7 @@ member). Both return precise reasons so a rejected frame is logged with why.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -103,7 +104,7 @@ def encode(
         if not a.flags.c_contiguous:
             raise ValueError("arrays must be C-contiguous to be sent zero-copy")
         meta.append([name, list(a.shape)])
-        frames.append(memoryview(a).cast("B"))
+        frames.append(memoryview(a.reshape(-1)).cast("B"))  # reshape: empty N-d arrays cannot be cast
     header = {
         "v": PROTOCOL_VERSION,
         "run": run,
@@ -154,7 +155,7 @@ def decode(frames: Sequence[Any], *, max_frame_bytes: int, max_header_bytes: int
         raise FrameError("too_large", f"message is {total} bytes, limit {max_frame_bytes}")
     try:
         header = msgpack.unpackb(_buffer(frames[0]), raw=False, strict_map_key=True, max_bin_len=0,
-                                 max_ext_len=0)
+                                 max_ext_len=0, ext_hook=_no_ext)
     except Exception as e:  # msgpack raises several unrelated types for bad input
         raise FrameError("malformed_header", f"header is not valid msgpack ({type(e).__name__}: {e})") from None
     if not isinstance(header, dict):
@@ -173,10 +174,11 @@ def decode(frames: Sequence[Any], *, max_frame_bytes: int, max_header_bytes: int
         raise FrameError("buffer_count", f"header describes {len(meta)} buffers, message has {len(frames) - 1}")
     buf_meta: list[tuple[str, tuple[int, ...]]] = []
     for i, m in enumerate(meta):
-        if (not isinstance(m, list) or len(m) != 2 or m[0] not in ALLOWED_DTYPES or not isinstance(m[1], list)
-                or not all(isinstance(d, int) and d >= 0 for d in m[1])):
+        if (not isinstance(m, list) or len(m) != 2 or not isinstance(m[0], str) or m[0] not in ALLOWED_DTYPES
+                or not isinstance(m[1], list)
+                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in m[1])):
             raise FrameError("bad_buffer_meta", f"buffer {i} description {m!r} is not [dtype, shape]")
-        n = ALLOWED_DTYPES[m[0]].itemsize * int(np.prod(m[1], dtype=np.int64))
+        n = ALLOWED_DTYPES[m[0]].itemsize * math.prod(m[1])  # exact integers: no int64 wrap-around
         if n != sizes[i + 1]:
             raise FrameError("buffer_size", f"buffer {i} is {sizes[i + 1]} bytes, its description says {n}")
         buf_meta.append((m[0], tuple(m[1])))
@@ -185,6 +187,10 @@ def decode(frames: Sequence[Any], *, max_frame_bytes: int, max_header_bytes: int
         src=header["src"], inc=header["inc"], seq=header["seq"], body=header["body"],
         bufs=[_buffer(f) for f in frames[1:]], buf_meta=buf_meta, wire_bytes=total,
     )
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise ValueError(f"msgpack ext type {code} is not allowed in a header")
 
 
 def _buffer(frame: Any) -> memoryview:

@@ -56,7 +56,8 @@ class EventLog:
             "epoch": ev.pop("epoch", self.epoch),
             "step": ev.pop("step", self.step),
         }
-        head.update(ev)
+        for k, v in ev.items():  # user fields never overwrite the stamped ones
+            head.setdefault(k, v)
         return head
 
     def set_context(self, *, epoch: int | None = None, step: int | None = None) -> None:
@@ -93,8 +94,7 @@ class EventLog:
                 end_wall_ns=time.time_ns(),
                 start_mono_ns=start_mono,
                 end_mono_ns=time.monotonic_ns(),
-                **fields,
-                **extra,
+                **{**fields, **extra},  # results filled in the block win over the opening fields
             )
 
     def close(self) -> None:
