@@ -54,7 +54,7 @@ class Progress:
         self.useful = 0
         self.epoch = 0
         self.members: list[str] = []
-        self.sites: dict[str, dict[str, Any]] = {s: {"round": "-", "loss": None, "state": "starting"}
+        self.sites: dict[str, dict[str, Any]] = {s: {"round": "-", "loss": None, "state": "starting", "tokens": 0}
                                                  for s in cfg.cluster.sites}
         self.nll: float | None = None
         self.notes: list[str] = []
@@ -102,6 +102,8 @@ class Progress:
             site["round"] = ev.get("round")
             site["loss"] = ev.get("loss")
             site["state"] = "training"
+        elif name == "work_attempted":
+            site["tokens"] += int(ev.get("tokens", 0))
         elif name == "eval":
             self.nll = ev.get("heldout_nll")
         elif name == "site_stopped":
@@ -112,11 +114,11 @@ class Progress:
     def _render(self) -> Group:
         t = Table(title=f"xdc run {self.cfg.run_id}  mode={self.cfg.train.mode}  epoch={self.epoch} "
                         f"members={','.join(self.members) or '-'}", expand=False)
-        for col in ("site", "round", "train loss", "state"):
+        for col in ("site", "round", "tokens trained", "train loss", "state"):
             t.add_column(col)
         for s, st in self.sites.items():
             loss = f"{st['loss']:.3f}" if isinstance(st["loss"], (int, float)) else "-"
-            t.add_row(s, str(st["round"]), loss, st["state"])
+            t.add_row(s, str(st["round"]), f"{st['tokens']:,}", loss, st["state"])
         extra = f"held-out NLL: {self.nll:.4f}" if self.nll is not None else "held-out NLL: -"
         parts: list[Any] = [t, self.bar, extra, *self.notes[-3:]]
         return Group(*parts)
