@@ -14,6 +14,7 @@ class SiteState(str, enum.Enum):
     JOINING = "joining"  # registered, not yet in an epoch
     ACTIVE = "active"  # member of the current epoch, heartbeats on time
     SUSPECT = "suspect"  # heartbeat overdue by more than the timeout
+    FAILED = "failed"  # suspicion confirmed (or the site announced its preemption): out of the membership
     DONE = "done"  # finished its work and said so
 
 
@@ -36,6 +37,7 @@ class Membership:
 class MembershipConfig:
     expected_sites: tuple[str, ...]
     heartbeat_timeout_ms: int
+    failure_confirm_ms: int = 0  # extra silence after suspicion before a site is declared failed
 
 
 class Action(str, enum.Enum):
@@ -43,6 +45,7 @@ class Action(str, enum.Enum):
     FORM_EPOCH = "form_epoch"  # start a new epoch with `members`
     SUSPECT = "suspect"  # mark `site` suspect (heartbeat overdue)
     CLEAR_SUSPICION = "clear_suspicion"
+    CONFIRM_FAILED = "confirm_failed"  # a suspect stayed silent: it has failed
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,11 @@ def transition(state: SiteState, event: str) -> SiteState:
         (SiteState.SUSPECT, "heartbeat"): SiteState.ACTIVE,
         (SiteState.ACTIVE, "done"): SiteState.DONE,
         (SiteState.SUSPECT, "done"): SiteState.DONE,
+        (SiteState.SUSPECT, "confirmed_failed"): SiteState.FAILED,
+        (SiteState.ACTIVE, "announced_failure"): SiteState.FAILED,
+        (SiteState.SUSPECT, "announced_failure"): SiteState.FAILED,
+        (SiteState.FAILED, "rejoined"): SiteState.JOINING,
+        (SiteState.ACTIVE, "removed"): SiteState.JOINING,
     }
     return table.get((state, event), state)
 
@@ -81,6 +89,9 @@ def decide(now_ns: int, m: Membership, cfg: MembershipConfig) -> tuple[Decision,
                     f"{name}: no heartbeat for {late_ns / 1e6:.0f} ms > timeout {cfg.heartbeat_timeout_ms} ms")
         if site.state == SiteState.SUSPECT and late_ns <= timeout_ns:
             return Decision(Action.CLEAR_SUSPICION, site=name), f"{name}: heartbeat resumed"
+        if site.state == SiteState.SUSPECT and late_ns > timeout_ns + cfg.failure_confirm_ms * 1_000_000:
+            return (Decision(Action.CONFIRM_FAILED, site=name),
+                    f"{name}: still no heartbeat after {late_ns / 1e6:.0f} ms: failed")
     return Decision(Action.NONE), "membership stable"
 
 
@@ -95,6 +106,8 @@ def apply(m: Membership, d: Decision) -> Membership:
         sites[d.site] = replace(sites[d.site], state=transition(sites[d.site].state, "heartbeat_overdue"))
     elif d.action == Action.CLEAR_SUSPICION:
         sites[d.site] = replace(sites[d.site], state=transition(sites[d.site].state, "heartbeat"))
+    elif d.action == Action.CONFIRM_FAILED:
+        sites[d.site] = replace(sites[d.site], state=transition(sites[d.site].state, "confirmed_failed"))
     return replace(m, sites=sites)
 
 
@@ -107,9 +120,12 @@ def on_heartbeat(m: Membership, name: str, now_ns: int, incarnation: int = 0) ->
 
 
 def on_join(m: Membership, name: str, now_ns: int, incarnation: int) -> Membership:
+    """A site asks to join. A new incarnation (restarted process) or a failed site starts over as JOINING."""
     sites = dict(m.sites)
     prev = sites.get(name)
     state = prev.state if prev is not None else SiteState.JOINING
+    if prev is not None and (prev.incarnation != incarnation or prev.state == SiteState.FAILED) and m.epoch > 0:
+        state = SiteState.JOINING
     sites[name] = Site(name, state, now_ns, incarnation)
     return replace(m, sites=sites)
 
@@ -119,4 +135,13 @@ def on_done(m: Membership, name: str) -> Membership:
         return m
     sites = dict(m.sites)
     sites[name] = replace(sites[name], state=transition(sites[name].state, "done"))
+    return replace(m, sites=sites)
+
+
+def set_state(m: Membership, name: str, event: str) -> Membership:
+    """Apply one state-machine event to one site (pure)."""
+    if name not in m.sites:
+        return m
+    sites = dict(m.sites)
+    sites[name] = replace(sites[name], state=transition(sites[name].state, event))
     return replace(m, sites=sites)

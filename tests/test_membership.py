@@ -91,10 +91,11 @@ def test_join_records_time_and_incarnation() -> None:
     assert m.sites["a"] == Site("a", SiteState.JOINING, 5 * MS, 77)
 
 
-def test_rejoin_keeps_state_and_takes_new_incarnation() -> None:
+def test_restarted_site_with_new_incarnation_must_be_readmitted() -> None:
+    # A new process under an old name has fresh weights: it is a joiner, never an active member.
     m = formed()
     m = on_join(m, "a", T0 + 10 * MS, incarnation=999)
-    assert m.sites["a"] == Site("a", SiteState.ACTIVE, T0 + 10 * MS, 999)
+    assert m.sites["a"] == Site("a", SiteState.JOINING, T0 + 10 * MS, 999)
 
 
 def test_formed_epoch_with_fresh_heartbeats_is_stable() -> None:
@@ -133,9 +134,19 @@ def test_applying_suspect_marks_only_that_site() -> None:
         "a": SiteState.ACTIVE, "b": SiteState.SUSPECT, "c": SiteState.ACTIVE}
 
 
-def test_suspect_site_still_silent_is_not_suspected_again() -> None:
+def test_suspect_site_still_silent_is_confirmed_failed() -> None:
     m, now = suspected_b()
-    assert decide(now + 1 * MS, m, CFG) == (Decision(Action.NONE), "membership stable")
+    d, reason = decide(now + 1 * MS, m, CFG)
+    assert d == Decision(Action.CONFIRM_FAILED, site="b")
+    assert reason == "b: still no heartbeat after 3002 ms: failed"
+    assert apply(m, d).sites["b"].state == SiteState.FAILED
+
+
+def test_suspect_within_confirmation_window_is_not_failed_yet() -> None:
+    cfg = MembershipConfig(expected_sites=("c", "a", "b"), heartbeat_timeout_ms=3000, failure_confirm_ms=500)
+    m, now = suspected_b()
+    assert decide(now + 1 * MS, m, cfg) == (Decision(Action.NONE), "membership stable")
+    assert decide(now + 501 * MS, m, cfg)[0] == Decision(Action.CONFIRM_FAILED, site="b")
 
 
 def test_heartbeat_after_suspicion_clears_it() -> None:

@@ -1,0 +1,142 @@
+"""Recovery policies as pure functions: (now, view of the cluster, policy) -> (plan or None, reason).
+
+The coordinator builds a `ClusterView` from what it knows (members, sites confirmed failed,
+restarted sites waiting to join, the last committed round and sample cursor, the durable
+frontier) and asks `decide_recovery` whether a new membership epoch is needed. A `Plan` is
+what every member of the new epoch is told: who is in, whether to train or to wait, which
+round and sample cursor to resume from, and where a member's state comes from.
+
+Policies (same failure, same target):
+  stall    survivors pause until the failed site is back; it receives state from a donor
+  restart  survivors pause; when everyone is back, all roll back to the durable frontier
+           (loaded from the store) and redo the work since then
+  elastic  survivors continue at once without the failed site; it rejoins later by peer
+           state transfer at a round boundary
+  oracle   knows the fault schedule: drops the victim at the round boundary just before its
+           fault (so nothing in flight is lost), then behaves like elastic; a yardstick
+
+Invariant: a freshly started site is never the source of truth. State comes from a donor
+that is a member of the current lineage, or from the durable frontier in the store.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Policy(str, enum.Enum):
+    STALL = "stall"
+    RESTART = "restart"
+    ELASTIC = "elastic"
+    ORACLE = "oracle"
+
+
+class Restore(str, enum.Enum):
+    NONE = "none"  # members resume from their own snapshot of `start_round`
+    DONOR = "donor"  # joiners receive state from `donor` (peer state transfer)
+    STORE = "store"  # everyone loads the durable frontier from the checkpoint store
+
+
+@dataclass(frozen=True)
+class Frontier:
+    round: int  # last round the checkpoint covers
+    cursor: int  # sample positions [0, cursor) are in it
+    manifest_hash: str
+    commit_id: str | None
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    expected: tuple[str, ...]  # every site of the cluster
+    epoch: int
+    members: tuple[str, ...]
+    paused: bool  # the current epoch is a pause: members wait
+    failed: tuple[str, ...]  # confirmed failed (and not back yet); may include current members
+    joiners: tuple[str, ...]  # (re)started sites that joined and wait for admission
+    committed_round: int  # -1 before the first commit
+    committed_cursor: int
+    frontier: Frontier | None
+    target_samples: int
+    drop_before: tuple[tuple[str, int], ...] = ()  # oracle only: (site, cursor at which its fault fires)
+
+
+@dataclass(frozen=True)
+class Plan:
+    members: tuple[str, ...]
+    paused: bool
+    start_round: int
+    start_cursor: int
+    restore: Restore
+    donor: str | None = None
+    joiners: tuple[str, ...] = ()
+    manifest_hash: str | None = None
+    parent_commit: str | None = None  # the commit the next commit descends from (a branch point on restore)
+
+
+def _resume(v: ClusterView) -> tuple[int, int]:
+    return v.committed_round + 1, v.committed_cursor
+
+
+def decide_recovery(now_ns: int, v: ClusterView, policy: Policy) -> tuple[Plan | None, str]:
+    """A new epoch's plan, or None to keep the current one; always with the reason."""
+    del now_ns  # decisions depend on the view only; the clock is kept for the signature's sake
+    lost = tuple(m for m in v.members if m in v.failed)
+    survivors = tuple(m for m in v.members if m not in v.failed)
+    start_round, start_cursor = _resume(v)
+
+    # 1. A current member failed.
+    if lost:
+        if policy in (Policy.ELASTIC, Policy.ORACLE) and survivors:
+            return (Plan(survivors, False, start_round, start_cursor, Restore.NONE),
+                    f"{policy.value}: {list(lost)} failed; {list(survivors)} continue from round {start_round}")
+        return (Plan(survivors, True, start_round, start_cursor, Restore.NONE),
+                f"{policy.value}: {list(lost)} failed; {list(survivors)} wait")
+
+    # 2. Oracle: drop a victim at the boundary before its fault fires.
+    if policy == Policy.ORACLE and not v.paused:
+        for site, at_cursor in v.drop_before:
+            if site in v.members and v.committed_cursor >= at_cursor and len(v.members) > 1:
+                rest = tuple(m for m in v.members if m != site)
+                return (Plan(rest, False, start_round, start_cursor, Restore.NONE),
+                        f"oracle: {site} will fail at cursor {at_cursor}; drained and dropped it at round {start_round}")
+
+    # 3. Restarted sites want in.
+    if v.joiners:
+        everyone_back = set(v.members) | set(v.joiners) >= set(v.expected)
+        donor = survivors[0] if survivors and v.committed_round >= 0 else None
+        if policy in (Policy.ELASTIC, Policy.ORACLE):
+            if v.committed_round < 0 and not v.members:
+                return None, "no committed state yet and no members: wait for the first epoch"
+            members = tuple(sorted(set(v.members) | set(v.joiners)))
+            if donor is not None:
+                return (Plan(members, False, start_round, start_cursor, Restore.DONOR, donor=donor, joiners=v.joiners),
+                        f"{policy.value}: {list(v.joiners)} rejoin by state transfer from {donor} at round {start_round}")
+            return _from_store(v, members, policy, "no healthy donor")
+        if not everyone_back:
+            missing = sorted(set(v.expected) - set(v.members) - set(v.joiners))
+            return None, f"{policy.value}: waiting for {missing} before resuming"
+        members = tuple(sorted(set(v.members) | set(v.joiners)))
+        if policy == Policy.STALL:
+            if donor is not None:
+                return (Plan(members, False, start_round, start_cursor, Restore.DONOR, donor=donor, joiners=v.joiners),
+                        f"stall: {list(v.joiners)} back; state from {donor}; resume at round {start_round}")
+            return _from_store(v, members, policy, "no healthy donor")
+        return _from_store(v, members, policy, "everyone is back")
+
+    # 4. A pause with every expected site present (e.g. after a transient suspicion): resume.
+    if v.paused and set(v.members) >= set(v.expected):
+        return (Plan(v.members, False, start_round, start_cursor, Restore.NONE),
+                f"{policy.value}: every site present; resume at round {start_round}")
+    return None, "no change"
+
+
+def _from_store(v: ClusterView, members: tuple[str, ...], policy: Policy, why: str) -> tuple[Plan | None, str]:
+    if v.frontier is None:
+        # Nothing durable yet: everyone starts over from the (deterministic) initial weights.
+        return (Plan(members, False, 0, 0, Restore.STORE, joiners=v.joiners, manifest_hash=None, parent_commit=None),
+                f"{policy.value}: {why}; no durable frontier yet, all restart from the initial weights")
+    f = v.frontier
+    return (Plan(members, False, f.round + 1, f.cursor, Restore.STORE, joiners=v.joiners,
+                 manifest_hash=f.manifest_hash, parent_commit=f.commit_id),
+            f"{policy.value}: {why}; all roll back to the durable frontier (round {f.round}, {f.cursor} samples)")
