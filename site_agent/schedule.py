@@ -37,3 +37,29 @@ def site_samples(order: np.ndarray, cfg: RunConfig, rnd: int, step_in_round: int
     base = rnd * samples_per_round(cfg, n_members) + step_in_round * n_members * b + site_index * b
     n = order.size
     return [int(order[(base + j) % n]) for j in range(b)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Cursor-based schedule: rounds resume from any (round, cursor) a membership epoch names, with
+# any number of members, and the last round is cut at the target so every policy ends at the
+# same samples. Without truncation and from (0, 0) this equals `site_samples` above.
+
+
+def round_span(cfg: RunConfig, n_members: int, start_round: int, start_cursor: int, rnd: int,
+               target: int) -> tuple[int, int]:
+    """Sample positions [cursor_start, cursor_end) that round `rnd` covers (cut at target)."""
+    begin = start_cursor + (rnd - start_round) * samples_per_round(cfg, n_members)
+    return min(begin, target), min(begin + samples_per_round(cfg, n_members), target)
+
+
+def site_positions(cfg: RunConfig, n_members: int, cursor_start: int, step_in_round: int, site_index: int,
+                   cursor_end: int) -> range:
+    """Positions one site trains on in one inner step of a round starting at cursor_start."""
+    b = cfg.train.per_site_batch
+    lo = cursor_start + step_in_round * n_members * b + site_index * b
+    return range(min(lo, cursor_end), min(lo + b, cursor_end))
+
+
+def ids_at(order: np.ndarray, positions: range) -> list[int]:
+    n = order.size
+    return [int(order[p % n]) for p in positions]
