@@ -382,9 +382,10 @@ class WanNode:
                 dest, frames, cls, reliable, seq = self._outbox.popleft()
                 if reliable:
                     now = time.monotonic_ns()
-                    self._unacked[dest][seq] = _Pending(frames, cls, _wire(frames, self.wan.curve), now, now)
-                    if not self._last_ack_ns[dest]:
-                        self._last_ack_ns[dest] = now
+                    pend = self._unacked[dest]
+                    if not pend:
+                        self._last_ack_ns[dest] = now  # the no-progress clock starts when something is outstanding
+                    pend[seq] = _Pending(frames, cls, _wire(frames, self.wan.curve), now, now)
             sent = self._raw_send(dest, frames, cls)
             if not sent and not reliable:
                 self.log.emit("send_dropped", dest=dest, kind_cls=cls, reason="peer unreachable or queue full")
