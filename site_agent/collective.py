@@ -22,7 +22,7 @@ from __future__ import annotations
 import queue
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -32,6 +32,18 @@ from wan.node import WanNode
 
 class CollectiveAborted(RuntimeError):
     """The round could not complete (a peer did not deliver in time, or membership changed)."""
+
+
+class CollectiveInterrupted(CollectiveAborted):
+    """A newer membership epoch (or a stop) arrived while the round was in flight."""
+
+
+class PeerUnreachable(CollectiveAborted):
+    """A peer delivered nothing for longer than the stall timeout while others did."""
+
+    def __init__(self, peer: str, detail: str) -> None:
+        super().__init__(detail)
+        self.peer = peer
 
 
 def reduce_in_order(contribs: Sequence[np.ndarray]) -> np.ndarray:
@@ -91,6 +103,15 @@ class AllReduce:
         self.part_elems = max(1, chunk_bytes // 4)  # float32 elements per message
         # Parts that arrived before their round was asked for: (round, phase, shard, src) -> {offset: values}
         self._early: dict[tuple[int, str, int, str], dict[int, np.ndarray]] = {}
+        self.epoch: int | None = None  # None: accept parts of any epoch (no membership changes)
+        self.last_stats = RoundStats(round=-1)
+        self.interrupted: Callable[[], bool] = lambda: False
+        self.stall_timeout_s: float | None = None
+
+    def reset(self, epoch: int) -> None:
+        """A new membership epoch: parts of older epochs are void."""
+        self.epoch = epoch
+        self._early.clear()
 
     def _send_shard(self, dest: str, values: np.ndarray, rnd: int, phase: str, shard: int, stats: RoundStats) -> None:
         total = values.size
@@ -109,6 +130,7 @@ class AllReduce:
         n = len(members)
         me = members.index(self.me)
         stats = RoundStats(round=rnd, peers=[m for m in members if m != self.me])
+        self.last_stats = stats
         if n == 1:
             return roundtrip(flat, self.compression, self.part_elems).copy(), stats
         bounds = np.linspace(0, flat.size, n + 1).astype(np.int64)  # shard k = [bounds[k], bounds[k+1])
@@ -152,11 +174,13 @@ class AllReduce:
         """Wait until every (shard, src) in sizes has delivered all of its values."""
         bufs = {key: np.empty(n, dtype=np.float32) for key, n in sizes.items()}
         filled = {key: 0 for key in sizes}
+        last_progress = {src: time.monotonic() for (_k, src) in sizes}
 
         def place(k: int, src: str, off: int, vals: np.ndarray) -> None:
             key = (k, src)
             bufs[key][off:off + vals.size] = vals
             filled[key] += vals.size
+            last_progress[src] = time.monotonic()
 
         # Parts that arrived early, before this phase began.
         for (r, ph, k, src), parts in list(self._early.items()):
@@ -170,10 +194,21 @@ class AllReduce:
                 missing = sorted(src for (k, src), n in sizes.items() if filled[(k, src)] < n)
                 raise CollectiveAborted(f"round {rnd} phase {phase}: no data from {missing} before the deadline")
             self.node.check()
+            if self.interrupted():
+                raise CollectiveInterrupted(f"round {rnd} phase {phase}: a newer membership epoch arrived")
+            if self.stall_timeout_s is not None:
+                now = time.monotonic()
+                stalled = sorted(src for (k, src), n in sizes.items()
+                                 if filled[(k, src)] < n and now - last_progress[src] > self.stall_timeout_s)
+                if stalled:
+                    raise PeerUnreachable(stalled[0], f"round {rnd} phase {phase}: nothing from {stalled} for "
+                                                      f"{self.stall_timeout_s:.1f} s")
             try:
-                msg = self.inbox.get(timeout=min(remaining, 0.5))
+                msg = self.inbox.get(timeout=min(remaining, 0.2))
             except queue.Empty:
                 continue
+            if self.epoch is not None and msg.epoch != self.epoch:
+                continue  # a part of an older epoch's round: void
             b = msg.body
             try:
                 r, ph, k, off = int(b["round"]), str(b["phase"]), int(b["shard"]), int(b["offset"])
