@@ -128,7 +128,7 @@ def test_reopening_appends(tmp_path: Path) -> None:
         lg = EventLog(path, run_id="r", process="p")
         lg.emit("start")
         lg.close()
-    assert [e["id"] for e in read_events(path)] == ["p:0", "p:0"]  # ids are per process lifetime
+    assert [e["id"] for e in read_events(path)] == ["p:0", "p:1"]  # ids stay unique across restarts
 
 
 def test_read_events_skips_torn_last_line_and_blank_lines(log: EventLog) -> None:
@@ -155,3 +155,16 @@ def test_read_run_events_orders_processes_by_monotonic_time(tmp_path: Path) -> N
     evs = read_run_events(tmp_path)
     assert [e["i"] for e in evs] == list(range(6))
     assert [e["id"] for e in evs] == ["b:0", "a:0", "b:1", "a:1", "b:2", "a:2"]
+
+
+def test_restarted_process_continues_its_event_sequence(tmp_path):
+    from xdc.eventlog import EventLog, read_events
+
+    first = EventLog(tmp_path / "b.jsonl", "r", "b")
+    first.emit("one")
+    first.emit("two")
+    first.close()
+    again = EventLog(tmp_path / "b.jsonl", "r", "b")  # the same site after a restart
+    again.emit("three")
+    again.close()
+    assert [e["id"] for e in read_events(tmp_path / "b.jsonl")] == ["b:0", "b:1", "b:2"]

@@ -33,7 +33,8 @@ class EventLog:
         self.process = process
         self.epoch = 0
         self.step = 0
-        self._seq = itertools.count()
+        # A restarted process appends to its own log: continue the sequence so ids stay unique.
+        self._seq = itertools.count(_next_seq(self.path))
         self._lock = threading.Lock()
         # Line-buffered append: every event is on disk (page cache) when emit returns, so a
         # SIGKILL loses at most the event being written.
@@ -102,6 +103,20 @@ class EventLog:
             if not self._file.closed:
                 self._file.flush()
                 self._file.close()
+
+
+def _next_seq(path: Path) -> int:
+    """One past the highest sequence number already in `path` (0 for a new file)."""
+    if not path.exists():
+        return 0
+    last = -1
+    with open(path, "rb") as f:
+        for line in f:
+            try:
+                last = max(last, int(json.loads(line)["id"].rsplit(":", 1)[1]))
+            except (ValueError, KeyError, IndexError, TypeError):
+                continue
+    return last + 1
 
 
 def _json_default(o: Any) -> Any:

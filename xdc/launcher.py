@@ -73,7 +73,7 @@ class Launcher:
             generate_cluster_keys(self.run_dir / "keys", [COORD, STORE, *sites])
         self.toxi = ToxiproxyServer(host=host, port=0, log_path=self.run_dir / "logs" / "toxiproxy.out")
         client = self.toxi.start()
-        self.log.emit("process_started", name="toxiproxy", pid=self.toxi.proc.pid, api=self.toxi.api_address)
+        self.log.emit("process_started", name="toxiproxy", child_pid=self.toxi.proc.pid, api=self.toxi.api_address)
         links: dict[str, Link] = {}
         for name, c, s in Topology.link_names(sites):
             proxy = client.create_proxy(name, f"{host}:0", binds[s])
@@ -101,7 +101,7 @@ class Launcher:
                                             stdout=out, stderr=subprocess.STDOUT, env=env,
                                             preexec_fn=_die_with_parent)
         assert self.log is not None
-        self.log.emit("process_started", name=name, pid=self.procs[name].pid, module=module)
+        self.log.emit("process_started", name=name, child_pid=self.procs[name].pid, module=module)
 
     # -------------------------------------------------------------------- run
     def run(self) -> dict:
