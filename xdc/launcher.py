@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from analysis.summary import summarize
 from wan.keys import generate_cluster_keys
@@ -47,7 +47,7 @@ def new_run_id() -> str:
 
 class Launcher:
     def __init__(self, cfg: RunConfig, *, quiet: bool = False, on_progress: Callable[[dict], None] | None = None,
-                 timeout_s: float = 1800.0) -> None:
+                 timeout_s: float = 1800.0, scenario: Any = None) -> None:
         if not cfg.run_id:
             cfg = replace(cfg, run_id=new_run_id())
         self.cfg = cfg
@@ -59,6 +59,9 @@ class Launcher:
         self.toxi: ToxiproxyServer | None = None
         self.interrupted = False
         self.log: EventLog | None = None
+        self.scenario = scenario  # chaos.scenario.Scenario or None
+        self.chaos: Any = None
+        self.modules: dict[str, tuple[str, tuple[str, ...]]] = {}
 
     # ------------------------------------------------------------------ setup
     def prepare(self) -> Topology:
@@ -96,12 +99,37 @@ class Launcher:
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        out = open(self.run_dir / "logs" / f"{name}.out", "wb")
+        self.modules[name] = (module, extra)
+        out = open(self.run_dir / "logs" / f"{name}.out", "ab")  # "ab": a restarted process keeps the earlier output
         self.procs[name] = subprocess.Popen([sys.executable, "-m", module, "--run-dir", str(self.run_dir), *extra],
                                             stdout=out, stderr=subprocess.STDOUT, env=env,
                                             preexec_fn=_die_with_parent)
         assert self.log is not None
         self.log.emit("process_started", name=name, child_pid=self.procs[name].pid, module=module)
+
+    def respawn(self, name: str) -> subprocess.Popen:
+        """Start a process again (a chaos restart); the launcher owns it like the first one."""
+        module, extra = self.modules[name]
+        self._spawn(name, module, *extra)
+        return self.procs[name]
+
+    def _start_chaos(self) -> None:
+        from chaos.driver import ChaosDriver
+        from chaos.handle import NativeHandle
+
+        (self.run_dir / "scenario.json").write_text(json.dumps(self.scenario.to_dict(), indent=2, sort_keys=True))
+        handle = NativeHandle(self.run_dir, procs=self.procs, spawn=self.respawn)
+        self.chaos = ChaosDriver(self.scenario, handle, self.run_dir)
+
+    def _stop_chaos(self) -> None:
+        if self.chaos is None:
+            return
+        try:
+            self.chaos.heal_all()  # a SIGSTOPped process must get SIGCONT before it can act on SIGTERM
+            self.chaos.finish()
+        except Exception as e:  # never let chaos bookkeeping leave processes behind
+            if self.log is not None:
+                self.log.emit("chaos_finish_failed", error=f"{type(e).__name__}: {e}")
 
     # -------------------------------------------------------------------- run
     def run(self) -> dict:
@@ -119,8 +147,11 @@ class Launcher:
             self._spawn(COORD, "coordinator.service")
             for site in self.cfg.cluster.sites:
                 self._spawn(site, "site_agent.agent", "--site", site)
+            if self.scenario is not None:
+                self._start_chaos()
             self._watch()
         finally:
+            self._stop_chaos()
             self._stop_all()
             proxy_bytes = {}
             if self.toxi is not None:
@@ -146,19 +177,30 @@ class Launcher:
         workers = [COORD, *self.cfg.cluster.sites]
         with prog:
             while True:
+                if self.chaos is not None:
+                    self.chaos.poll()
                 prog.update()
                 if self.interrupted:
                     prog.note("interrupted: stopping every process")
                     return
                 done = {n: p.poll() for n, p in self.procs.items()}
-                if all(done[n] is not None for n in workers):
+                taken = set(self.chaos.taken_down()) if self.chaos is not None else set()
+                if self.chaos is not None:
+                    # Under a scenario processes die on purpose; the run ends when the coordinator
+                    # finishes it (or when the coordinator dies and chaos will not bring it back).
+                    if done[COORD] == 0 or (done[COORD] is not None and COORD not in taken):
+                        prog.update()
+                        time.sleep(0.5)
+                        return
+                elif all(done[n] is not None for n in workers):
                     prog.update()
                     return
-                failed = [n for n in workers if done[n] not in (None, 0)]
-                if failed or done[STORE] is not None:
-                    prog.note(f"process exited early: {failed or [STORE]}; stopping the run")
-                    time.sleep(1.0)
-                    return
+                else:
+                    failed = [n for n in workers if done[n] not in (None, 0)]
+                    if failed or done[STORE] is not None:
+                        prog.note(f"process exited early: {failed or [STORE]}; stopping the run")
+                        time.sleep(1.0)
+                        return
                 if time.monotonic() > deadline:
                     prog.note(f"run exceeded {self.timeout_s:.0f} s; stopping it")
                     return
