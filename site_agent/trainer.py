@@ -8,22 +8,36 @@ sync mode, per step:   grads = backward(batch); g = mean over sites (collective)
 local mode, per round: H x [backward(batch); AdamW] on local params;
                        delta = global - local (pseudo-gradient); d = mean over sites;
                        outer Nesterov SGD on global with grad d; local <- global
+
+Intra-site data parallelism (optional): with `group` (a torch.distributed gloo group of the
+site's W worker processes), every backward is followed by an all-reduce of the flat grads
+(and the loss) over the group, divided by W in float32, so every rank steps with the same
+site-mean gradient and all ranks keep bitwise-identical parameters and optimizer state. With
+group=None (the default, W = 1) nothing of this runs and the arithmetic is unchanged.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from site_agent.model import (build_model, flat_grads, flat_params, load_flat_grads_, load_flat_params_,
                               measure_flops_per_token, params_hash)
 from xdc.config import RunConfig
 
 
+class IntraSiteError(RuntimeError):
+    """The site's intra-site process group failed (a worker died, a collective timed out) or its
+    ranks disagree."""
+
+
 class SiteTrainer:
-    def __init__(self, cfg: RunConfig, device: torch.device) -> None:
+    def __init__(self, cfg: RunConfig, device: torch.device, group: "dist.ProcessGroup | None" = None) -> None:
         self.cfg = cfg
         self.device = device
+        self.group = group  # intra-site gloo group of the site's workers; None = single process
+        self.world = 1 if group is None else dist.get_world_size(group)
         self.model = build_model(cfg.model, cfg.train.seed).to(device)
         self.model.train()
         self.inner_opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.train.inner_lr,
@@ -42,7 +56,10 @@ class SiteTrainer:
         self.inner_opt.zero_grad(set_to_none=True)
         _, loss = self.model(x.to(self.device), y.to(self.device))
         loss.backward()
-        return float(loss.detach()), flat_grads(self.model).numpy()
+        if self.group is None:
+            return float(loss.detach()), flat_grads(self.model).numpy()
+        site_loss, grads = self._site_mean(flat_grads(self.model), loss.detach())
+        return site_loss, grads.numpy()
 
     def apply_grads(self, avg_grads: np.ndarray) -> None:
         """One AdamW step with the cluster-averaged grads [P]."""
@@ -55,6 +72,12 @@ class SiteTrainer:
         self.inner_opt.zero_grad(set_to_none=True)
         _, loss = self.model(x.to(self.device), y.to(self.device))
         loss.backward()
+        if self.group is not None:
+            site_loss, grads = self._site_mean(flat_grads(self.model), loss.detach())
+            load_flat_grads_(self.model, grads)
+            self.inner_opt.step()
+            self.inner_steps += 1
+            return site_loss
         self.inner_opt.step()
         self.inner_steps += 1
         return float(loss.detach())
@@ -69,6 +92,22 @@ class SiteTrainer:
         self.outer_opt.zero_grad(set_to_none=True)
         load_flat_params_(self.model, self.global_params.detach())
         self.outer_steps += 1
+
+    # ------------------------------------------------------- intra-site averaging
+    def _site_mean(self, flat: torch.Tensor, loss: torch.Tensor) -> tuple[float, torch.Tensor]:
+        """Mean over the intra-site group of this rank's flat grads [P] and loss: one gloo
+        all-reduce (SUM) of [grads, loss] [P + 1] float32, then / W. gloo leaves the same bits on
+        every rank (each element is reduced once and then distributed); the agent's per-round
+        intra_site_check verifies that the ranks' parameters stay identical."""
+        buf = torch.empty(flat.numel() + 1, dtype=torch.float32)  # [P + 1]
+        buf[:-1] = flat
+        buf[-1] = loss.to("cpu", torch.float32)
+        try:
+            dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.group)
+        except Exception as e:  # a worker died or timed out: gloo raises DistBackendError/RuntimeError
+            raise IntraSiteError(f"intra-site all-reduce failed: {type(e).__name__}: {e}") from e
+        buf /= self.world  # float32 / int: stays float32
+        return float(buf[-1]), buf[:-1]
 
     # ------------------------------------------------------------------ identity
     def params_hash(self) -> str:

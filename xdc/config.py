@@ -61,6 +61,11 @@ class TrainConfig:
     compression: Literal["none", "fp16", "int8"] = "none"  # collective payload
     seed: int = 0  # model init
     threads_per_site: int = 0  # torch intra-op threads per site process; 0 = cores // sites, min 1
+    # Intra-site data parallelism: W processes per site (rank 0 = the site agent, the only one on
+    # the WAN) joined by a per-site gloo group over loopback; each trains on 1/W of the site's
+    # per_site_batch (must divide it) and they average grads every step. The site's thread budget
+    # is split among them (min 1 each). 1 = the single-process site.
+    workers_per_site: int = 1
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
 
