@@ -2,11 +2,16 @@
 
 `python -m site_agent.agent --run-dir RUN --site a`
 
-Reads top to bottom: config, setup (data, model, WAN endpoint, join), the round loop
-(compute -> collective over the WAN -> apply -> report -> evaluate -> checkpoint), exit.
-Every phase is a span in the site's JSON-lines log; the work of every round (canonical
+Reads top to bottom: config, setup (data, model, WAN endpoint, join), then one loop over
+membership epochs: adopt the coordinator's plan (who is in, train or wait, which round and
+sample cursor to resume from, where state comes from: our own round-start snapshot, a donor
+by peer state transfer, or the durable frontier in the store), then train round by round
+(compute -> collective over the WAN -> apply -> report -> evaluate -> checkpoint) until the
+target is reached or a newer epoch interrupts, and exit when the coordinator says so.
+
+Every phase is a span in the site's JSON-lines log; the work of every inner step (canonical
 sample ids, tokens, FLOPs) is logged as `work_attempted`, and the coordinator's `commit`
-says which of it was retained.
+records say which of it was retained.
 
 With `train.workers_per_site` W > 1 this process is rank 0 of the site's W worker processes
 (see site_agent/worker.py): it spawns ranks 1..W-1, joins their gloo group, trains on its
@@ -30,10 +35,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from site_agent.collective import AllReduce, CollectiveAborted
+from site_agent.collective import AllReduce, CollectiveAborted, CollectiveInterrupted, PeerUnreachable
 from site_agent.data import batch_for, evaluate_nll, heldout_batch, load_corpus, sample_order
 from site_agent.model import count_params, pick_device
-from site_agent.schedule import rounds_for_target, site_samples, steps_per_round
+from site_agent.schedule import ids_at, round_span, site_positions, steps_per_round, target_samples
+from site_agent.state import Snapshot, load_blobs, restore_snapshot, take_snapshot
+from site_agent.state_transfer import StateTransferError, pack_state, receive_state, send_state, unpack_state
 from site_agent.trainer import IntraSiteError, SiteTrainer
 from site_agent.worker import WorkerPool, check_workers, rank_slice, threads_per_worker
 from wan.frames import TrafficClass
@@ -48,6 +55,10 @@ TELEMETRY = TrafficClass.TELEMETRY.value
 
 class Stop(Exception):
     """SIGTERM/SIGINT arrived: leave the loop and exit cleanly."""
+
+
+class Interrupted(Exception):
+    """A newer membership epoch (or a shutdown) arrived: abandon what is in flight."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,7 +113,6 @@ def _run(args: argparse.Namespace, cfg: RunConfig, topo: Topology, me: str, log:
     device = pick_device(cfg.train.device)
     corpus = load_corpus(cfg.data)
     order = sample_order(corpus, cfg.model.seq_len, cfg.data.shuffle_seed)
-    hx, hy = heldout_batch(corpus, cfg.data, cfg.model.seq_len)
     group = None
     if pool is not None:
         try:
@@ -124,156 +134,352 @@ def _run(args: argparse.Namespace, cfg: RunConfig, topo: Topology, me: str, log:
     node = WanNode(name=me, run_id=cfg.run_id, wan=cfg.wan, log=log, routes=topo.routes_for(me),
                    bind=topo.bind_for(me), server_links=topo.server_links_for(me), members=topo.peers_of(me),
                    keys_dir=str(run_dir / "keys") if cfg.wan.curve else None)
-    coll_q = node.inbox("coll")
-    ctl_q = node.inbox("membership", "shutdown")
-    store_q = None
-    store = None
-    if STORE in node.routes:
-        from checkpoint_store.client import StoreClient
-        store_q = node.inbox(*StoreClient.KINDS)
-        store = StoreClient(node, store_q, log, cfg.wan.chunk_bytes)
-    status = {"round": -1}
-    node.every(cfg.wan.heartbeat_interval_ms, lambda: node.send(
-        COORD, "heartbeat", CONTROL, {"sent_mono_ns": time.monotonic_ns(), "round": status["round"]},
-        reliable=False))
-    node.start()
-    allreduce = AllReduce(node, coll_q, me, cfg.wan.chunk_bytes, cfg.train.compression)
+    site = Site(cfg, me, log, node, trainer, corpus, order, device, stopping, pool)
+    return site.run()
 
-    # Join: ask the coordinator for an epoch, wait for the membership that includes us.
-    node.send(COORD, "join", CONTROL, {"pid": os.getpid()})
-    epoch, members = 0, []
-    with log.span("join_wait"):
-        while not members:
-            if stopping["flag"]:
-                return _exit(log, node, 0, "signal before membership", pool)
-            node.check()
+
+class Site:
+    """One site's state across membership epochs (rank 0 of the site)."""
+
+    def __init__(self, cfg: RunConfig, me: str, log: EventLog, node: WanNode, trainer: SiteTrainer, corpus: Any,
+                 order: np.ndarray, device: torch.device, stopping: dict[str, bool], pool: WorkerPool | None) -> None:
+        self.cfg, self.me, self.log, self.node, self.trainer = cfg, me, log, node, trainer
+        self.corpus, self.order, self.device, self.stopping, self.pool = corpus, order, device, stopping, pool
+        self.hx, self.hy = heldout_batch(corpus, cfg.data, cfg.model.seq_len)
+        self.coll_q = node.inbox("coll")
+        self.ctl_q = node.inbox("membership", "shutdown")
+        self.state_q = node.inbox("state_chunk")
+        self.store = None
+        if STORE in node.routes:
+            from checkpoint_store.client import StoreClient
+            self.store = StoreClient(node, node.inbox(*StoreClient.KINDS), log, cfg.wan.chunk_bytes)
+        self.status: dict[str, Any] = {"round": -1, "epoch": 0}
+        node.every(cfg.wan.heartbeat_interval_ms, lambda: node.send(
+            COORD, "heartbeat", CONTROL, {"sent_mono_ns": time.monotonic_ns(), **self.status}, reliable=False))
+        self.allreduce = AllReduce(node, self.coll_q, me, cfg.wan.chunk_bytes, cfg.train.compression)
+        self.allreduce.interrupted = self.newer_plan_waiting
+        self.allreduce.stall_timeout_s = cfg.wan.collective_stall_ms / 1000
+        self.pending: list[Any] = []  # control messages read early (while checking for interruptions)
+        self.plan: dict[str, Any] | None = None
+        self.epoch = 0
+        self.next_round = 0  # the round whose start state the trainer holds now
+        self.snapshots: dict[int, Snapshot] = {}
+        self.initial = take_snapshot(trainer, 0)  # the deterministic initial weights
+        self.target = target_samples(cfg)
+        self.spr = steps_per_round(cfg)
+        self.done_epoch = -1  # the epoch in which we reached the target and said so
+        self.leader = False
+
+    # ------------------------------------------------------------------ control
+    def _poll_ctl(self) -> None:
+        while True:
             try:
-                msg = ctl_q.get(timeout=0.2)
+                self.pending.append(self.ctl_q.get_nowait())
             except queue.Empty:
+                return
+
+    def newer_plan_waiting(self) -> bool:
+        """True when a stop, a shutdown or a membership of a newer epoch is waiting."""
+        if self.stopping["flag"]:
+            return True
+        self._poll_ctl()
+        return any(m.kind == "shutdown" or int(m.body.get("epoch", 0)) > self.epoch for m in self.pending)
+
+    def next_control(self) -> Any:
+        """Block until the next control message (membership or shutdown); None on a stop signal."""
+        while True:
+            if self.stopping["flag"]:
+                return None
+            self.node.check()
+            self._poll_ctl()
+            if self.pending:
+                # A shutdown wins; among memberships only the newest epoch matters.
+                shut = [m for m in self.pending if m.kind == "shutdown"]
+                if shut:
+                    self.pending.clear()
+                    return shut[0]
+                newest = max(self.pending, key=lambda m: int(m.body["epoch"]))
+                self.pending.clear()
+                if int(newest.body["epoch"]) > self.epoch or self.plan is None or self.me not in self.plan["members"]:
+                    return newest
                 continue
-            if msg.kind == "membership":
-                epoch, members = int(msg.body["epoch"]), sorted(msg.body["members"])
-            elif msg.kind == "shutdown":
-                return _exit(log, node, 0, "shutdown before membership", pool)
-    node.set_fence(epoch)
-    log.set_context(epoch=epoch)
-    log.emit("membership", members=members)
-    leader = members[0] == me
-    n = len(members)
-    idx = members.index(me)
-    total_rounds = rounds_for_target(cfg, n)
-    spr = steps_per_round(cfg)
-    tokens_per_sample = cfg.model.seq_len
-    parent_ckpt: str | None = None
-    log.emit("training_plan", total_rounds=total_rounds, steps_per_round=spr, mode=cfg.train.mode,
-             leader=leader, target_useful_tokens=cfg.train.target_useful_tokens)
+            time.sleep(0.05)
 
-    def checkpoint(rnd: int, step: int) -> None:
-        nonlocal parent_ckpt
-        if store is None:
-            return
-        ids = sorted({s for r in range(rnd + 1) for h in range(spr) for i in range(n)
-                      for s in site_samples(order, cfg, r, h, i, n)})
-        samples_sha = hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()
-        with log.span("checkpoint_write", round=rnd) as sp:
-            mhash, _manifest = store.save(trainer.state_tensors(), {
-                "run_id": cfg.run_id, "ckpt_id": f"r{rnd}", "round": rnd, "step": step, "epoch": epoch,
-                "parent": parent_ckpt, "samples": len(ids), "samples_sha256": samples_sha,
-                "useful_tokens": len(ids) * tokens_per_sample, "rounds_covered": [0, rnd + 1],
-                "params_hash": trainer.params_hash(), "dataset_id": corpus.dataset_id,
-                "config": to_dict(cfg)}, timeout_s=120.0)
-            sp.update(manifest_hash=mhash, samples_sha256=samples_sha, useful_tokens=len(ids) * tokens_per_sample)
-        parent_ckpt = mhash
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> int:
+        node, log = self.node, self.log
+        node.start()
+        node.send(COORD, "join", CONTROL, {"pid": os.getpid()})
+        reason, rc = "completed", 0
+        evaluated_initial = False
+        try:
+            while True:
+                msg = self.next_control()
+                if msg is None:
+                    raise Stop()
+                if msg.kind == "shutdown":
+                    reason = "completed" if self.done_epoch >= 0 else f"shutdown: {msg.body.get('reason')}"
+                    break
+                if not self.adopt(msg.body):
+                    continue
+                if self.leader and not evaluated_initial and self.plan["start_round"] == 0:
+                    evaluated_initial = True  # the starting point of the learning curve
+                    with log.span("eval", round=-1) as sp:
+                        sp["heldout_nll"] = evaluate_nll(self.trainer.model, self.hx, self.hy, self.device)
+                        sp["useful_tokens_trained"] = 0
+                try:
+                    self.train()
+                except (Interrupted, CollectiveInterrupted) as e:
+                    log.emit("round_abandoned", round=self.status["round"], reason=str(e))
+                except PeerUnreachable as e:
+                    log.emit("peer_unreachable", peer=e.peer, detail=str(e))
+                    node.send(COORD, "peer_unreachable", CONTROL, {"peer": e.peer, "detail": str(e)})
+                    self.wait_for_newer_epoch()
+                except CollectiveAborted as e:
+                    log.emit("collective_aborted", reason=str(e))
+                    self.wait_for_newer_epoch()
+        except Stop:
+            if self.plan is not None and self.me in self.plan.get("members", []) and self.done_epoch < 0:
+                # Preemption with notice: tell the coordinator before we go (it need not wait for a timeout).
+                node.send(COORD, "preempt_notice", CONTROL, {"grace_s": None, "round": self.status["round"]})
+                log.emit("preemption_announced", round=self.status["round"])
+                node.wait_acked(1.0, COORD)
+            reason = "signal"
+        except IntraSiteError as e:  # a worker died, the group timed out, or the ranks disagree
+            reason, rc = f"intra-site failure: {e}", 4
+            log.emit("intra_site_failure", reason=str(e))
+        return _exit(log, node, rc, reason, self.pool)
 
-    if leader:  # the starting point of the learning curve: the initial weights on the held-out set
-        with log.span("eval", round=-1) as sp:
-            sp["heldout_nll"] = evaluate_nll(trainer.model, hx, hy, device)
-            sp["useful_tokens_trained"] = 0
+    def wait_for_newer_epoch(self) -> None:
+        """After a failed round: do nothing until the coordinator decides (a new epoch or a shutdown)."""
+        while not self.newer_plan_waiting():
+            self.node.check()
+            time.sleep(0.05)
 
-    # -------------------------------------------------------------------- loop
-    exit_reason = "completed"
-    rc = 0
-    try:
-        for rnd in range(total_rounds):
-            if stopping["flag"]:
-                raise Stop()
-            status["round"] = rnd
-            step = rnd * spr
-            log.set_context(step=step)
-            ids_round: list[int] = []
-            if pool is not None:  # the other ranks compute this round with us
-                pool.begin_round(rnd, n, idx, epoch)
-            # Compute: sync = one backward whose grads are averaged; local = H inner AdamW steps.
-            with log.span("compute", round=rnd) as sp:
-                losses = []
-                if cfg.train.mode == "sync":
-                    ids = site_samples(order, cfg, rnd, 0, idx, n)
-                    ids_round += ids
-                    mine = rank_slice(ids, 0, world)  # W = 1: all of ids
-                    loss, payload = trainer.compute_grads(*batch_for(corpus, mine, cfg.model.seq_len))
-                    losses.append(loss)
-                else:
-                    for h in range(spr):
-                        ids = site_samples(order, cfg, rnd, h, idx, n)
-                        ids_round += ids
-                        mine = rank_slice(ids, 0, world)
-                        losses.append(trainer.inner_step(*batch_for(corpus, mine, cfg.model.seq_len)))
-                    payload = trainer.pseudo_gradient()
-                sp.update(loss=float(np.mean(losses)), samples=len(ids_round))
-            if pool is not None:
-                pool.compute_done()
-            tokens = len(ids_round) * tokens_per_sample
-            flops = tokens * trainer.flops_per_token
-            log.emit("work_attempted", round=rnd, samples=ids_round, tokens=tokens, flops=flops)
-            # Collective over the WAN: mean of grads (sync) or pseudo-gradients (local).
-            with log.span("collective", round=rnd, payload_values=int(payload.size)) as sp:
-                avg, stats = allreduce.allreduce_mean(payload, rnd, members, cfg.wan.collective_timeout_ms / 1000)
-                sp.update(payload_bytes_sent=stats.payload_bytes_sent, messages_sent=stats.messages_sent)
-            if pool is not None:  # every rank applies the same vector
-                pool.share(rnd, avg)
-            if cfg.train.mode == "sync":
-                trainer.apply_grads(avg)
+    # ------------------------------------------------------------------ epochs
+    def adopt(self, plan: dict[str, Any]) -> bool:
+        """Take a new epoch's plan; restore the state it names. True if we should train now."""
+        log = self.log
+        self.plan = plan
+        self.epoch = int(plan["epoch"])
+        self.status["epoch"] = self.epoch
+        self.node.set_fence(self.epoch)
+        self.allreduce.reset(self.epoch)
+        log.set_context(epoch=self.epoch)
+        members = sorted(plan["members"])
+        log.emit("membership", members=members, paused=plan["paused"], start_round=plan["start_round"],
+                 start_cursor=plan["start_cursor"], restore=plan["restore"], donor=plan.get("donor"),
+                 joiners=plan.get("joiners", []))
+        if self.me not in members:
+            # Removed (we failed, hung, or were partitioned away) but alive: ask to come back in.
+            log.emit("not_a_member", epoch=self.epoch)
+            self.node.send(COORD, "join", CONTROL, {"pid": os.getpid(), "rejoin": True})
+            return False
+        if plan["paused"]:
+            log.emit("paused", reason="the coordinator is waiting for failed sites")
+            return False
+        self.leader = members[0] == self.me
+        start = int(plan["start_round"])
+        restore = plan["restore"]
+        with log.span("restore", kind=restore, start_round=start) as sp:
+            if restore == "store":
+                self.restore_from_store(plan, sp)
+            elif restore == "donor" and self.me in plan.get("joiners", []):
+                self.receive_from_donor(plan, sp)
             else:
-                trainer.apply_outer(avg)
-            phash = trainer.params_hash()
-            if pool is not None:
-                pool.check(rnd, phash)
-            node.send(COORD, "round_done", CONTROL, {"round": rnd, "step": step + spr, "param_hash": phash,
-                                                     "samples": ids_round, "tokens": tokens, "flops": flops})
-            node.send(COORD, "telemetry", TELEMETRY, {"round": rnd, "loss": float(np.mean(losses))}, reliable=False)
-            log.emit("round_done", round=rnd, param_hash=phash)
-            last = rnd == total_rounds - 1
-            if leader and ((rnd + 1) % cfg.train.eval_every_rounds == 0 or last):
-                with log.span("eval", round=rnd) as sp:
-                    sp["heldout_nll"] = evaluate_nll(trainer.model, hx, hy, device)
-                    sp["useful_tokens_trained"] = (rnd + 1) * n * spr * cfg.train.per_site_batch * tokens_per_sample
-            if leader and ((rnd + 1) % cfg.train.checkpoint_every_rounds == 0 or last):
-                checkpoint(rnd, step + spr)
-            if rnd % 4 == 0 or last:
-                log.emit("wan_counters", counters=node.counters.snapshot())
-    except Stop:
-        exit_reason, rc = "signal", 0
-    except CollectiveAborted as e:
-        exit_reason, rc = f"collective aborted: {e}", 3
-        log.emit("collective_aborted", reason=str(e))
-    except IntraSiteError as e:  # a worker died, the group timed out, or the ranks disagree
-        exit_reason, rc = f"intra-site failure: {e}", 4
-        log.emit("intra_site_failure", reason=str(e))
+                self.rollback_to(start, sp)
+                if restore == "donor" and plan.get("donor") == self.me:
+                    self.send_to_joiners(plan, sp)
+        self.next_round = start
+        self.snapshots = {k: v for k, v in self.snapshots.items() if k <= start}
+        if self.pool is not None:
+            self.pool.load_state(pack_state(self.trainer.state_tensors()))
+        return True
 
-    # -------------------------------------------------------------------- exit
-    if pool is not None:  # the workers have nothing left to do
-        pool.close(exit_reason)
-    if exit_reason == "completed":
-        node.send(COORD, "site_done", CONTROL, {"round": status["round"]})
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not stopping["flag"]:
-            try:
-                msg = ctl_q.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            if msg.kind == "shutdown":
+    def rollback_to(self, start: int, sp: dict[str, Any]) -> None:
+        if self.next_round == start:
+            sp["rolled_back"] = False
+            return
+        snap = self.snapshots.get(start)
+        if snap is None:
+            raise RuntimeError(f"no snapshot of round {start} (holding round {self.next_round}, "
+                               f"snapshots {sorted(self.snapshots)})")
+        restore_snapshot(self.trainer, snap)
+        sp.update(rolled_back=True, from_round=self.next_round, params_hash=snap.params_hash)
+
+    def restore_from_store(self, plan: dict[str, Any], sp: dict[str, Any]) -> None:
+        want = plan.get("manifest_hash")
+        if want is None:  # nothing durable yet: everyone restarts from the initial weights
+            restore_snapshot(self.trainer, self.initial)
+            sp.update(source="initial weights", params_hash=self.initial.params_hash)
+            return
+        if self.store is None:
+            raise RuntimeError("restore from the store, but this site has no route to it")
+        got = self.store.frontier(timeout_s=60.0)
+        if got is None or got[0] != want:
+            raise RuntimeError(f"the store's frontier {got[0] if got else None} is not the planned {want}")
+        manifest = got[1]
+        blobs = self.store.load(manifest, timeout_s=120.0)
+        load_blobs(self.trainer, blobs)
+        if self.trainer.params_hash() != manifest["params_hash"]:
+            raise RuntimeError(f"checkpoint {want}: loaded parameters do not match the manifest's hash")
+        sp.update(source="store", manifest_hash=want, params_hash=manifest["params_hash"], round=manifest["round"])
+
+    def receive_from_donor(self, plan: dict[str, Any], sp: dict[str, Any]) -> None:
+        donor = plan["donor"]
+        try:
+            data, meta = receive_state(self.state_q, donor, self.epoch, timeout_s=120.0,
+                                       interrupted=self.newer_plan_waiting)
+        except StateTransferError as e:
+            sp["error_detail"] = str(e)
+            raise Interrupted(f"state transfer from {donor} failed: {e}") from e
+        load_blobs(self.trainer, unpack_state(data))
+        got = self.trainer.params_hash()
+        if got != meta["params_hash"]:
+            raise RuntimeError(f"state from {donor}: parameters hash {got} != announced {meta['params_hash']}")
+        self.log.emit("state_received", donor=donor, bytes=len(data), params_hash=got, round=meta["round"])
+        sp.update(source="donor", donor=donor, bytes=len(data), params_hash=got)
+
+    def send_to_joiners(self, plan: dict[str, Any], sp: dict[str, Any]) -> None:
+        data = pack_state(self.trainer.state_tensors())
+        meta = {"round": int(plan["start_round"]), "params_hash": self.trainer.params_hash()}
+        for j in plan.get("joiners", []):
+            n = send_state(self.node, j, data, meta, self.cfg.wan.chunk_bytes, self.epoch)
+            self.log.emit("state_sent", joiner=j, bytes=n, params_hash=meta["params_hash"], round=meta["round"])
+        sp.update(sent_to=list(plan.get("joiners", [])), bytes=len(data))
+
+    # ------------------------------------------------------------------ rounds
+    def train(self) -> None:
+        """Train round by round from the plan's start until the target, or until interrupted."""
+        cfg, log, plan = self.cfg, self.log, self.plan
+        assert plan is not None
+        members = sorted(plan["members"])
+        n, idx = len(members), members.index(self.me)
+        rnd = int(plan["start_round"])
+        while True:
+            cs, ce = round_span(cfg, n, int(plan["start_round"]), int(plan["start_cursor"]), rnd, self.target)
+            if cs >= self.target:
                 break
-    return _exit(log, node, rc, exit_reason, pool)
+            if self.newer_plan_waiting():
+                raise Interrupted("a newer epoch arrived between rounds")
+            self.status["round"] = rnd
+            log.set_context(step=(rnd + 1) * self.spr)
+            self.snapshots[rnd] = take_snapshot(self.trainer, rnd)
+            self.snapshots = {k: v for k, v in self.snapshots.items() if k >= rnd - 3}
+            self.next_round = rnd  # until the round is applied, we hold its start state
+            payload, ids_round, losses = self.compute(rnd, n, idx, cs, ce)
+            with log.span("collective", round=rnd, payload_values=int(payload.size)) as sp:
+                try:
+                    avg, stats = self.allreduce.allreduce_mean(payload, rnd, members,
+                                                               cfg.wan.collective_timeout_ms / 1000)
+                finally:
+                    sp.update(payload_bytes_sent=self.allreduce.last_stats.payload_bytes_sent,
+                              messages_sent=self.allreduce.last_stats.messages_sent)
+            if self.pool is not None:  # every rank applies the same vector
+                self.pool.share(rnd, avg)
+            if cfg.train.mode == "sync":
+                self.trainer.apply_grads(avg)
+            else:
+                self.trainer.apply_outer(avg)
+            self.next_round = rnd + 1
+            phash = self.trainer.params_hash()
+            if self.pool is not None:
+                self.pool.check(rnd, phash)
+            tokens = len(ids_round) * cfg.model.seq_len
+            self.node.send(COORD, "round_done", CONTROL, {
+                "round": rnd, "step": (rnd + 1) * self.spr, "param_hash": phash, "cursor_start": cs,
+                "cursor_end": ce, "samples": ids_round, "tokens": tokens,
+                "flops": tokens * self.trainer.flops_per_token})
+            if losses:
+                self.node.send(COORD, "telemetry", TELEMETRY, {"round": rnd, "loss": float(np.mean(losses))},
+                               reliable=False)
+            log.emit("round_done", round=rnd, param_hash=phash, cursor_start=cs, cursor_end=ce)
+            last = ce >= self.target
+            if self.leader and ((rnd + 1) % cfg.train.eval_every_rounds == 0 or last):
+                with log.span("eval", round=rnd) as sp:
+                    sp["heldout_nll"] = evaluate_nll(self.trainer.model, self.hx, self.hy, self.device)
+                    sp["useful_tokens_trained"] = ce * cfg.model.seq_len
+            if self.leader and ((rnd + 1) % cfg.train.checkpoint_every_rounds == 0 or last):
+                self.checkpoint(rnd, ce)
+            if rnd % 4 == 0 or last:
+                log.emit("wan_counters", counters=self.node.counters.snapshot())
+            if last:
+                break
+            rnd += 1
+        self.done_epoch = self.epoch
+        self.node.send(COORD, "site_done", CONTROL, {"round": self.status["round"]})
+        log.emit("target_reached", epoch=self.epoch, round=self.status["round"])
+
+    def compute(self, rnd: int, n: int, idx: int, cs: int, ce: int) -> tuple[np.ndarray, list[int], list[float]]:
+        """This site's part of a round: sync = one backward; local = up to H inner AdamW steps.
+
+        Every inner step's work is logged as `work_attempted` as soon as it is done, so work
+        that a failure later discards is still counted (as lost). The payload is scaled by
+        this site's share of the round's samples, so the cluster mean weighs every sample
+        equally when the last round is cut short (the scale is exactly 1.0 otherwise).
+        """
+        cfg, log, trainer = self.cfg, self.log, self.trainer
+        world = cfg.train.workers_per_site
+        if self.pool is not None:  # the other ranks compute this round with us
+            self.pool.begin_round(rnd, n, idx, self.epoch, cs, ce)
+        ids_round: list[int] = []
+        losses: list[float] = []
+        payload: np.ndarray | None = None
+        steps = 1 if cfg.train.mode == "sync" else self.spr
+        with log.span("compute", round=rnd) as sp:
+            for h in range(steps):
+                # Rank 0 alone may leave mid-round only without workers (they would wait in gloo).
+                if h > 0 and self.pool is None and self.newer_plan_waiting():
+                    if self.pool is not None:
+                        self.pool.compute_done()
+                    raise Interrupted(f"a newer epoch arrived after inner step {h} of round {rnd}")
+                ids = ids_at(self.order, site_positions(cfg, n, cs, h, idx, ce))
+                if not ids:
+                    continue  # the cut last round: this site's batch for this step is empty
+                mine = rank_slice(ids, 0, world)  # W = 1: all of ids
+                x, y = batch_for(self.corpus, mine, cfg.model.seq_len)
+                if cfg.train.mode == "sync":
+                    loss, payload = trainer.compute_grads(x, y)
+                else:
+                    loss = trainer.inner_step(x, y)
+                losses.append(loss)
+                ids_round += ids
+                tokens = len(ids) * cfg.model.seq_len
+                log.emit("work_attempted", round=rnd, inner_step=h, samples=ids, tokens=tokens,
+                         flops=tokens * trainer.flops_per_token)
+            if cfg.train.mode == "local":
+                payload = trainer.pseudo_gradient()
+            elif payload is None:
+                payload = np.zeros(trainer.global_params.numel(), dtype=np.float32)
+            sp.update(loss=float(np.mean(losses)) if losses else None, samples=len(ids_round))
+        if self.pool is not None:
+            self.pool.compute_done()
+        share = n * len(ids_round) / max(1, ce - cs)
+        if share != 1.0:
+            payload = (payload * np.float32(share)).astype(np.float32)
+        return payload, ids_round, losses
+
+    def checkpoint(self, rnd: int, cursor: int) -> None:
+        """Leader: write the state after round `rnd` (samples [0, cursor)) to the store; tell the coordinator."""
+        if self.store is None:
+            return
+        cfg = self.cfg
+        ids = sorted(ids_at(self.order, range(0, cursor)))
+        samples_sha = hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()
+        parent = (self.plan or {}).get("frontier_manifest")
+        if getattr(self, "last_manifest", None) and getattr(self, "last_manifest_epoch", -1) == self.epoch:
+            parent = self.last_manifest
+        with self.log.span("checkpoint_write", round=rnd) as sp:
+            mhash, _manifest = self.store.save(self.trainer.state_tensors(), {
+                "run_id": cfg.run_id, "ckpt_id": f"e{self.epoch}r{rnd}", "round": rnd, "step": (rnd + 1) * self.spr,
+                "epoch": self.epoch, "parent": parent, "samples": len(ids), "samples_sha256": samples_sha,
+                "cursor": cursor, "useful_tokens": len(ids) * cfg.model.seq_len,
+                "params_hash": self.trainer.params_hash(), "dataset_id": self.corpus.dataset_id,
+                "config": to_dict(cfg)}, timeout_s=120.0)
+            sp.update(manifest_hash=mhash, samples_sha256=samples_sha, useful_tokens=len(ids) * cfg.model.seq_len,
+                      cursor=cursor)
+        self.last_manifest, self.last_manifest_epoch = mhash, self.epoch
+        self.node.send(COORD, "checkpoint_durable", CONTROL, {"manifest_hash": mhash, "round": rnd, "cursor": cursor})
 
 
 def _exit_early(log: EventLog, pool: WorkerPool, rc: int, reason: str) -> int:

@@ -63,3 +63,11 @@ def site_positions(cfg: RunConfig, n_members: int, cursor_start: int, step_in_ro
 def ids_at(order: np.ndarray, positions: range) -> list[int]:
     n = order.size
     return [int(order[p % n]) for p in positions]
+
+
+def target_samples(cfg: RunConfig) -> int:
+    """The useful-sample target, rounded up to whole site batches, so a site's batch is never cut:
+    in the last round each site's batch is either full or empty."""
+    b = cfg.train.per_site_batch
+    need = math.ceil(cfg.train.target_useful_tokens / cfg.model.seq_len)
+    return math.ceil(need / b) * b

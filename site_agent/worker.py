@@ -52,8 +52,8 @@ from site_agent.trainer import IntraSiteError
 from xdc.config import ConfigError, RunConfig
 from xdc.eventlog import EventLog
 
-STOP, ROUND, APPLY = 0, 1, 2  # control flags
-CONTROL_LEN = 5  # [round, flag, n_members, site_index, epoch]
+STOP, ROUND, APPLY, STATE = 0, 1, 2, 3  # control flags
+CONTROL_LEN = 7  # [round, flag, n_members, site_index, epoch, cursor_start, cursor_end (STATE: byte length)]
 CONNECT_TIMEOUT_S = 180.0  # rank 0 gives its workers this long to start and join the group
 STOP_GRACE_S = 5.0  # after STOP, how long rank 0 waits for a worker to exit before SIGTERM
 _PR_SET_PDEATHSIG = 1
@@ -136,6 +136,14 @@ def gather_hashes(phash: str, world: int) -> list[str]:
     return [bytes(t.tolist()).hex() for t in out]
 
 
+def _load_state(trainer: "SiteTrainer", nbytes: int) -> None:
+    from site_agent.state import load_blobs
+    from site_agent.state_transfer import unpack_state
+
+    data = _broadcast(torch.empty(nbytes, dtype=torch.uint8)).numpy().tobytes()
+    load_blobs(trainer, unpack_state(data))
+
+
 # ------------------------------------------------------------------- rank 0's side
 class WorkerPool:
     """Rank 0's handle on ranks 1..W-1: spawn, join the group, drive each round, stop."""
@@ -216,14 +224,21 @@ class WorkerPool:
                       connect_s=round(time.monotonic() - t0, 3))
         return True
 
-    def _control(self, rnd: int, flag: int, n: int = 0, idx: int = 0, epoch: int = 0) -> None:
-        _broadcast(torch.tensor([rnd, flag, n, idx, epoch], dtype=torch.int64))
+    def _control(self, rnd: int, flag: int, n: int = 0, idx: int = 0, epoch: int = 0, cs: int = 0, ce: int = 0) -> None:
+        _broadcast(torch.tensor([rnd, flag, n, idx, epoch, cs, ce], dtype=torch.int64))
 
-    def begin_round(self, rnd: int, n_members: int, site_index: int, epoch: int) -> None:
+    def begin_round(self, rnd: int, n_members: int, site_index: int, epoch: int, cursor_start: int,
+                    cursor_end: int) -> None:
         """Send the workers into round `rnd`; they compute with rank 0 until compute_done()."""
         assert self.at_control
-        self._control(rnd, ROUND, n_members, site_index, epoch)
+        self._control(rnd, ROUND, n_members, site_index, epoch, cursor_start, cursor_end)
         self.at_control = False
+
+    def load_state(self, data: bytes) -> None:
+        """Every rank takes rank 0's whole state (a rollback, a donor's state, a checkpoint)."""
+        assert self.at_control
+        self._control(-1, STATE, 0, 0, 0, len(data), 0)
+        _broadcast(torch.frombuffer(bytearray(data), dtype=torch.uint8))
 
     def compute_done(self) -> None:
         self.at_control = True  # the workers finished the round's compute and wait for APPLY
@@ -293,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from site_agent.data import batch_for, load_corpus, sample_order
     from site_agent.model import pick_device
-    from site_agent.schedule import site_samples, steps_per_round
+    from site_agent.schedule import ids_at, site_positions, steps_per_round
     from site_agent.trainer import SiteTrainer
     from xdc.config import config_from_json
 
@@ -323,16 +338,22 @@ def main(argv: list[str] | None = None) -> int:
         trainer = SiteTrainer(cfg, device, group=dist.group.WORLD)
         gather_hashes(trainer.params_hash(), world)  # the initial check (round -1), judged by rank 0
         while True:
-            rnd, flag, n, idx, epoch = recv_control()
+            rnd, flag, n, idx, epoch, cs, ce = recv_control()
             if flag == STOP:
                 break
+            if flag == STATE:
+                _load_state(trainer, cs)
+                continue
             if flag != ROUND:
                 raise IntraSiteError(f"expected a ROUND control, got flag {flag} (round {rnd})")
             log.set_context(epoch=epoch, step=rnd * spr)
             losses, samples = [], 0
             with log.span("worker_compute", round=rnd) as sp:
-                for h in range(spr):
-                    ids = rank_slice(site_samples(order, cfg, rnd, h, idx, n), rank, world)
+                for h in range(1 if cfg.train.mode == "sync" else spr):
+                    site_ids = ids_at(order, site_positions(cfg, n, cs, h, idx, ce))
+                    if not site_ids:
+                        continue  # the cut last round: rank 0 skips this step too
+                    ids = rank_slice(site_ids, rank, world)
                     samples += len(ids)
                     x, y = batch_for(corpus, ids, cfg.model.seq_len)
                     if cfg.train.mode == "sync":
@@ -340,11 +361,14 @@ def main(argv: list[str] | None = None) -> int:
                     else:
                         loss = trainer.inner_step(x, y)
                     losses.append(loss)
-                sp.update(samples=samples, site_loss=float(np.mean(losses)))
-            r2, flag, *_ = recv_control()
+                sp.update(samples=samples, site_loss=float(np.mean(losses)) if losses else None)
+            r2, flag, _n, _i, _e, nbytes, _ = recv_control()
             if flag == STOP:
                 reason = f"stop from rank 0 before applying round {rnd}"
                 break
+            if flag == STATE:  # the round was abandoned (a new epoch): take rank 0's state instead
+                _load_state(trainer, nbytes)
+                continue
             if flag != APPLY or r2 != rnd:
                 raise IntraSiteError(f"expected APPLY for round {rnd}, got flag {flag} round {r2}")
             avg = _broadcast(torch.empty(trainer.global_params.numel(), dtype=torch.float32)).numpy()
@@ -355,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
             phash = trainer.params_hash()
             hashes = gather_hashes(phash, world)
             log.emit("worker_round", round=rnd, param_hash=phash, agrees_with_rank0=hashes[0] == phash,
-                     samples=samples, site_loss=float(np.mean(losses)))
+                     samples=samples, site_loss=float(np.mean(losses)) if losses else None)
     except IntraSiteError as e:
         rc, reason = 1, str(e)
     except Exception as e:  # a bug or a failed join: log it, show the traceback in <site>.w<k>.out

@@ -106,9 +106,10 @@ def test_two_workers_per_site_keep_identical_state_and_train(tmp_path):
         ev = events(run_dir, site)
         started = next(e for e in ev if e["event"] == "site_started")
         assert started["workers_per_site"] == W and started["threads"] == 1
-        # Rank 0 logs the site's whole batch: per_site_batch x H samples per round.
+        # Rank 0 logs the site's whole batch of every inner step: per_site_batch samples, H per round.
         work = [e for e in ev if e["event"] == "work_attempted"]
-        assert [len(e["samples"]) for e in work] == [8 * 4] * rounds
+        assert [len(e["samples"]) for e in work] == [8] * (4 * rounds)
+        assert [(e["round"], e["inner_step"]) for e in work] == [(r, h) for r in range(rounds) for h in range(4)]
         # Every round (and the start) the ranks agreed on their parameters.
         checks = [e for e in ev if e["event"] == "intra_site_check"]
         assert [c["round"] for c in checks] == list(range(-1, rounds)), checks

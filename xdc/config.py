@@ -104,6 +104,20 @@ class WanConfig:
     zmq_heartbeat_ivl_ms: int = 1000  # ZMTP PING, detects silent blackholes under live TCP
     linger_ms: int = 200
     collective_timeout_ms: int = 120_000
+    # A peer that delivers nothing of a round for this long while we wait is reported unreachable
+    # (a partition or a blackholed link, which heartbeats to the coordinator cannot see).
+    collective_stall_ms: int = 15_000
+
+
+@dataclass(frozen=True)
+class RecoveryConfig:
+    """How the cluster copes with a failed site (see coordinator/recovery.py)."""
+
+    policy: Literal["stall", "restart", "elastic", "oracle"] = "elastic"
+    failure_confirm_ms: int = 0  # extra silence after the heartbeat timeout before a site is failed
+    # Oracle only (filled from the scenario by `xdc compare` / `xdc run --scenario`):
+    # (site, useful tokens at which its fault fires).
+    oracle_faults: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -121,6 +135,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     wan: WanConfig = field(default_factory=WanConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
 
     def link_spec(self, link_name: str) -> LinkSpec:
         for name, spec in self.wan.link_overrides:
@@ -163,8 +178,12 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where}: expected a list, got {type(value).__name__}")
-        (inner, *_rest) = typing.get_args(tp)
-        return tuple(_coerce(inner, v, f"{where}[{i}]") for i, v in enumerate(value))
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:  # tuple[X, ...]
+            return tuple(_coerce(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise ConfigError(f"{where}: expected {len(args)} items, got {len(value)}")
+        return tuple(_coerce(t, v, f"{where}[{i}]") for i, (t, v) in enumerate(zip(args, value)))
     if tp is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: expected true/false, got {value!r}")
