@@ -401,8 +401,8 @@ class Site:
                     sp["useful_tokens_trained"] = ce * cfg.model.seq_len
             if self.leader and ((rnd + 1) % cfg.train.checkpoint_every_rounds == 0 or last):
                 self.checkpoint(rnd, ce)
-            if rnd % 4 == 0 or last:
-                log.emit("wan_counters", counters=self.node.counters.snapshot())
+            # Every round: a process killed later loses at most one round of byte counts.
+            log.emit("wan_counters", counters=self.node.counters.snapshot())
             if last:
                 break
             rnd += 1

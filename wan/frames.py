@@ -208,8 +208,10 @@ class Fence:
     members: frozenset[str]
 
 
-# Kinds a process may send before it has an epoch (it is asking to get one).
-UNFENCED_KINDS = frozenset({"join", "ack"})
+# Kinds accepted whatever their epoch: a process asking for an epoch (join), transport acks, and
+# heartbeats, which carry the sender's epoch in their body so the coordinator can tell a
+# removed-but-alive member to rejoin instead of silently dropping its liveness.
+UNFENCED_KINDS = frozenset({"join", "ack", "heartbeat"})
 
 
 def check_fence(msg: Message, fence: Fence) -> tuple[bool, str]:
