@@ -68,9 +68,23 @@ def work_ledger(logs: dict[str, list[dict[str, Any]]], sites: list[str], seq_len
                 lost_units.append({"site": s, "epoch": e["epoch"], "round": e["round"], "tokens": e["tokens"]})
         per_site[s] = {k: (int(acc.get(k, 0)) if k.endswith("tokens") else float(acc.get(k, 0))) for k in ("attempted_tokens", "retained_tokens", "lost_tokens",
                                                  "attempted_flops", "retained_flops", "lost_flops")}
+    # Replayed work: lost samples that were attempted again later (by any site).
+    lost_first: dict[int, int] = {}
+    replayed_ids: set[int] = set()
+    attempts = sorted((e["mono_ns"], s, e) for s in sites for e in logs.get(s, []) if e["event"] == "work_attempted")
+    for _t, s, e in attempts:
+        c = kept.get((e["epoch"], e["round"]))
+        retained = c is not None and s in c.get("members", [])
+        for x in e["samples"]:
+            if x in lost_first:
+                replayed_ids.add(x)
+            if not retained:
+                lost_first.setdefault(x, e["mono_ns"])
     total = {k: sum(v[k] for v in per_site.values()) for k in next(iter(per_site.values()), {})}
+    total["replayed_tokens"] = len(replayed_ids) * seq_len
     balanced = all(v["attempted_tokens"] == v["retained_tokens"] + v["lost_tokens"] for v in per_site.values())
     return {"per_site": per_site, "total": total, "balanced": balanced, "lost_units": lost_units,
+            "replayed_samples": len(replayed_ids),
             "useful_tokens": len(retained_ids) * seq_len, "useful_samples": len(retained_ids),
             "commits": len(commits), "lineage_length": len(kept)}
 
@@ -126,6 +140,36 @@ def reconcile(counted_by_link: dict[str, int], proxy_bytes: dict[str, Any]) -> d
             "per_link": per_link}
 
 
+def checkpoint_tree(logs: dict[str, list[dict[str, Any]]], frontier_hash: str | None) -> list[dict[str, Any]]:
+    """Every durable checkpoint with its parent; abandoned branches are kept and marked."""
+    nodes = [e for e in logs.get("store", []) if e["event"] == "checkpoint_durable"]
+    by_hash = {e["manifest_hash"]: e for e in nodes}
+    in_lineage: set[str] = set()
+    cur = frontier_hash
+    while cur and cur not in in_lineage:
+        in_lineage.add(cur)
+        cur = by_hash.get(cur, {}).get("parent")
+    return [{"manifest_hash": e["manifest_hash"], "parent": e.get("parent"), "round": e.get("round"),
+             "ckpt_id": e.get("ckpt_id"), "in_final_lineage": e["manifest_hash"] in in_lineage} for e in nodes]
+
+
+def site_time(logs: dict[str, list[dict[str, Any]]], sites: list[str]) -> dict[str, dict[str, float]]:
+    """Per site: seconds busy (compute, collective, restore, checkpoint, eval spans) and idle in between."""
+    out = {}
+    for s in sites:
+        evs = logs.get(s, [])
+        member = [e["mono_ns"] for e in evs if e["event"] == "membership"]
+        end = [e["mono_ns"] for e in evs if e["event"] in ("target_reached", "site_stopped")]
+        if not member or not end:
+            continue
+        busy = sum(e["end_mono_ns"] - e["start_mono_ns"] for e in evs
+                   if e["event"] in ("compute", "collective", "restore", "checkpoint_write", "eval")
+                   and "start_mono_ns" in e)
+        wall = max(end) - min(member)
+        out[s] = {"wall_s": wall / 1e9, "busy_s": busy / 1e9, "idle_s": max(0, wall - busy) / 1e9}
+    return out
+
+
 def summarize(run_dir: Path, *, proxy_bytes: dict[str, Any], exit_codes: dict[str, int | None],
               interrupted: bool = False) -> dict[str, Any]:
     run_dir = Path(run_dir)
@@ -148,7 +192,7 @@ def summarize(run_dir: Path, *, proxy_bytes: dict[str, Any], exit_codes: dict[st
     return {
         "run_id": cfg["run_id"],
         "mode": cfg["train"]["mode"],
-        "policy": cfg.get("policy", "none"),
+        "policy": cfg.get("recovery", {}).get("policy", "none"),
         "sites": sites,
         "useful_tokens": work["useful_tokens"],
         "target_useful_tokens": cfg["train"]["target_useful_tokens"],
@@ -160,6 +204,10 @@ def summarize(run_dir: Path, *, proxy_bytes: dict[str, Any], exit_codes: dict[st
         "lost_flops": work["total"].get("lost_flops", 0),
         "work_by_site": work["per_site"],
         "work_balanced": work["balanced"],
+        "replayed_tokens": work["total"].get("replayed_tokens", 0),
+        "lost_units": work["lost_units"],
+        "site_time": site_time(logs, sites),
+        "checkpoint_tree": checkpoint_tree(logs, frontier["manifest_hash"] if frontier else None),
         "commits": work["commits"],
         "frontier_hash": frontier_write.get("samples_sha256") if frontier_write else None,
         "frontier_manifest_hash": frontier["manifest_hash"] if frontier else None,
