@@ -97,10 +97,16 @@ def byte_ledger(logs: dict[str, list[dict[str, Any]]], committed_rounds: set[tup
     for proc, events in logs.items():
         snaps = [e for e in events if e["event"] == "wan_counters"]
         if not snaps:
-            if proc not in ("launcher",):
+            if proc not in ("launcher", "chaos") and ".w" not in proc:
                 missing.append(proc)
             continue
-        for row in snaps[-1]["counters"]:
+        # Counters are cumulative per process incarnation: a restarted process starts from zero,
+        # so take the last snapshot of every incarnation (pid) and add them up.
+        last_by_pid: dict[int, dict[str, Any]] = {}
+        for e in snaps:
+            last_by_pid[e.get("pid", 0)] = e
+        rows = [row for e in last_by_pid.values() for row in e["counters"]]
+        for row in rows:
             if row["side"] != "tx":
                 continue
             by_class[row["cls"]] += row["bytes"]

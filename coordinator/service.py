@@ -113,6 +113,9 @@ class Coordinator:
                 self.log.emit("join_deferred", site=msg.src, reason="oracle dropped this incarnation before its fault")
                 return
             before = self.m.sites.get(msg.src)
+            if msg.body.get("rejoin") and msg.src in self.m.members:
+                # A member lost its state (a restore failed): it leaves and comes back as a joiner.
+                self.m = mb.set_state(self.m, msg.src, "removed")
             self.m = mb.on_join(self.m, msg.src, now_ns, msg.inc)
             self.log.emit("site_joined", site=msg.src, incarnation=msg.inc, pid=msg.body.get("pid"),
                           state=self.m.sites[msg.src].state.value,
@@ -210,7 +213,9 @@ class Coordinator:
 
     # ------------------------------------------------------------------ decisions
     def view(self) -> ClusterView:
-        failed = tuple(s for s, st in self.m.sites.items() if st.state == mb.SiteState.FAILED)
+        # A member back in JOINING asked to rejoin: for the current epoch it is as good as failed.
+        failed = tuple(s for s, st in self.m.sites.items() if st.state == mb.SiteState.FAILED
+                       or (s in self.m.members and st.state == mb.SiteState.JOINING))
         joiners = tuple(sorted(s for s, st in self.m.sites.items()
                                if st.state == mb.SiteState.JOINING and s not in self.m.members))
         drops = tuple((site, -(-tokens // self.cfg.model.seq_len)) for site, tokens in self.cfg.recovery.oracle_faults)
@@ -226,8 +231,8 @@ class Coordinator:
         for s in plan.members:
             sites[s] = replace(sites[s], state=mb.SiteState.ACTIVE)
         for s in old_members - set(plan.members):
-            if sites[s].state not in (mb.SiteState.FAILED,):
-                # Dropped while alive (oracle): keep it out until a new incarnation joins.
+            if self.policy == Policy.ORACLE and sites[s].state in (mb.SiteState.ACTIVE, mb.SiteState.SUSPECT):
+                # Dropped while alive, ahead of its fault: keep it out until a new incarnation joins.
                 self.oracle_dropped.add((s, sites[s].incarnation))
                 sites[s] = replace(sites[s], state=mb.SiteState.FAILED)
         self.m = mb.Membership(epoch=epoch, members=plan.members, sites=sites)

@@ -162,7 +162,7 @@ class Site:
         self.pending: list[Any] = []  # control messages read early (while checking for interruptions)
         self.plan: dict[str, Any] | None = None
         self.epoch = 0
-        self.next_round = 0  # the round whose start state the trainer holds now
+        self.next_round: int | None = 0  # the round whose start state the trainer holds; None = mid-round
         self.snapshots: dict[int, Snapshot] = {}
         self.initial = take_snapshot(trainer, 0)  # the deterministic initial weights
         self.target = target_samples(cfg)
@@ -220,7 +220,15 @@ class Site:
                 if msg.kind == "shutdown":
                     reason = "completed" if self.done_epoch >= 0 else f"shutdown: {msg.body.get('reason')}"
                     break
-                if not self.adopt(msg.body):
+                try:
+                    if not self.adopt(msg.body):
+                        continue
+                except (RuntimeError, ValueError) as e:
+                    # The state this plan names could not be had or did not verify: never train on
+                    # it; ask to be admitted again (as a joiner, state comes from elsewhere).
+                    log.emit("restore_failed", epoch=self.epoch, error=f"{type(e).__name__}: {e}")
+                    self.next_round = None
+                    node.send(COORD, "join", CONTROL, {"pid": os.getpid(), "rejoin": True})
                     continue
                 if self.leader and not evaluated_initial and self.plan["start_round"] == 0:
                     evaluated_initial = True  # the starting point of the learning curve
@@ -366,7 +374,7 @@ class Site:
             log.set_context(step=(rnd + 1) * self.spr)
             self.snapshots[rnd] = take_snapshot(self.trainer, rnd)
             self.snapshots = {k: v for k, v in self.snapshots.items() if k >= rnd - 3}
-            self.next_round = rnd  # until the round is applied, we hold its start state
+            self.next_round = None  # mid-round: the state is neither this round's start nor its end
             payload, ids_round, losses = self.compute(rnd, n, idx, cs, ce)
             with log.span("collective", round=rnd, payload_values=int(payload.size)) as sp:
                 try:
