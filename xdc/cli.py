@@ -128,6 +128,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         run_dir, summary = launch(pcfg, quiet=args.quiet, scenario=scenario)
         if summary:
             _print_summary(run_dir, summary)
+        if not summary or summary.get("interrupted"):
+            print("interrupted: the comparison stops here", file=sys.stderr)
+            return 130
         index["runs"].append({"policy": policy, "run_dir": str(run_dir.resolve()),
                               **{k: summary.get(k) for k in ("useful_tokens", "attempted_tokens", "retained_tokens",
                                                              "lost_tokens", "frontier_hash", "final_heldout_nll",
