@@ -59,6 +59,7 @@ class ClusterView:
     frontier: Frontier | None
     target_samples: int
     drop_before: tuple[tuple[str, int], ...] = ()  # oracle only: (site, cursor at which its fault fires)
+    round_samples: int = 0  # samples of one round with the current members (0 when paused)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,21 @@ class Plan:
 
 def _resume(v: ClusterView) -> tuple[int, int]:
     return v.committed_round + 1, v.committed_cursor
+
+
+def _at_next_boundary(v: ClusterView) -> tuple[int, int] | None:
+    """Where a change that needs no abort takes effect: after the round now in flight.
+
+    Healthy members run one round ahead of the commit record, so a membership change that is
+    not forced by a failure (a rejoin, the oracle's drain) is scheduled for the round after
+    that one: nothing in flight is thrown away. None when that round would be past the target.
+    """
+    if v.paused or not v.members or v.round_samples <= 0:
+        return _resume(v)
+    cursor = v.committed_cursor + v.round_samples
+    if cursor >= v.target_samples:
+        return None
+    return v.committed_round + 2, cursor
 
 
 def decide_recovery(now_ns: int, v: ClusterView, policy: Policy) -> tuple[Plan | None, str]:
@@ -96,10 +112,14 @@ def decide_recovery(now_ns: int, v: ClusterView, policy: Policy) -> tuple[Plan |
     # 2. Oracle: drop a victim at the boundary before its fault fires.
     if policy == Policy.ORACLE and not v.paused:
         for site, at_cursor in v.drop_before:
-            if site in v.members and v.committed_cursor >= at_cursor and len(v.members) > 1:
+            # Drop the victim at the boundary before the round in which its fault fires.
+            if site in v.members and v.committed_cursor + 2 * v.round_samples > at_cursor and len(v.members) > 1:
+                nxt = _at_next_boundary(v)
+                if nxt is None:
+                    continue
                 rest = tuple(m for m in v.members if m != site)
-                return (Plan(rest, False, start_round, start_cursor, Restore.NONE),
-                        f"oracle: {site} will fail at cursor {at_cursor}; drained and dropped it at round {start_round}")
+                return (Plan(rest, False, nxt[0], nxt[1], Restore.NONE),
+                        f"oracle: {site} will fail at cursor {at_cursor}; drained and dropped it from round {nxt[0]}")
 
     # 3. Restarted sites want in.
     if v.joiners:
@@ -110,8 +130,11 @@ def decide_recovery(now_ns: int, v: ClusterView, policy: Policy) -> tuple[Plan |
                 return None, "no committed state yet and no members: wait for the first epoch"
             members = tuple(sorted(set(v.members) | set(v.joiners)))
             if donor is not None:
-                return (Plan(members, False, start_round, start_cursor, Restore.DONOR, donor=donor, joiners=v.joiners),
-                        f"{policy.value}: {list(v.joiners)} rejoin by state transfer from {donor} at round {start_round}")
+                nxt = _at_next_boundary(v)
+                if nxt is None:
+                    return None, f"{policy.value}: {list(v.joiners)} wait: the run ends with the round in flight"
+                return (Plan(members, False, nxt[0], nxt[1], Restore.DONOR, donor=donor, joiners=v.joiners),
+                        f"{policy.value}: {list(v.joiners)} rejoin by state transfer from {donor} at round {nxt[0]}")
             return _from_store(v, members, policy, "no healthy donor")
         if not everyone_back:
             missing = sorted(set(v.expected) - set(v.members) - set(v.joiners))

@@ -28,7 +28,7 @@ from coordinator.journal import Journal
 from coordinator.recovery import ClusterView, Frontier, Plan, Policy, Restore, decide_recovery
 from wan.frames import Message, TrafficClass
 from wan.node import WanNode
-from site_agent.schedule import target_samples
+from site_agent.schedule import samples_per_round, target_samples
 from xdc.config import RunConfig, config_from_json
 from xdc.eventlog import EventLog
 from xdc.topology import COORD, Topology
@@ -51,6 +51,7 @@ class Coordinator:
         self.target = target_samples(cfg)
         self.m = mb.Membership()
         self.plan: Plan | None = None
+        self.prev: tuple[int, tuple[str, ...]] | None = None  # (epoch, members) before the current epoch
         self.commits: list[dict[str, Any]] = []
         self.tip: str | None = None  # the newest commit of the current lineage
         self.committed_round = -1
@@ -166,29 +167,36 @@ class Coordinator:
     def on_round_done(self, msg: Message) -> None:
         b = msg.body
         rnd = int(b["round"])
-        if self.plan is None or msg.epoch != self.m.epoch or msg.src not in self.m.members:
+        # The current epoch, or the previous one for the round it still had in flight when a
+        # change was scheduled for the next boundary (nothing in flight is thrown away).
+        if self.plan is not None and msg.epoch == self.m.epoch and msg.src in self.m.members:
+            epoch, members = self.m.epoch, self.m.members
+        elif (self.prev is not None and msg.epoch == self.prev[0] and msg.src in self.prev[1]
+              and self.plan is not None and rnd < self.plan.start_round and rnd == self.committed_round + 1):
+            epoch, members = self.prev
+        else:
             self.log.emit("report_rejected", site=msg.src, round=rnd,
                           reason=f"epoch {msg.epoch} is not current {self.m.epoch} or not a member")
             return
-        key = (self.m.epoch, rnd)
+        key = (epoch, rnd)
         self.reports.setdefault(key, {})[msg.src] = b
         got = self.reports[key]
-        if set(got) != set(self.m.members):
+        if set(got) != set(members):
             return
         del self.reports[key]
         hashes = {s: r["param_hash"] for s, r in got.items()}
         if len(set(hashes.values())) != 1:
             self.log.emit("commit_refused", round=rnd, reason="parameter hashes differ", hashes=hashes)
             return
-        first = got[self.m.members[0]]
+        first = got[members[0]]
         record = {
             "type": "commit",
-            "commit_id": f"e{self.m.epoch}r{rnd}",
+            "commit_id": f"e{epoch}r{rnd}",
             "parent": self.tip,
             "round": rnd,
             "step": int(first["step"]),
-            "epoch": self.m.epoch,
-            "members": list(self.m.members),
+            "epoch": epoch,
+            "members": list(members),
             "param_hash": next(iter(hashes.values())),
             "cursor_start": int(first["cursor_start"]),
             "cursor_end": int(first["cursor_end"]),
@@ -219,10 +227,12 @@ class Coordinator:
         joiners = tuple(sorted(s for s, st in self.m.sites.items()
                                if st.state == mb.SiteState.JOINING and s not in self.m.members))
         drops = tuple((site, -(-tokens // self.cfg.model.seq_len)) for site, tokens in self.cfg.recovery.oracle_faults)
+        paused = bool(self.plan and self.plan.paused)
         return ClusterView(expected=tuple(self.cfg.cluster.sites), epoch=self.m.epoch, members=self.m.members,
-                           paused=bool(self.plan and self.plan.paused), failed=failed, joiners=joiners,
+                           paused=paused, failed=failed, joiners=joiners,
                            committed_round=self.committed_round, committed_cursor=self.committed_cursor,
-                           frontier=self.frontier, target_samples=self.target, drop_before=drops)
+                           frontier=self.frontier, target_samples=self.target, drop_before=drops,
+                           round_samples=0 if paused else samples_per_round(self.cfg, len(self.m.members)))
 
     def new_epoch(self, plan: Plan, reason: str) -> None:
         old_members = set(self.m.members)
@@ -235,10 +245,11 @@ class Coordinator:
                 # Dropped while alive, ahead of its fault: keep it out until a new incarnation joins.
                 self.oracle_dropped.add((s, sites[s].incarnation))
                 sites[s] = replace(sites[s], state=mb.SiteState.FAILED)
+        self.prev = (self.m.epoch, self.m.members) if self.m.epoch > 0 else None
         self.m = mb.Membership(epoch=epoch, members=plan.members, sites=sites)
         self.plan = plan
         self._apply_plan_lineage(plan)
-        self.reports = {k: v for k, v in self.reports.items() if k[0] == epoch}
+        self.reports = {k: v for k, v in self.reports.items() if k[0] >= epoch - 1}
         self.node.set_fence(epoch)
         self.log.set_context(epoch=epoch)
         self.journal.append({"type": "epoch", "epoch": epoch, "plan": {**asdict(plan), "restore": plan.restore.value},

@@ -169,6 +169,7 @@ class Site:
         self.spr = steps_per_round(cfg)
         self.done_epoch = -1  # the epoch in which we reached the target and said so
         self.leader = False
+        self.inflight: int | None = None  # the round being computed / reduced now
 
     # ------------------------------------------------------------------ control
     def _poll_ctl(self) -> None:
@@ -179,11 +180,21 @@ class Site:
                 return
 
     def newer_plan_waiting(self) -> bool:
-        """True when a stop, a shutdown or a membership of a newer epoch is waiting."""
+        """True when a stop, a shutdown, or a newer epoch that takes effect by the round in flight waits.
+
+        A newer epoch scheduled for a later round (a rejoin or a drain at the next boundary)
+        lets the round in flight finish under the current epoch.
+        """
         if self.stopping["flag"]:
             return True
         self._poll_ctl()
-        return any(m.kind == "shutdown" or int(m.body.get("epoch", 0)) > self.epoch for m in self.pending)
+        for m in self.pending:
+            if m.kind == "shutdown":
+                return True
+            if int(m.body.get("epoch", 0)) > self.epoch and (
+                    self.inflight is None or int(m.body.get("start_round", 0)) <= self.inflight):
+                return True
+        return False
 
     def next_control(self) -> Any:
         """Block until the next control message (membership or shutdown); None on a stop signal."""
@@ -223,6 +234,10 @@ class Site:
                 try:
                     if not self.adopt(msg.body):
                         continue
+                except Interrupted as e:  # a newer epoch arrived while we restored: adopt that one
+                    log.emit("restore_abandoned", epoch=self.epoch, reason=str(e))
+                    self.next_round = None
+                    continue
                 except (RuntimeError, ValueError) as e:
                     # The state this plan names could not be had or did not verify: never train on
                     # it; ask to be admitted again (as a joiner, state comes from elsewhere).
@@ -359,6 +374,12 @@ class Site:
     # ------------------------------------------------------------------ rounds
     def train(self) -> None:
         """Train round by round from the plan's start until the target, or until interrupted."""
+        try:
+            self._train()
+        finally:
+            self.inflight = None
+
+    def _train(self) -> None:
         cfg, log, plan = self.cfg, self.log, self.plan
         assert plan is not None
         members = sorted(plan["members"])
@@ -368,8 +389,9 @@ class Site:
             cs, ce = round_span(cfg, n, int(plan["start_round"]), int(plan["start_cursor"]), rnd, self.target)
             if cs >= self.target:
                 break
+            self.inflight = rnd
             if self.newer_plan_waiting():
-                raise Interrupted("a newer epoch arrived between rounds")
+                raise Interrupted("a newer epoch takes effect at this round")
             self.status["round"] = rnd
             log.set_context(step=(rnd + 1) * self.spr)
             self.snapshots[rnd] = take_snapshot(self.trainer, rnd)
