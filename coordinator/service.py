@@ -250,7 +250,9 @@ class Coordinator:
         self.plan = plan
         self._apply_plan_lineage(plan)
         self.reports = {k: v for k, v in self.reports.items() if k[0] >= epoch - 1}
-        self.node.set_fence(epoch)
+        # The previous epoch's members may still report the round they had in flight when this
+        # epoch was scheduled; on_round_done decides precisely which of those reports count.
+        self.node.set_fence(self.prev[0] if self.prev else epoch)
         self.log.set_context(epoch=epoch)
         self.journal.append({"type": "epoch", "epoch": epoch, "plan": {**asdict(plan), "restore": plan.restore.value},
                              "reason": reason})
