@@ -17,6 +17,8 @@ it would have done.
 
 from __future__ import annotations
 
+import time
+
 import signal
 from typing import Any, ClassVar
 
@@ -223,14 +225,24 @@ def _remove_toxics(handle: ClusterHandle, toxics: list[tuple[str, str, str]]) ->
     """Remove (proxy, stream, name) toxics; one already gone is `missing`, not an error."""
     removed, missing, errors = [], [], []
     for proxy, _stream, name in toxics:
-        try:
-            handle.toxiproxy.remove_toxic(proxy, name)
-            removed.append(f"{proxy}/{name}")
-        except ToxiproxyError as e:
-            if e.status == 404:
-                missing.append(f"{proxy}/{name}")
-            else:
-                errors.append(str(e))
+        # Toxiproxy's API can stall while a toxic with queued data is removed under load (it
+        # flushes first): a timed-out DELETE may still complete, so retry and accept a 404.
+        last: ToxiproxyError | None = None
+        for attempt in range(4):
+            try:
+                handle.toxiproxy.remove_toxic(proxy, name)
+                removed.append(f"{proxy}/{name}")
+                last = None
+                break
+            except ToxiproxyError as e:
+                if e.status == 404:  # gone: never there, or an earlier timed-out attempt removed it
+                    (missing if attempt == 0 else removed).append(f"{proxy}/{name}")
+                    last = None
+                    break
+                last = e
+                time.sleep(0.5)
+        if last is not None:
+            errors.append(str(last))
     if errors:
         raise ChaosError(f"could not remove {len(errors)} toxic(s): " + "; ".join(errors))
     return {"removed": removed, "missing": missing}
