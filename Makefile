@@ -39,5 +39,9 @@ test: setup
 bench: setup
 	$(BIN)/python -m bench.run_all
 
+# 20 random fault schedules per policy (about an hour on 2 cores); tally in bench/results/soak.json.
+soak: setup
+	$(BIN)/python -m chaos.soak --schedules 20 --out bench/results/soak.json
+
 clean:
 	rm -rf $(VENV) runs
