@@ -96,20 +96,29 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     policies = args.policy or ["stall", "restart", "elastic", "oracle"]
     root = Path(args.runs_dir) if args.runs_dir else Path(tempfile.mkdtemp(prefix="xdc-soak-"))
-    results = []
-    for policy in policies:
-        for i in range(args.schedules):
+    results: list[dict[str, Any]] = []
+
+    def write() -> dict[str, Any]:
+        # Written after every run, so an interrupted soak still leaves an honest partial tally.
+        tally = {p: {"runs": sum(1 for r in results if r["policy"] == p),
+                     "passed": sum(1 for r in results if r["policy"] == p and r["passed"])} for p in policies}
+        out = {"name": "soak", "schedules_per_policy": args.schedules, "tally": tally, "runs": results,
+               "complete": len(results) == args.schedules * len(policies),
+               "passed": bool(results) and all(r["passed"] for r in results)}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(out, indent=2, sort_keys=True))
+        return out
+
+    # Interleave the policies so a partial soak covers all of them.
+    for i in range(args.schedules):
+        for policy in policies:
             r = soak_one(args.seed + i, policy, root)
             results.append(r)
+            write()
             print(f"{policy:8s} seed {r['seed']}: {'ok  ' if r['passed'] else 'FAIL'} {r['faults']} "
                   f"lost={r['lost_tokens']} {r['wall_s']} s", flush=True)
-    tally = {p: {"runs": sum(1 for r in results if r["policy"] == p),
-                 "passed": sum(1 for r in results if r["policy"] == p and r["passed"])} for p in policies}
-    out = {"name": "soak", "schedules_per_policy": args.schedules, "tally": tally, "runs": results,
-           "passed": all(r["passed"] for r in results)}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2, sort_keys=True))
-    print(json.dumps(tally))
+    out = write()
+    print(json.dumps(out["tally"]))
     return 0 if out["passed"] else 1
 
 
