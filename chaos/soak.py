@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -68,7 +69,7 @@ def verify_store(run_dir: Path) -> tuple[bool, str]:
         return False, f"{type(e).__name__}: {e}"
 
 
-def soak_one(seed: int, policy: str, root: Path) -> dict[str, Any]:
+def soak_one(seed: int, policy: str, root: Path, keep: bool = True) -> dict[str, Any]:
     from xdc.cli import _with_policy
     from xdc.config import load_config, merge
     from xdc.launcher import launch
@@ -79,11 +80,14 @@ def soak_one(seed: int, policy: str, root: Path) -> dict[str, Any]:
     run_dir, s = launch(cfg, quiet=True, timeout_s=600, scenario=sc)
     store_ok, store_detail = verify_store(run_dir)
     reached = s.get("useful_tokens") == ROUNDS * ROUND_TOKENS
+    passed = reached and bool(s.get("work_balanced")) and store_ok
+    if passed and not keep:
+        shutil.rmtree(run_dir / "store", ignore_errors=True)  # checkpoints are most of a run's bytes
     return {"seed": seed, "policy": policy, "faults": [f"{f.kind}:{f.target}" for f in sc.faults],
             "run_dir": str(run_dir), "reached_frontier": reached, "ledger_balanced": bool(s.get("work_balanced")),
             "store_verified": store_ok, "store_detail": store_detail, "lost_tokens": s.get("lost_tokens"),
             "frontier_hash": s.get("frontier_hash"), "wall_s": round(time.monotonic() - t0, 1),
-            "passed": reached and bool(s.get("work_balanced")) and store_ok}
+            "passed": passed}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     # Interleave the policies so a partial soak covers all of them.
     for i in range(args.schedules):
         for policy in policies:
-            r = soak_one(args.seed + i, policy, root)
+            r = soak_one(args.seed + i, policy, root, keep=bool(args.runs_dir))
             results.append(r)
             write()
             print(f"{policy:8s} seed {r['seed']}: {'ok  ' if r['passed'] else 'FAIL'} {r['faults']} "
