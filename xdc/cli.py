@@ -5,6 +5,13 @@
   xdc chaos SCENARIO --run RUN_DIR                             drive a scenario against a live run
   xdc compare SCENARIO [--out DIR] [--set ...]                 the same scenario under all four policies
   xdc config [--config FILE] [--set ...]                       print the resolved config
+
+One process at a time (what each compose service runs; also for several hosts):
+  xdc prepare --run-dir RUN --topology compose|native --toxiproxy HOST:PORT [--config/--set]
+                                       write config, topology, keys; create the proxies and link profiles
+  xdc store --run-dir RUN | xdc coordinator --run-dir RUN | xdc site --run-dir RUN --site a
+  xdc summarize --run-dir RUN [--toxiproxy HOST:PORT]            RUN/summary.json after the run
+  xdc compose generate [--out DIR] [--check]                     compose/docker-compose.yml from the topology
 """
 
 from __future__ import annotations
@@ -143,9 +150,126 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_chaos(args: argparse.Namespace) -> int:
+    if args.docker:
+        from chaos.docker_handle import main as docker_chaos_main
+
+        return docker_chaos_main([args.scenario, "--run", args.run, "--project", args.project]
+                                 + (["--toxiproxy", args.toxiproxy] if args.toxiproxy else [])
+                                 + (["--dry-run"] if args.dry_run else []))
     from chaos.driver import main as chaos_main
 
     return chaos_main([args.scenario, "--run", args.run] + (["--dry-run"] if args.dry_run else []))
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--toxiproxy {text!r}: expected HOST:PORT, e.g. toxiproxy:8474")
+    return host, int(port)
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    """Prepare a run directory for processes started by someone else (compose, several hosts)."""
+    from wan.toxiproxy import ToxiproxyClient, ToxiproxyError, free_port
+    from xdc.eventlog import EventLog
+    from xdc.launcher import provision_run_dir
+    from xdc.topology import COORD, STORE, plan_topology
+
+    run_dir = Path(args.run_dir)
+    try:
+        data = _resolve(args)
+        if args.sites:
+            data = merge(data, {"cluster": {"sites": [s for s in args.sites.split(",") if s]}})
+        data = merge(data, {"run_id": run_dir.name, "runs_dir": str(run_dir.parent)})
+        cfg = load_config(data)
+        host, port = _host_port(args.toxiproxy)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    sites = tuple(cfg.cluster.sites)
+    if args.topology == "compose":
+        plan = plan_topology(sites, "compose")
+    else:
+        h = cfg.cluster.host
+        plan = plan_topology(sites, "native", host=h, ports={p: free_port(h) for p in (COORD, STORE, *sites)})
+    client = ToxiproxyClient(host, port, timeout_s=10.0)
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    log = EventLog(run_dir / "logs" / "prepare.jsonl", cfg.run_id, "prepare")
+    try:
+        client.wait_ready(args.wait_s)
+        existing = client.list_proxies()
+        for name in plan.links:  # a re-run of `init` replaces the proxies of the previous one
+            if name in existing:
+                client.delete_proxy(name)
+        topo = provision_run_dir(cfg, run_dir, plan, client, log, toxiproxy_api=f"{host}:{port}")
+    except ToxiproxyError as e:
+        print(f"toxiproxy error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        log.close()
+    print(f"prepared {run_dir}: {len(topo.links)} proxies on {host}:{port}, sites {', '.join(sites)}")
+    return 0
+
+
+def cmd_process(args: argparse.Namespace) -> int:
+    """One process of the cluster in the foreground (a compose service, or a process on another host)."""
+    if args.cmd == "store":
+        from checkpoint_store.service import main as m
+
+        return int(m(["--run-dir", str(args.run_dir)]) or 0)
+    if args.cmd == "coordinator":
+        from coordinator.service import main as m
+
+        return int(m(["--run-dir", str(args.run_dir)]) or 0)
+    from site_agent.agent import main as m
+
+    return int(m(["--run-dir", str(args.run_dir), "--site", args.site]) or 0)
+
+
+def cmd_summarize(args: argparse.Namespace) -> int:
+    from analysis.summary import summarize
+    from wan.toxiproxy import ToxiproxyClient, ToxiproxyError
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "config.json").exists():
+        print(f"{run_dir}/config.json not found: not a run directory", file=sys.stderr)
+        return 2
+    proxy_bytes: dict = {}
+    if args.toxiproxy:
+        try:
+            host, port = _host_port(args.toxiproxy)
+            proxy_bytes = ToxiproxyClient(host, port, timeout_s=10.0).proxy_bytes()
+        except (ConfigError, ToxiproxyError) as e:
+            proxy_bytes = {"error": f"{type(e).__name__}: {e}"}
+    summary = summarize(run_dir, proxy_bytes=proxy_bytes, exit_codes={}, interrupted=False)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+    _print_summary(run_dir, summary)
+    return 0
+
+
+def cmd_compose(args: argparse.Namespace) -> int:
+    from xdc.topology import COMPOSE_HEADER, compose_gpu_spec, compose_spec
+
+    import yaml
+
+    sites = tuple(s for s in args.sites.split(",") if s)
+    out = Path(args.out)
+    files = {"docker-compose.yml": compose_spec(sites), "docker-compose.gpu.yml": compose_gpu_spec(sites)}
+    stale = []
+    for name, spec in files.items():
+        text = COMPOSE_HEADER + yaml.safe_dump(spec, sort_keys=False, default_flow_style=False, width=120)
+        path = out / name
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(str(path))
+        else:
+            out.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            print(f"wrote {path}")
+    if stale:
+        print(f"out of date (run `xdc compose generate`): {', '.join(stale)}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -178,6 +302,11 @@ def main(argv: list[str] | None = None) -> int:
     p_chaos.add_argument("scenario")
     p_chaos.add_argument("--run", required=True, help="the run directory of a live cluster")
     p_chaos.add_argument("--dry-run", action="store_true")
+    p_chaos.add_argument("--docker", action="store_true",
+                         help="the cluster is a docker compose project (faults through the docker CLI)")
+    p_chaos.add_argument("--project", default="xdc", help="with --docker: the compose project name (default xdc)")
+    p_chaos.add_argument("--toxiproxy", help="with --docker: Toxiproxy API HOST:PORT as seen from here "
+                                             "(from the host: 127.0.0.1:8474; default: the one in topology.json)")
     p_cmp = sub.add_parser("compare", help="run one scenario under all four recovery policies")
     common(p_cmp)
     p_cmp.add_argument("scenario")
@@ -188,7 +317,38 @@ def main(argv: list[str] | None = None) -> int:
     p_cmp.add_argument("--quiet", action="store_true")
     p_cfg = sub.add_parser("config", help="print the resolved config")
     common(p_cfg)
+    p_prep = sub.add_parser("prepare", help="prepare a run directory and the proxies for separately started processes")
+    common(p_prep)
+    p_prep.add_argument("--run-dir", required=True, help="the run directory (its name is the run id)")
+    p_prep.add_argument("--topology", choices=("compose", "native"), default="compose")
+    p_prep.add_argument("--toxiproxy", required=True, metavar="HOST:PORT", help="Toxiproxy's API")
+    p_prep.add_argument("--sites", help="comma-separated site names (default: the config's cluster.sites)")
+    p_prep.add_argument("--wait-s", type=float, default=30.0, help="how long to wait for Toxiproxy")
+    for name, help_ in (("store", "run the checkpoint store in the foreground"),
+                        ("coordinator", "run the coordinator in the foreground"),
+                        ("site", "run one site agent in the foreground")):
+        p = sub.add_parser(name, help=help_)
+        p.add_argument("--run-dir", required=True, help="a prepared run directory")
+        if name == "site":
+            p.add_argument("--site", required=True)
+    p_sum = sub.add_parser("summarize", help="write RUN/summary.json from the logs of a finished run")
+    p_sum.add_argument("--run-dir", required=True)
+    p_sum.add_argument("--toxiproxy", metavar="HOST:PORT", help="read Toxiproxy's byte counters from this API")
+    p_comp = sub.add_parser("compose", help="the docker compose files, generated from the topology")
+    comp_sub = p_comp.add_subparsers(dest="compose_cmd", required=True)
+    p_gen = comp_sub.add_parser("generate", help="write compose/docker-compose.yml (+ .gpu.yml)")
+    p_gen.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "compose"))
+    p_gen.add_argument("--sites", default="a,b,c")
+    p_gen.add_argument("--check", action="store_true", help="only check the files are up to date")
     args = ap.parse_args(argv)
+    if args.cmd == "prepare":
+        return cmd_prepare(args)
+    if args.cmd in ("store", "coordinator", "site"):
+        return cmd_process(args)
+    if args.cmd == "summarize":
+        return cmd_summarize(args)
+    if args.cmd == "compose":
+        return cmd_compose(args)
     if args.cmd == "run":
         return cmd_run(args)
     if args.cmd == "demo":

@@ -24,11 +24,11 @@ from typing import Any, Callable
 
 from analysis.summary import summarize
 from wan.keys import generate_cluster_keys
-from wan.toxiproxy import ToxiproxyServer, apply_link_spec, free_port
+from wan.toxiproxy import ToxiproxyClient, ToxiproxyServer, apply_link_spec, free_port
 from xdc.config import RunConfig, save_config
 from xdc.eventlog import EventLog
 from xdc.progress import Progress
-from xdc.topology import COORD, STORE, Link, Topology
+from xdc.topology import COORD, STORE, Link, Topology, plan_topology
 
 _PR_SET_PDEATHSIG = 1
 
@@ -43,6 +43,32 @@ def _die_with_parent() -> None:
 
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid() % 10000:04d}{int(time.time_ns() % 1000):03d}"
+
+
+def provision_run_dir(cfg: RunConfig, run_dir: str | Path, plan: Topology, client: ToxiproxyClient, log: EventLog,
+                      *, toxiproxy_api: str | None = None) -> Topology:
+    """What every way of running a cluster does before its processes start (the native launcher
+    and `xdc prepare` for compose): write RUN/config.json and RUN/keys, create one Toxiproxy proxy
+    per link of `plan` with its link profile, and write the resolved RUN/topology.json.
+
+    A link whose planned `listen` has port 0 gets the port Toxiproxy picked; otherwise the planned
+    address (e.g. `toxiproxy:20003`, the name clients dial) is kept.
+    """
+    run_dir = Path(run_dir)
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir / "config.json")
+    if cfg.wan.curve:
+        generate_cluster_keys(run_dir / "keys", [COORD, STORE, *plan.sites])
+    links: dict[str, Link] = {}
+    for name, link in plan.links.items():
+        proxy = client.create_proxy(name, link.proxy_listen or link.listen, link.upstream)
+        toxics = apply_link_spec(client, name, cfg.link_spec(name))
+        listen = proxy.listen if (not link.listen or link.listen.endswith(":0")) else link.listen
+        links[name] = replace(link, listen=listen, proxy_listen=proxy.listen)
+        log.emit("proxy_created", proxy=name, listen=listen, upstream=link.upstream, toxics=toxics)
+    topo = replace(plan, links=links, toxiproxy_api=toxiproxy_api if toxiproxy_api is not None else plan.toxiproxy_api)
+    topo.save(run_dir / "topology.json")
+    return topo
 
 
 class Launcher:
@@ -68,23 +94,14 @@ class Launcher:
         cfg = self.cfg
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.log = EventLog(self.run_dir / "logs" / "launcher.jsonl", cfg.run_id, "launcher")
-        save_config(cfg, self.run_dir / "config.json")
+        save_config(cfg, self.run_dir / "config.json")  # first, as before: a failed start still has it
         sites = tuple(cfg.cluster.sites)
         host = cfg.cluster.host
-        binds = {p: f"{host}:{free_port(host)}" for p in (COORD, STORE, *sites)}
-        if cfg.wan.curve:
-            generate_cluster_keys(self.run_dir / "keys", [COORD, STORE, *sites])
+        plan = plan_topology(sites, "native", host=host, ports={p: free_port(host) for p in (COORD, STORE, *sites)})
         self.toxi = ToxiproxyServer(host=host, port=0, log_path=self.run_dir / "logs" / "toxiproxy.out")
         client = self.toxi.start()
         self.log.emit("process_started", name="toxiproxy", child_pid=self.toxi.proc.pid, api=self.toxi.api_address)
-        links: dict[str, Link] = {}
-        for name, c, s in Topology.link_names(sites):
-            proxy = client.create_proxy(name, f"{host}:0", binds[s])
-            toxics = apply_link_spec(client, name, cfg.link_spec(name))
-            links[name] = Link(name, c, s, listen=proxy.listen, upstream=binds[s])
-            self.log.emit("proxy_created", proxy=name, listen=proxy.listen, upstream=binds[s], toxics=toxics)
-        topo = Topology(sites=sites, host=host, binds=binds, links=links, toxiproxy_api=self.toxi.api_address)
-        topo.save(self.run_dir / "topology.json")
+        topo = provision_run_dir(cfg, self.run_dir, plan, client, self.log, toxiproxy_api=self.toxi.api_address)
         latest = Path(cfg.runs_dir) / "latest"
         try:
             if latest.is_symlink() or latest.exists():
