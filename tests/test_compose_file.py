@@ -1,0 +1,186 @@
+"""The compose cluster, checked without a Docker engine: the committed compose files are what the one
+topology generates, they parse, every xdc command is real, images/ports/env/volumes agree with the
+topology, and every site reaches every other process only through a Toxiproxy proxy."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from xdc.cli import main as xdc_main
+from xdc.topology import (COMPOSE_BIND_PORT, COMPOSE_TOXIPROXY, COMPOSE_TOXIPROXY_API_PORT, COORD, STORE,
+                          TOXIPROXY_IMAGE, Topology, compose_spec, link_map, network_name, plan_topology,
+                          service_name)
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = ROOT / "compose" / "docker-compose.yml"
+SITES = ("a", "b", "c")
+
+
+@pytest.fixture(scope="module")
+def doc() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def _env_default(text: str) -> str:
+    """${VAR:-default} -> default (what compose substitutes with no environment)."""
+    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", text)
+
+
+def test_committed_files_are_generated_from_the_topology(tmp_path: Path) -> None:
+    assert xdc_main(["compose", "generate", "--check"]) == 0
+    assert xdc_main(["compose", "generate", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "docker-compose.yml").read_text() == COMPOSE.read_text()
+    assert (tmp_path / "docker-compose.gpu.yml").read_text() == (ROOT / "compose" / "docker-compose.gpu.yml").read_text()
+    assert yaml.safe_load(COMPOSE.read_text()) == compose_spec(SITES)
+
+
+def test_native_and_compose_link_maps_are_identical() -> None:
+    native = plan_topology(SITES, "native", ports={p: 5000 + i for i, p in enumerate((COORD, STORE, *SITES))})
+    compose = plan_topology(SITES, "compose")
+    assert link_map(native) == link_map(compose)
+    assert list(native.links) == list(compose.links) == [n for n, _, _ in Topology.link_names(SITES)]
+    assert len(compose.links) == 3 * 2 + 3 * 2
+    assert set(native.binds) == set(compose.binds) == {COORD, STORE, *SITES}
+    # the same link -> the same server, addressed the way each mode reaches it
+    for name, link in compose.links.items():
+        assert link.upstream == f"{service_name(link.server)}:{COMPOSE_BIND_PORT}"
+        assert native.links[name].upstream == native.binds[link.server]
+        assert link.listen.startswith(f"{COMPOSE_TOXIPROXY}:")
+        assert link.proxy_listen == "0.0.0.0:" + link.listen.rsplit(":", 1)[1]
+    assert len({l.listen for l in compose.links.values()}) == len(compose.links)
+
+
+def test_the_file_parses_and_has_every_service(doc: dict) -> None:
+    svcs = doc["services"]
+    assert set(svcs) == {COMPOSE_TOXIPROXY, "init", "store", "coordinator", "site-a", "site-b", "site-c",
+                         "chaos", "summarize"}
+    assert svcs[COMPOSE_TOXIPROXY]["image"] == TOXIPROXY_IMAGE
+    assert re.fullmatch(r"ghcr\.io/shopify/toxiproxy:\d+\.\d+\.\d+", TOXIPROXY_IMAGE)  # pinned
+    assert "runs" in doc["volumes"]
+    for name in ("toxiproxy", "store", "coordinator", "site-a", "site-b", "site-c"):
+        assert "healthcheck" in svcs[name], name
+    assert set(svcs["chaos"]["profiles"]) == {"chaos"} and set(svcs["summarize"]["profiles"]) == {"analyze"}
+
+
+def _xdc_commands(doc: dict) -> dict[str, list[str]]:
+    return {n: [_env_default(a) for a in s["command"]] for n, s in doc["services"].items() if s["command"][0] == "xdc"}
+
+
+def test_every_command_is_a_real_xdc_command(doc: dict) -> None:
+    cmds = _xdc_commands(doc)
+    assert set(cmds) == set(doc["services"]) - {COMPOSE_TOXIPROXY}
+    for name, argv in cmds.items():
+        sub = argv[1]
+        r = subprocess.run([sys.executable, "-m", "xdc.cli", sub, *(["generate"] if sub == "compose" else []),
+                            "--help"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert r.returncode == 0, (name, r.stderr)
+        for flag in (a for a in argv[2:] if a.startswith("--")):
+            assert flag in r.stdout, (name, flag)
+    # files the commands name exist in the image (they are copied from the repository)
+    assert (ROOT / _env_default("${XDC_CONFIG:-compose/run.yaml}")).exists()
+    assert (ROOT / cmds["chaos"][2]).exists()
+
+
+def test_the_commands_parse_with_the_real_parser(doc: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each command line reaches its handler with the right arguments (handlers replaced)."""
+    import xdc.cli as cli
+
+    seen: dict[str, object] = {}
+    for h in ("cmd_prepare", "cmd_process", "cmd_summarize", "cmd_chaos"):
+        monkeypatch.setattr(cli, h, lambda args, _h=h: seen.__setitem__(_h, args) or 0)
+    for name, argv in _xdc_commands(doc).items():
+        seen.clear()
+        assert cli.main(argv[1:]) == 0, name
+        (args,) = seen.values()
+        run_dir = getattr(args, "run_dir", None) or getattr(args, "run", None)
+        assert str(run_dir) == "/runs/compose-run", name
+        if name.startswith("site-"):
+            assert args.site == name.removeprefix("site-")
+    seen.clear()
+    cli.main(_xdc_commands(doc)["init"][1:])
+    args = seen["cmd_prepare"]
+    assert args.topology == "compose" and args.toxiproxy == f"{COMPOSE_TOXIPROXY}:{COMPOSE_TOXIPROXY_API_PORT}"
+    assert args.sites.split(",") == list(SITES)
+
+
+def test_images_environment_volumes_agree(doc: dict) -> None:
+    svcs = doc["services"]
+    xdc_svcs = [n for n in svcs if n != COMPOSE_TOXIPROXY]
+    images = {svcs[n]["image"] for n in xdc_svcs}
+    assert images == {"${XDC_IMAGE:-xdc:local}"}
+    assert [n for n in xdc_svcs if "build" in svcs[n]] == ["init"]  # built once
+    assert (ROOT / svcs["init"]["build"]["context"].replace("..", ".") / svcs["init"]["build"]["dockerfile"]).exists()
+    for n in xdc_svcs:
+        assert "runs:/runs" in svcs[n]["volumes"], n
+        assert svcs[n]["environment"]["XDC_RUN_ID"] == "${XDC_RUN_ID:-compose-run}", n
+        assert svcs[n]["restart"] == "no", n  # a killed site stays down until chaos restarts it
+        assert any("/runs/${XDC_RUN_ID:-compose-run}" == a for a in svcs[n]["command"]), n
+    # start order: init after toxiproxy is healthy; every process after init; sites after the services
+    assert svcs["init"]["depends_on"][COMPOSE_TOXIPROXY]["condition"] == "service_healthy"
+    for n in ("store", "coordinator", "site-a", "site-b", "site-c"):
+        assert svcs[n]["depends_on"]["init"]["condition"] == "service_completed_successfully"
+    for s in SITES:
+        dep = svcs[service_name(s)]["depends_on"]
+        assert dep["coordinator"]["condition"] == dep["store"]["condition"] == "service_healthy"
+    # the health checks read the log file each process writes
+    for p in (COORD, STORE, *SITES):
+        assert f"/logs/{p}.jsonl" in " ".join(svcs[service_name(p)]["healthcheck"]["test"])
+
+
+def test_ports_agree_with_the_topology(doc: dict) -> None:
+    topo = plan_topology(SITES, "compose")
+    tp = doc["services"][COMPOSE_TOXIPROXY]
+    assert f"-port={COMPOSE_TOXIPROXY_API_PORT}" in tp["command"] and "-host=0.0.0.0" in tp["command"]
+    assert topo.toxiproxy_api == f"{COMPOSE_TOXIPROXY}:{COMPOSE_TOXIPROXY_API_PORT}"
+    assert sorted(int(p) for p in tp["expose"]) == sorted(int(l.listen.rsplit(":", 1)[1]) for l in topo.links.values())
+    # only the Toxiproxy API is published, on loopback; no process is reachable from outside
+    assert [_env_default(p) for p in tp["ports"]] == [f"127.0.0.1:{COMPOSE_TOXIPROXY_API_PORT}:{COMPOSE_TOXIPROXY_API_PORT}"]
+    for n, s in doc["services"].items():
+        if n != COMPOSE_TOXIPROXY:
+            assert "ports" not in s, n
+    assert set(topo.binds.values()) == {f"0.0.0.0:{COMPOSE_BIND_PORT}"}
+
+
+def test_every_site_reaches_every_other_only_through_toxiproxy(doc: dict) -> None:
+    svcs = doc["services"]
+    topo = plan_topology(SITES, "compose")
+    nets = {n: set(s["networks"]) for n, s in svcs.items()}
+    procs = topo.processes()
+    assert set(doc["networks"]) == {network_name(p) for p in procs}
+    assert nets[COMPOSE_TOXIPROXY] == set(doc["networks"])
+    for p in procs:
+        assert nets[service_name(p)] == {network_name(p)}
+    for p in procs:
+        for q in procs:
+            if p != q:  # no network in common: p cannot even resolve q's name, only toxiproxy's
+                assert not nets[service_name(p)] & nets[service_name(q)], (p, q)
+    # and what each process dials is a proxy on toxiproxy, for every peer it has
+    for s in SITES:
+        routes = topo.routes_for(s)
+        assert {r.peer for r in routes} == {*(x for x in SITES if x != s), COORD, STORE}
+        for r in routes:
+            assert r.address.startswith(f"tcp://{COMPOSE_TOXIPROXY}:")
+
+
+def test_gpu_override_reserves_the_gpu_for_every_site() -> None:
+    gpu = yaml.safe_load((ROOT / "compose" / "docker-compose.gpu.yml").read_text())
+    assert set(gpu["services"]) == {service_name(s) for s in SITES}
+    for s in gpu["services"].values():
+        (dev,) = s["deploy"]["resources"]["reservations"]["devices"]
+        assert dev["capabilities"] == ["gpu"] and dev["driver"] == "nvidia"
+
+
+def test_dockerfile_is_slim_pinned_non_root() -> None:
+    text = (ROOT / "compose" / "Dockerfile").read_text()
+    base = re.search(r"^FROM (\S+)\s*$", text, re.M)
+    assert base and re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+", base.group(1))
+    assert re.search(r"^USER xdc$", text, re.M)
+    assert "COPY --from=docker:" in text and re.search(r"docker:\d+\.\d+\.\d+-cli", text)
+    for d in ("xdc", "coordinator", "site_agent", "wan", "checkpoint_store", "analysis", "chaos", "scenarios"):
+        assert f"COPY {d} /app/{d}" in text
