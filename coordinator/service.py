@@ -52,6 +52,9 @@ class Coordinator:
         self.m = mb.Membership()
         self.plan: Plan | None = None
         self.prev: tuple[int, tuple[str, ...]] | None = None  # (epoch, members) before the current epoch
+        self.epoch_members: dict[int, tuple[str, ...]] = {}  # recent epochs, for reports of rounds in flight
+        self.oracle_applied: set[str] = set()  # sites the oracle already drained (once per scenario fault)
+        self.resync = False
         self.commits: list[dict[str, Any]] = []
         self.tip: str | None = None  # the newest commit of the current lineage
         self.committed_round = -1
@@ -150,6 +153,9 @@ class Coordinator:
             self.m = mb.set_state(self.m, msg.src, "announced_failure")
             self.log.emit("site_failed", site=msg.src, reason="announced its preemption")
         elif kind == "checkpoint_durable":
+            if msg.epoch != self.m.epoch and msg.epoch not in self.epoch_members:
+                self.log.emit("report_rejected", site=msg.src, kind=kind, reason=f"stale epoch {msg.epoch}")
+                return
             b = msg.body
             commit = next((c["commit_id"] for c in reversed(self.commits)
                            if c["round"] == b["round"] and c["cursor_end"] == b["cursor"]), None)
@@ -158,6 +164,9 @@ class Coordinator:
             self.log.emit("frontier", **asdict(self.frontier))
         elif kind == "peer_unreachable":
             peer = str(msg.body.get("peer"))
+            if msg.epoch != self.m.epoch:
+                self.log.emit("report_rejected", site=msg.src, kind=kind, reason=f"stale epoch {msg.epoch}")
+                return
             if msg.src in self.m.members and peer in self.m.members and self.m.sites[msg.src].state == mb.SiteState.ACTIVE:
                 # Tie-break for a partition reported from both sides: drop the larger name.
                 victim = max(peer, msg.src) if msg.body.get("mutual") else peer
@@ -171,9 +180,9 @@ class Coordinator:
         # change was scheduled for the next boundary (nothing in flight is thrown away).
         if self.plan is not None and msg.epoch == self.m.epoch and msg.src in self.m.members:
             epoch, members = self.m.epoch, self.m.members
-        elif (self.prev is not None and msg.epoch == self.prev[0] and msg.src in self.prev[1]
+        elif (msg.epoch in self.epoch_members and msg.src in self.epoch_members[msg.epoch]
               and self.plan is not None and rnd < self.plan.start_round and rnd == self.committed_round + 1):
-            epoch, members = self.prev
+            epoch, members = msg.epoch, self.epoch_members[msg.epoch]
         else:
             self.log.emit("report_rejected", site=msg.src, round=rnd,
                           reason=f"epoch {msg.epoch} is not current {self.m.epoch} or not a member")
@@ -187,6 +196,13 @@ class Coordinator:
         hashes = {s: r["param_hash"] for s, r in got.items()}
         if len(set(hashes.values())) != 1:
             self.log.emit("commit_refused", round=rnd, reason="parameter hashes differ", hashes=hashes)
+            return
+        starts = {int(r["cursor_start"]) for r in got.values()}
+        if starts != {self.committed_cursor}:
+            # The lineage must cover the samples without a gap or an overlap: resync everyone.
+            self.log.emit("commit_refused", round=rnd, reason=f"cursor {sorted(starts)} does not continue the "
+                                                              f"commit record at {self.committed_cursor}")
+            self.resync = True
             return
         first = got[members[0]]
         record = {
@@ -226,7 +242,8 @@ class Coordinator:
                        or (s in self.m.members and st.state == mb.SiteState.JOINING))
         joiners = tuple(sorted(s for s, st in self.m.sites.items()
                                if st.state == mb.SiteState.JOINING and s not in self.m.members))
-        drops = tuple((site, -(-tokens // self.cfg.model.seq_len)) for site, tokens in self.cfg.recovery.oracle_faults)
+        drops = tuple((site, -(-tokens // self.cfg.model.seq_len)) for site, tokens in self.cfg.recovery.oracle_faults
+                      if site not in self.oracle_applied)
         paused = bool(self.plan and self.plan.paused)
         return ClusterView(expected=tuple(self.cfg.cluster.sites), epoch=self.m.epoch, members=self.m.members,
                            paused=paused, failed=failed, joiners=joiners,
@@ -246,13 +263,18 @@ class Coordinator:
                 self.oracle_dropped.add((s, sites[s].incarnation))
                 sites[s] = replace(sites[s], state=mb.SiteState.FAILED)
         self.prev = (self.m.epoch, self.m.members) if self.m.epoch > 0 else None
+        if self.prev:
+            self.epoch_members[self.prev[0]] = self.prev[1]
+            self.epoch_members = {e: m for e, m in self.epoch_members.items() if e >= epoch - 4}
+        if self.policy == Policy.ORACLE and "drained and dropped" in reason:
+            self.oracle_applied |= set(old_members) - set(plan.members)
         self.m = mb.Membership(epoch=epoch, members=plan.members, sites=sites)
         self.plan = plan
         self._apply_plan_lineage(plan)
         self.reports = {k: v for k, v in self.reports.items() if k[0] >= epoch - 1}
         # The previous epoch's members may still report the round they had in flight when this
         # epoch was scheduled; on_round_done decides precisely which of those reports count.
-        self.node.set_fence(self.prev[0] if self.prev else epoch)
+        self.node.set_fence(min(self.epoch_members) if self.epoch_members else epoch)
         self.log.set_context(epoch=epoch)
         self.journal.append({"type": "epoch", "epoch": epoch, "plan": {**asdict(plan), "restore": plan.restore.value},
                              "reason": reason})
@@ -279,6 +301,15 @@ class Coordinator:
             self.log.emit(event, site=d.site, reason=reason)
         if self.m.epoch == 0 or self.shutdown_sent:
             return
+        if self.resync:
+            self.resync = False
+            v = self.view()
+            members = tuple(m for m in v.members if m not in v.failed)
+            if members:
+                self.new_epoch(Plan(members, bool(self.plan and self.plan.paused), self.committed_round + 1,
+                                    self.committed_cursor, Restore.NONE),
+                               f"resync: every member resumes from the commit record at round {self.committed_round + 1}")
+                return
         plan, why = decide_recovery(now_ns, self.view(), self.policy)
         if why != self.last_recovery_reason:
             self.log.emit("recovery_decision", policy=self.policy.value, reason=why, new_epoch=plan is not None)
