@@ -163,3 +163,14 @@ def _from_store(v: ClusterView, members: tuple[str, ...], policy: Policy, why: s
     return (Plan(members, False, f.round + 1, f.cursor, Restore.STORE, joiners=v.joiners,
                  manifest_hash=f.manifest_hash, parent_commit=f.commit_id),
             f"{policy.value}: {why}; all roll back to the durable frontier (round {f.round}, {f.cursor} samples)")
+
+
+def checkpoint_before_waiting(policy: Policy) -> tuple[bool, str]:
+    """On a preemption notice: should the survivors' leader write a checkpoint before they wait?"""
+    if policy == Policy.RESTART:
+        return True, "restart: a fresh durable frontier shortens the work redone after the rollback"
+    if policy == Policy.STALL:
+        return False, "stall: the survivors' state is kept in memory and handed to the site when it is back"
+    if policy == Policy.ELASTIC:
+        return False, "elastic: the survivors keep training; the site rejoins from a peer"
+    return False, "oracle: already drained before the fault"

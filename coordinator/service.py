@@ -25,7 +25,8 @@ from typing import Any
 
 from coordinator import membership as mb
 from coordinator.journal import Journal
-from coordinator.recovery import ClusterView, Frontier, Plan, Policy, Restore, decide_recovery
+from coordinator.recovery import (ClusterView, Frontier, Plan, Policy, Restore, checkpoint_before_waiting,
+                                  decide_recovery)
 from wan.frames import Message, TrafficClass
 from wan.node import WanNode
 from site_agent.schedule import samples_per_round, target_samples
@@ -53,8 +54,10 @@ class Coordinator:
         self.plan: Plan | None = None
         self.prev: tuple[int, tuple[str, ...]] | None = None  # (epoch, members) before the current epoch
         self.epoch_members: dict[int, tuple[str, ...]] = {}  # recent epochs, for reports of rounds in flight
+        self.checkpoint_first_epoch = -1
         self.oracle_applied: set[str] = set()  # sites the oracle already drained (once per scenario fault)
         self.resync = False
+        self.checkpoint_first = False  # the next pause asks the leader to checkpoint first (preemption)
         self.commits: list[dict[str, Any]] = []
         self.tip: str | None = None  # the newest commit of the current lineage
         self.committed_round = -1
@@ -149,7 +152,10 @@ class Coordinator:
         elif kind == "telemetry":
             self.log.emit("site_metrics", site=msg.src, **{k: v for k, v in msg.body.items() if k != "site"})
         elif kind == "preempt_notice":
-            self.log.emit("preemption_notice", site=msg.src, grace_s=msg.body.get("grace_s"))
+            first, why = checkpoint_before_waiting(self.policy)
+            self.log.emit("preemption_notice", site=msg.src, grace_s=msg.body.get("grace_s"),
+                          checkpoint_first=first, reason=why)
+            self.checkpoint_first = first
             self.m = mb.set_state(self.m, msg.src, "announced_failure")
             self.log.emit("site_failed", site=msg.src, reason="announced its preemption")
         elif kind == "checkpoint_durable":
@@ -232,6 +238,7 @@ class Coordinator:
         body = {"epoch": self.m.epoch, **asdict(self.plan), "target_samples": self.target,
                 "frontier_manifest": self.frontier.manifest_hash if self.frontier else None}
         body["restore"] = self.plan.restore.value
+        body["checkpoint_first"] = bool(self.plan.paused and self.checkpoint_first_epoch == self.m.epoch)
         for s in to:
             self.node.send(s, "membership", CONTROL, body, epoch=self.m.epoch)
 
@@ -270,6 +277,8 @@ class Coordinator:
             self.oracle_applied |= set(old_members) - set(plan.members)
         self.m = mb.Membership(epoch=epoch, members=plan.members, sites=sites)
         self.plan = plan
+        if plan.paused and self.checkpoint_first:
+            self.checkpoint_first_epoch, self.checkpoint_first = epoch, False
         self._apply_plan_lineage(plan)
         self.reports = {k: v for k, v in self.reports.items() if k[0] >= epoch - 1}
         # The previous epoch's members may still report the round they had in flight when this

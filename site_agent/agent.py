@@ -300,6 +300,13 @@ class Site:
             return False
         if plan["paused"]:
             log.emit("paused", reason="the coordinator is waiting for failed sites")
+            start = int(plan["start_round"])
+            if plan.get("checkpoint_first") and members[0] == self.me and start > 0:
+                # Preemption with notice under `restart`: make the committed state durable first.
+                with log.span("restore", kind="rollback_for_checkpoint", start_round=start) as sp:
+                    self.rollback_to(start, sp)
+                self.next_round = start
+                self.checkpoint(start - 1, int(plan["start_cursor"]))
             return False
         self.leader = members[0] == self.me
         start = int(plan["start_round"])

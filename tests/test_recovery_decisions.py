@@ -1,0 +1,68 @@
+"""Recovery policies as pure decisions on a fixed view: exact plans and reasons."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from coordinator.recovery import (ClusterView, Frontier, Plan, Policy, Restore, checkpoint_before_waiting,
+                                  decide_recovery)
+
+BASE = ClusterView(expected=("a", "b", "c"), epoch=1, members=("a", "b", "c"), paused=False, failed=(),
+                   joiners=(), committed_round=4, committed_cursor=480, frontier=Frontier(3, 384, "f" * 64, "e1r3"),
+                   target_samples=1000, round_samples=96)
+B_FAILED = replace(BASE, failed=("b",))
+
+
+def test_elastic_survivors_continue_from_the_next_uncommitted_round():
+    plan, why = decide_recovery(0, B_FAILED, Policy.ELASTIC)
+    assert plan == Plan(("a", "c"), False, 5, 480, Restore.NONE)
+    assert why == "elastic: ['b'] failed; ['a', 'c'] continue from round 5"
+
+
+def test_stall_and_restart_survivors_wait():
+    for policy in (Policy.STALL, Policy.RESTART):
+        plan, _ = decide_recovery(0, B_FAILED, policy)
+        assert plan == Plan(("a", "c"), True, 5, 480, Restore.NONE)
+
+
+def test_restarted_site_rejoins_elastic_at_the_next_boundary_from_a_donor():
+    v = replace(BASE, members=("a", "c"), joiners=("b",), round_samples=64)
+    plan, why = decide_recovery(0, v, Policy.ELASTIC)
+    # The round in flight (5) finishes under the old epoch; b joins from round 6.
+    assert plan == Plan(("a", "b", "c"), False, 6, 544, Restore.DONOR, donor="a", joiners=("b",))
+    assert "rejoin by state transfer from a at round 6" in why
+
+
+def test_restart_rolls_everyone_back_to_the_frontier_when_all_are_back():
+    v = replace(BASE, members=("a", "c"), paused=True, joiners=("b",), round_samples=0)
+    plan, _ = decide_recovery(0, v, Policy.RESTART)
+    assert plan == Plan(("a", "b", "c"), False, 4, 384, Restore.STORE, joiners=("b",), manifest_hash="f" * 64,
+                        parent_commit="e1r3")
+
+
+def test_stall_waits_until_every_site_is_back():
+    v = replace(BASE, expected=("a", "b", "c", "d"), members=("a", "c"), paused=True, joiners=("b",))
+    plan, why = decide_recovery(0, v, Policy.STALL)
+    assert plan is None and why == "stall: waiting for ['d'] before resuming"
+
+
+def test_lone_fresh_member_never_becomes_the_source_of_truth():
+    # Nobody with committed state is left: the joiner must load the durable frontier.
+    v = replace(BASE, members=(), joiners=("b",), failed=("a", "c"))
+    plan, why = decide_recovery(0, v, Policy.ELASTIC)
+    assert plan is not None and plan.restore == Restore.STORE and plan.manifest_hash == "f" * 64
+    assert "no healthy donor" in why
+
+
+def test_oracle_drops_the_victim_at_the_boundary_before_its_fault():
+    v = replace(BASE, drop_before=(("b", 600),))
+    plan, why = decide_recovery(0, v, Policy.ORACLE)
+    assert plan == Plan(("a", "c"), False, 6, 576, Restore.NONE)
+    assert why.startswith("oracle: b will fail at cursor 600")
+    far = replace(BASE, drop_before=(("b", 900),))
+    assert decide_recovery(0, far, Policy.ORACLE) == (None, "no change")
+
+
+def test_preemption_checkpoints_first_only_under_restart():
+    assert checkpoint_before_waiting(Policy.RESTART)[0] is True
+    assert not any(checkpoint_before_waiting(p)[0] for p in (Policy.STALL, Policy.ELASTIC, Policy.ORACLE))
