@@ -33,7 +33,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from chaos.handle import ChaosError, EventSink, LinkStream, _proxies_of_topology, resolve_links
+from chaos.handle import (ChaosError, EventSink, LinkStream, _proxies_of_topology, chaos_log, resolve_links,
+                          toxiproxy_client)
 from wan.toxiproxy import ToxiproxyClient
 
 Runner = Callable[[Sequence[str]], tuple[int, str, str]]
@@ -75,23 +76,8 @@ class DockerHandle:
         except FileNotFoundError:
             raise ChaosError(f"{topo_path} not found: has the compose `init` service prepared {self.run_dir}?") from None
         self._proxies = _proxies_of_topology(self.topology)
-        if toxiproxy is None:
-            api = toxiproxy_api or self.topology.toxiproxy_api
-            if not api or ":" not in api:
-                raise ChaosError(f"{topo_path}: no toxiproxy_api (host:port) recorded; pass toxiproxy_api=")
-            host, port = api.rsplit(":", 1)
-            toxiproxy = ToxiproxyClient(host, int(port), timeout_s=5.0)
-        self.toxiproxy = toxiproxy
-        if log is None:
-            from xdc.eventlog import EventLog
-
-            if run_id is None:
-                try:
-                    run_id = json.loads((self.run_dir / "config.json").read_text()).get("run_id") or self.run_dir.name
-                except (OSError, ValueError):
-                    run_id = self.run_dir.name
-            log = EventLog(self.run_dir / "logs" / "chaos.jsonl", run_id, "chaos")
-        self.log = log
+        self.toxiproxy = toxiproxy or toxiproxy_client(toxiproxy_api or self.topology.toxiproxy_api, topo_path)
+        self.log = log or chaos_log(self.run_dir, run_id)
 
     # ---- docker ------------------------------------------------------------------------
 
@@ -193,7 +179,7 @@ def until_coordinator_exits(handle: DockerHandle, taken_down: Callable[[], set[s
 
 def main(argv: list[str] | None = None) -> int:
     """`xdc chaos SCENARIO --run RUN_DIR --docker`: run a scenario against a live compose cluster."""
-    from chaos.driver import FAILED, HEAL_FAILED, ChaosDriver
+    from chaos.driver import run_scenario, wait_for_topology
     from chaos.scenario import ScenarioError, load_scenario
 
     ap = argparse.ArgumentParser(prog="xdc chaos --docker", description=main.__doc__)
@@ -206,39 +192,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interval-s", type=float, default=0.2)
     args = ap.parse_args(argv)
     run_dir = args.run.resolve()
-    deadline = time.monotonic() + args.wait_s
-    while not (run_dir / "topology.json").exists():
-        if time.monotonic() > deadline:
-            print(f"chaos: {run_dir}/topology.json did not appear within {args.wait_s:g} s", file=sys.stderr)
-            return 2
-        time.sleep(0.5)
-    sites = tuple(json.loads((run_dir / "topology.json").read_text())["sites"])
+    sites = wait_for_topology(run_dir, args.wait_s, 0.5)
+    if sites is None:
+        return 2
     try:
         sc = load_scenario(args.scenario, sites=sites)
         handle = DockerHandle(run_dir, args.project, toxiproxy_api=args.toxiproxy)
     except (ScenarioError, ChaosError) as e:
         print(f"chaos: {e}", file=sys.stderr)
         return 2
-    stop = {"flag": False}
-
-    def _stop(_s: int, _f: object) -> None:
-        stop["flag"] = True
-
-    for s in (_signal.SIGINT, _signal.SIGTERM):
-        _signal.signal(s, _stop)
-    driver = ChaosDriver(sc, handle, run_dir, noop=args.dry_run)
-    finished = until_coordinator_exits(handle, lambda: set(driver.taken_down()))
-    try:
-        driver.run(lambda: stop["flag"] or finished(), interval_s=args.interval_s)
-    finally:
-        close = getattr(handle.log, "close", None)
-        if close:
-            close()
-    bad = [s.index for s in driver.states if s.status in (FAILED, HEAL_FAILED)]
-    print(f"chaos: scenario {sc.name}: " + ", ".join(f"f{s.index} {s.fault.kind} {s.fault.target or '-'}: {s.status}"
-                                                     for s in driver.states))
-    return 1 if bad else 0
-
+    return run_scenario(sc, handle, run_dir, dry_run=args.dry_run, interval_s=args.interval_s,
+                        finished=lambda driver: until_coordinator_exits(handle, lambda: set(driver.taken_down())))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -34,37 +34,9 @@ from typing import Any, Callable
 from chaos.handle import ClusterHandle, EventSink
 from chaos.nemesis import CoordinatorCrash, Nemesis, SiteCrash, SitePreempt, StoreOutage, nemesis_for
 from chaos.scenario import Fault, Scenario, Trigger
+from xdc.eventlog import LogTail
 
 PENDING, ACTIVE, HEALED, FAILED, HEAL_FAILED = "pending", "active", "healed", "failed", "heal_failed"
-
-
-class _Tail:
-    """Complete JSON lines appended to a file since the last read (a torn last line waits)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.partial = b""
-
-    def read(self) -> list[dict[str, Any]]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
-            return []
-        self.offset += len(data)
-        lines = (self.partial + data).split(b"\n")
-        self.partial = lines.pop()
-        out = []
-        for line in lines:
-            try:
-                ev = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(ev, dict):
-                out.append(ev)
-        return out
 
 
 @dataclass
@@ -94,7 +66,7 @@ class ChaosDriver:
         self.log: EventSink = log if log is not None else handle.log
         self.noop = noop
         self.states = [FaultState(i, f, nemesis_factory(f, i, noop=noop)) for i, f in enumerate(scenario.faults)]
-        self.tail = _Tail(self.run_dir / "logs" / "coord.jsonl")
+        self.tail = LogTail(self.run_dir / "logs" / "coord.jsonl")
         self.t0: float | None = None
         self.epoch = 0
         self.step = 0
@@ -291,7 +263,7 @@ class ChaosDriver:
 
 def until_run_finished(run_dir: str | Path) -> Callable[[], bool]:
     """True once the launcher logged `run_finished` (RUN/logs/launcher.jsonl)."""
-    tail = _Tail(Path(run_dir) / "logs" / "launcher.jsonl")
+    tail = LogTail(Path(run_dir) / "logs" / "launcher.jsonl")
     seen = {"done": False}
 
     def check() -> bool:
@@ -315,19 +287,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interval-s", type=float, default=0.1)
     args = ap.parse_args(argv)
     run_dir = args.run.resolve()
-    deadline = time.monotonic() + args.wait_s
-    while not (run_dir / "topology.json").exists():
-        if time.monotonic() > deadline:
-            print(f"chaos: {run_dir}/topology.json did not appear within {args.wait_s:g} s", file=sys.stderr)
-            return 2
-        time.sleep(0.2)
-    sites = tuple(json.loads((run_dir / "topology.json").read_text())["sites"])
+    sites = wait_for_topology(run_dir, args.wait_s, 0.2)
+    if sites is None:
+        return 2
     try:
         sc = load_scenario(args.scenario, sites=sites)
         handle = NativeHandle(run_dir, None, spawn_like_launcher(run_dir))
     except (ScenarioError, ChaosError) as e:
         print(f"chaos: {e}", file=sys.stderr)
         return 2
+    finished = until_run_finished(run_dir)
+    return run_scenario(sc, handle, run_dir, dry_run=args.dry_run, interval_s=args.interval_s,
+                        finished=lambda _driver: finished)
+
+
+def wait_for_topology(run_dir: Path, wait_s: float, poll_s: float) -> tuple[str, ...] | None:
+    """The run's sites once RUN/topology.json exists; None (with a message) after wait_s."""
+    deadline = time.monotonic() + wait_s
+    while not (run_dir / "topology.json").exists():
+        if time.monotonic() > deadline:
+            print(f"chaos: {run_dir}/topology.json did not appear within {wait_s:g} s", file=sys.stderr)
+            return None
+        time.sleep(poll_s)
+    return tuple(json.loads((run_dir / "topology.json").read_text())["sites"])
+
+
+def run_scenario(sc: Scenario, handle: Any, run_dir: Path, *, dry_run: bool, interval_s: float,
+                 finished: Callable[["ChaosDriver"], Callable[[], bool]]) -> int:
+    """Drive `sc` through `handle` until the run is over or a signal arrives; 1 if a fault failed."""
     stop = {"flag": False}
 
     def _stop(_s: int, _f: object) -> None:
@@ -335,10 +322,10 @@ def main(argv: list[str] | None = None) -> int:
 
     for s in (_signal.SIGINT, _signal.SIGTERM):
         _signal.signal(s, _stop)
-    finished = until_run_finished(run_dir)
-    driver = ChaosDriver(sc, handle, run_dir, noop=args.dry_run)
+    driver = ChaosDriver(sc, handle, run_dir, noop=dry_run)
+    done = finished(driver)
     try:
-        driver.run(lambda: stop["flag"] or finished(), interval_s=args.interval_s)
+        driver.run(lambda: stop["flag"] or done(), interval_s=interval_s)
     finally:
         close = getattr(handle.log, "close", None)
         if close:
@@ -347,7 +334,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"chaos: scenario {sc.name}: " + ", ".join(f"f{s.index} {s.fault.kind} {s.fault.target or '-'}: {s.status}"
                                                      for s in driver.states))
     return 1 if bad else 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -200,6 +200,26 @@ def launcher_pids(run_dir: str | Path) -> dict[str, int]:
     return out
 
 
+def toxiproxy_client(api: str, where: Path) -> ToxiproxyClient:
+    """A client for the Toxiproxy API at host:port (as recorded in a run's topology)."""
+    if not api or ":" not in api:
+        raise ChaosError(f"{where}: no toxiproxy_api (host:port) recorded")
+    host, port = api.rsplit(":", 1)
+    return ToxiproxyClient(host, int(port), timeout_s=5.0)
+
+
+def chaos_log(run_dir: Path, run_id: str | None) -> "EventSink":
+    """RUN/logs/chaos.jsonl as process "chaos" (run id from the run's config unless given)."""
+    from xdc.eventlog import EventLog
+
+    if run_id is None:
+        try:
+            run_id = json.loads((run_dir / "config.json").read_text()).get("run_id") or run_dir.name
+        except (OSError, ValueError):
+            run_id = run_dir.name
+    return EventLog(run_dir / "logs" / "chaos.jsonl", run_id, "chaos")
+
+
 class NativeHandle:
     """The cluster of `xdc run`: local OS processes and the run's toxiproxy-server.
 
@@ -227,23 +247,8 @@ class NativeHandle:
         except FileNotFoundError:
             raise ChaosError(f"{topo_path} not found: is {self.run_dir} a run directory of `xdc run`?") from None
         self._proxies = _proxies_of_topology(self.topology)
-        if toxiproxy is None:
-            api = self.topology.toxiproxy_api
-            if not api or ":" not in api:
-                raise ChaosError(f"{topo_path}: no toxiproxy_api (host:port) recorded")
-            host, port = api.rsplit(":", 1)
-            toxiproxy = ToxiproxyClient(host, int(port), timeout_s=5.0)
-        self.toxiproxy = toxiproxy
-        if log is None:
-            from xdc.eventlog import EventLog
-
-            if run_id is None:
-                try:
-                    run_id = json.loads((self.run_dir / "config.json").read_text()).get("run_id") or self.run_dir.name
-                except (OSError, ValueError):
-                    run_id = self.run_dir.name
-            log = EventLog(self.run_dir / "logs" / "chaos.jsonl", run_id, "chaos")
-        self.log = log
+        self.toxiproxy = toxiproxy or toxiproxy_client(self.topology.toxiproxy_api, topo_path)
+        self.log = log or chaos_log(self.run_dir, run_id)
 
     # ---- processes ---------------------------------------------------------------------
 

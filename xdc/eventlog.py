@@ -105,6 +105,35 @@ class EventLog:
                 self._file.close()
 
 
+class LogTail:
+    """Complete JSON-object lines appended to a file since the last read (a torn last line waits)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.offset = 0
+        self.partial = b""
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(data)
+        lines = (self.partial + data).split(b"\n")
+        self.partial = lines.pop()
+        out = []
+        for line in lines:
+            try:
+                ev = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(ev, dict):
+                out.append(ev)
+        return out
+
+
 def _next_seq(path: Path) -> int:
     """One past the highest sequence number already in `path` (0 for a new file)."""
     if not path.exists():
