@@ -97,7 +97,20 @@ class Launcher:
         save_config(cfg, self.run_dir / "config.json")  # first, as before: a failed start still has it
         sites = tuple(cfg.cluster.sites)
         host = cfg.cluster.host
-        plan = plan_topology(sites, "native", host=host, ports={p: free_port(host) for p in (COORD, STORE, *sites)})
+        # Choose every port here, distinct from one another: with listen port 0 Toxiproxy could pick
+        # a port a process is about to bind (seen once in a soak as "Address already in use").
+        taken: set[int] = set()
+
+        def distinct_port() -> int:
+            while True:
+                port = free_port(host)
+                if port not in taken:
+                    taken.add(port)
+                    return port
+
+        ports = {p: distinct_port() for p in (COORD, STORE, *sites)}
+        proxy_ports = {name: distinct_port() for name, _c, _s in Topology.link_names(sites)}
+        plan = plan_topology(sites, "native", host=host, ports=ports, proxy_ports=proxy_ports)
         self.toxi = ToxiproxyServer(host=host, port=0, log_path=self.run_dir / "logs" / "toxiproxy.out")
         client = self.toxi.start()
         self.log.emit("process_started", name="toxiproxy", child_pid=self.toxi.proc.pid, api=self.toxi.api_address)
