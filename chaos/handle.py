@@ -169,19 +169,12 @@ def launcher_pids(run_dir: str | Path) -> dict[str, int]:
     (or shared by two different names) is therefore the launcher's own and is ignored: a chaos
     driver must never signal the launcher.
     """
-    path = Path(run_dir) / "logs" / "launcher.jsonl"
+    from xdc.eventlog import read_events
+
     try:
-        text = path.read_text(encoding="utf-8")
+        events = [ev for ev in read_events(Path(run_dir) / "logs" / "launcher.jsonl") if isinstance(ev, dict)]
     except FileNotFoundError:
         return {}
-    events = []
-    for line in text.splitlines():
-        try:
-            ev = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(ev, dict):
-            events.append(ev)
     own = {ev.get("pid") for ev in events if ev.get("event") != "process_started"}
     by_pid: dict[Any, set[str]] = {}
     for ev in events:
