@@ -241,6 +241,13 @@ def cmd_summarize(args: argparse.Namespace) -> int:
             proxy_bytes = ToxiproxyClient(host, port, timeout_s=10.0).proxy_bytes()
         except (ConfigError, ToxiproxyError) as e:
             proxy_bytes = {"error": f"{type(e).__name__}: {e}"}
+    if args.toxiproxy:  # into the history too, for `xdc analyze` (which reads only logs)
+        from xdc.eventlog import EventLog
+
+        cfg_run_id = json.loads((run_dir / "config.json").read_text()).get("run_id", run_dir.name)
+        slog = EventLog(run_dir / "logs" / "summarize.jsonl", cfg_run_id, "summarize")
+        slog.emit("proxy_counters", proxies=proxy_bytes, source="toxiproxy /metrics toxiproxy_proxy_received_bytes_total")
+        slog.close()
     summary = summarize(run_dir, proxy_bytes=proxy_bytes, exit_codes={}, interrupted=False)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
     _print_summary(run_dir, summary)

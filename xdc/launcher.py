@@ -191,6 +191,10 @@ class Launcher:
                     proxy_bytes = {"error": f"{type(e).__name__}: {e}"}
                 self.toxi.stop()
             if self.log is not None:
+                # Toxiproxy's own per-proxy byte totals go into the history, so `xdc analyze` can
+                # reconcile the six classes against them from the logs alone.
+                self.log.emit("proxy_counters", proxies=proxy_bytes, source="toxiproxy /metrics "
+                              "toxiproxy_proxy_received_bytes_total")
                 self.log.emit("run_finished", exit_codes=self.exit_codes, interrupted=self.interrupted)
                 self.log.close()
             if (self.run_dir / "config.json").exists():
