@@ -5,6 +5,8 @@
   xdc chaos SCENARIO --run RUN_DIR                             drive a scenario against a live run
   xdc compare SCENARIO [--out DIR] [--set ...]                 the same scenario under all four policies
   xdc config [--config FILE] [--set ...]                       print the resolved config
+  xdc analyze RUN_DIR... [--out DIR]                           artifact.json + report/index.html from the logs
+  xdc sql RUN_DIR... "SELECT ..."                              query the logs with DuckDB
 
 One process at a time (what each compose service runs; also for several hosts):
   xdc prepare --run-dir RUN --topology compose|native --toxiproxy HOST:PORT [--config/--set]
@@ -195,6 +197,9 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     client = ToxiproxyClient(host, port, timeout_s=10.0)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     log = EventLog(run_dir / "logs" / "prepare.jsonl", cfg.run_id, "prepare")
+    from xdc.provenance import run_started_fields
+
+    log.emit("run_started", **run_started_fields())
     try:
         client.wait_ready(args.wait_s)
         existing = client.list_proxies()
@@ -279,6 +284,51 @@ def cmd_compose(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_analyze(args: argparse.Namespace) -> int:
+    """Logs of runs (or a comparison) -> artifact.json + report/index.html; exit 1 if a checker fails."""
+    from analysis.analyze import analyze
+    from analysis.load import AnalysisInputError
+
+    try:
+        res = analyze(args.paths, args.out, report=not args.no_report)
+    except AnalysisInputError as e:
+        print(f"analyze: {e}", file=sys.stderr)
+        return 2
+    art = res.artifact
+    print(f"analysed {len(art['runs'])} run(s), {sum(r['n_events'] for r in art['runs']):,} events in "
+          f"{res.seconds:.1f} s")
+    for r in art["runs"]:
+        m = r["metrics"]
+        print(f"  {r['policy']:>8}: attempted {m['attempted_tokens']['value']:,} = retained "
+              f"{m['retained_tokens']['value']:,} + lost {m['lost_tokens']['value']:,} tokens; frontier "
+              f"{str(r['frontier']['hash'])[:12]}; final NLL {m['final_heldout_nll']['value']}")
+    for c in art["checks"]:
+        print(f"  check {c['name']:<19} {c['status']:<8} {c['summary']}")
+        if c["status"] != "pass":
+            for line in c["evidence"][:5]:
+                print(f"      {line}")
+    print(f"artifact: {res.artifact_path} (sha256 {res.artifact_sha256[:16]}…)")
+    if res.report_path:
+        print(f"report:   {res.report_path}  (open it in a browser; it needs no network)")
+    return 1 if any(c["status"] == "fail" for c in art["checks"]) else 0
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    from analysis.load import AnalysisInputError
+    from analysis.sql import format_table, query
+
+    try:
+        cols, rows = query(args.paths, args.query)
+    except AnalysisInputError as e:
+        print(f"sql: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # a DuckDB error in the user's query: say it plainly
+        print(f"sql: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    print(format_table(cols, rows))
+    return 0
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(_resolve(args))
@@ -341,6 +391,14 @@ def main(argv: list[str] | None = None) -> int:
     p_sum = sub.add_parser("summarize", help="write RUN/summary.json from the logs of a finished run")
     p_sum.add_argument("--run-dir", required=True)
     p_sum.add_argument("--toxiproxy", metavar="HOST:PORT", help="read Toxiproxy's byte counters from this API")
+    p_an = sub.add_parser("analyze", help="logs of runs or a comparison -> artifact.json + report/index.html")
+    p_an.add_argument("paths", nargs="+", help="run directories, or a comparison directory (from xdc compare)")
+    p_an.add_argument("--out", help="output directory (default: the comparison or run directory)")
+    p_an.add_argument("--no-report", action="store_true", help="only artifact.json")
+    p_sql = sub.add_parser("sql", help="query the runs' JSON-lines logs with DuckDB (views: events, commits, "
+                                       "work, spans)")
+    p_sql.add_argument("paths", nargs="+", help="run or comparison directories, then the query", metavar="PATH")
+    p_sql.add_argument("query", help="SQL, e.g. \"SELECT event, count(*) FROM events GROUP BY event\"")
     p_comp = sub.add_parser("compose", help="the docker compose files, generated from the topology")
     comp_sub = p_comp.add_subparsers(dest="compose_cmd", required=True)
     p_gen = comp_sub.add_parser("generate", help="write compose/docker-compose.yml (+ .gpu.yml)")
@@ -356,6 +414,10 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_summarize(args)
     if args.cmd == "compose":
         return cmd_compose(args)
+    if args.cmd == "analyze":
+        return cmd_analyze(args)
+    if args.cmd == "sql":
+        return cmd_sql(args)
     if args.cmd == "run":
         return cmd_run(args)
     if args.cmd == "demo":

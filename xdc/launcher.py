@@ -27,6 +27,7 @@ from wan.keys import generate_cluster_keys
 from wan.toxiproxy import ToxiproxyClient, ToxiproxyServer, apply_link_spec, free_port
 from xdc.config import RunConfig, save_config
 from xdc.eventlog import EventLog
+from xdc.provenance import run_started_fields
 from xdc.progress import Progress
 from xdc.topology import COORD, STORE, Link, Topology, plan_topology
 
@@ -95,6 +96,7 @@ class Launcher:
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.log = EventLog(self.run_dir / "logs" / "launcher.jsonl", cfg.run_id, "launcher")
         save_config(cfg, self.run_dir / "config.json")  # first, as before: a failed start still has it
+        self.log.emit("run_started", **run_started_fields())
         sites = tuple(cfg.cluster.sites)
         host = cfg.cluster.host
         # Choose every port here, distinct from one another: with listen port 0 Toxiproxy could pick

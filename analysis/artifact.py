@@ -1,0 +1,278 @@
+"""The analysis artifact: one schema-versioned JSON document for one run or a comparison.
+
+`build_artifact(run_dirs, index)` reads only the runs' logs and manifests (analysis.load),
+derives the ledgers (analysis.summary), the timelines (analysis.timeline) and the checks
+(analysis.checkers), and returns a dict that `validate_artifact` checks against
+`artifact.schema.json`. Every number in it says what it is: a quantity is
+`{"value", "unit", "evidence"}` with evidence one of measured / modeled / prior / unavailable,
+and every section carries the evidence class of all the numbers in it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from analysis.checkers import run_checkers
+from analysis.load import RunHistory, load_run
+from analysis.summary import byte_ledger, checkpoint_tree, lineage, reconcile, site_time, work_ledger
+from analysis.timeline import (SITE_FAULTS, extract_marks, extract_phases, frontier_progress, run_end_ns,
+                               run_t0_ns)
+
+SCHEMA_VERSION = 1
+SCHEMA_ID = "xdc-artifact/1"
+SCHEMA_PATH = Path(__file__).with_name("artifact.schema.json")
+EVIDENCE = ("measured", "modeled", "prior", "unavailable")
+
+
+def q(value: Any, unit: str, evidence: str = "measured", **extra: Any) -> dict[str, Any]:
+    """A quantity with its unit and evidence class."""
+    assert evidence in EVIDENCE, evidence
+    return {"value": value, "unit": unit, "evidence": evidence, **extra}
+
+
+def _proxy_bytes(h: RunHistory) -> dict[str, Any]:
+    for proc in ("launcher", "summarize"):
+        evs = [e for e in h.logs.get(proc, []) if e["event"] == "proxy_counters"]
+        if evs:
+            return evs[-1].get("proxies") or {"error": "Toxiproxy reported no proxies"}
+    return {"error": "no proxy_counters event in the logs (the run predates it, or ended before Toxiproxy was read)"}
+
+
+def _connections(h: RunHistory) -> dict[str, int]:
+    """Connections made per link (first connect, reconnects, failed handshakes): each costs handshake bytes."""
+    n: dict[str, int] = defaultdict(lambda: 1)
+    for evs in h.logs.values():
+        for e in evs:
+            if e["event"] in ("link_up", "handshake_failed") and e.get("link"):
+                n[e["link"]] += 1
+    return dict(n)
+
+
+def _faulted_links(h: RunHistory) -> set[str]:
+    """Links with an end in a process that a fault hit, or that a link fault cut or shaped."""
+    hit: set[str] = set()
+    for e in h.logs.get("chaos", []):
+        if e["event"] != "fault_injected":
+            continue
+        target = str(e.get("target", ""))
+        kind = str(e.get("kind", ""))
+        names = [t for sep in ("<->", "->") if sep in target for t in target.split(sep)] or [target]
+        if kind in SITE_FAULTS or kind.startswith("coord") or kind.startswith("store"):
+            names = [{"coordinator": "coord", "checkpoint_store": "store"}.get(x, x) for x in names]
+        hit.update(names)
+    hit.update(p for p, evs in h.logs.items() if len({e.get("pid") for e in evs}) > 1)  # restarted processes
+    links = set()
+    for proc_evs in h.logs.values():
+        for e in proc_evs:
+            if e["event"] == "proxy_created":
+                links.add(e["proxy"])
+    return {lk for lk in links if any(lk.startswith(f"{x}_to_") or lk.endswith(f"_to_{x}") for x in hit)}
+
+
+def _frontier(h: RunHistory, useful_tokens: int) -> dict[str, Any]:
+    durable = h.events("store", "checkpoint_durable")
+    writes = [e for s in h.sites for e in h.logs.get(s, []) if e["event"] == "checkpoint_write" and "error" not in e]
+    writes.sort(key=lambda e: e["wall_ns"])
+    last = durable[-1] if durable else None
+    w = next((w for w in reversed(writes) if last and w.get("manifest_hash") == last["manifest_hash"]), None)
+    return {"hash": w.get("samples_sha256") if w else None, "manifest_hash": last["manifest_hash"] if last else None,
+            "round": last.get("round") if last else None, "useful_tokens": useful_tokens,
+            "event_id": last["id"] if last else None, "evidence": "measured"}
+
+
+def _fate_of_lost_units(h: RunHistory, work: dict[str, Any]) -> dict[str, Any]:
+    """Why each lost unit was lost: its round never committed (aborted / rolled back), or the round
+    committed without this site, or committed on a branch the final lineage abandoned."""
+    commits = h.events("coord", "commit")
+    kept = {(c["epoch"], c["round"]) for c in lineage(commits)}
+    any_commit = {(c["epoch"], c["round"]): c for c in commits}
+    fates: dict[str, int] = defaultdict(int)
+    units = []
+    for u in work["lost_units"]:
+        key = (u["epoch"], u["round"])
+        if key in any_commit and key not in kept:
+            why = "abandoned_branch"
+        elif key in any_commit:
+            why = "committed_without_site"
+        else:
+            why = "round_never_committed"
+        fates[why] += u["tokens"]
+        units.append({**u, "fate": why})
+    return {"lost_tokens_by_reason": dict(fates), "lost_units": units}
+
+
+def _learning(h: RunHistory, t0: int) -> dict[str, Any]:
+    evals = sorted((e for s in h.sites for e in h.logs.get(s, []) if e["event"] == "eval"), key=lambda e: e["wall_ns"])
+    curve = [{"t_s": (int(e["end_wall_ns"]) - t0) / 1e9, "round": e.get("round"),
+              "useful_tokens_trained": e.get("useful_tokens_trained"), "heldout_nll": e["heldout_nll"],
+              "event_id": e["id"]} for e in evals]
+    final = curve[-1]["heldout_nll"] if curve else None
+    return {"evidence": "measured", "unit": "nats/token", "curve": curve,
+            "initial_heldout_nll": curve[0]["heldout_nll"] if curve else None, "final_heldout_nll": final}
+
+
+def _provenance(h: RunHistory) -> dict[str, Any]:
+    started = next((e for p in ("launcher", "prepare") for e in h.logs.get(p, []) if e["event"] == "run_started"), None)
+    site = next((e for s in h.sites for e in h.logs.get(s, []) if e["event"] == "site_started"), {})
+    rev = (started or {}).get("code_revision") or {
+        "commit": None, "evidence": "unavailable", "reason": "no run_started event in the logs (older run)"}
+    runtime = dict((started or {}).get("runtime") or {})
+    runtime.update({"device": site.get("device"), "torch_in_site": site.get("torch"), "threads": site.get("threads")})
+    scen = h.scenario
+    return {
+        "code_revision": rev,
+        "dataset_id": site.get("dataset_id"),
+        "runtime": runtime,
+        "scenario": {"name": scen.get("name"), "description": scen.get("description"),
+                     "sha256": h.input_hashes.get("scenario.json")} if scen else None,
+        "policy": h.policy,
+        "config_sha256": h.input_hashes.get("config.json"),
+        "input_hashes": dict(sorted(h.input_hashes.items())),
+        "n_params": site.get("n_params"),
+        "flops_per_token": q(site.get("flops_per_token"), "FLOP/token", "measured",
+                             source="torch.utils.flop_counter.FlopCounterMode"),
+    }
+
+
+def analyse_run(h: RunHistory) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the run's artifact section, the derived data the checkers need)."""
+    cfg = h.config
+    sites = h.sites
+    seq_len = int(cfg["model"]["seq_len"])
+    work = work_ledger(h.logs, sites, seq_len)
+    commits = h.events("coord", "commit")
+    committed = {(c["epoch"], c["round"]) for c in lineage(commits)}
+    nbytes = byte_ledger(h.logs, committed)
+    proxy = _proxy_bytes(h)
+    rec = reconcile(nbytes["by_link"], proxy)
+    t0, t1 = run_t0_ns(h), run_end_ns(h)
+    kept = {(c["epoch"], c["round"]): c for c in lineage(commits)}
+
+    def is_lost(site: str, e: dict[str, Any]) -> bool:
+        c = kept.get((e["epoch"], e["round"]))
+        return c is None or site not in c.get("members", [])
+
+    phases = extract_phases(h)
+    marks = extract_marks(h, is_lost)
+    frontier = _frontier(h, work["useful_tokens"])
+    tree = checkpoint_tree(h.logs, frontier["manifest_hash"])
+    st = site_time(h.logs, sites)
+    first_epoch = next((e for e in h.logs.get("coord", []) if e["event"] == "membership_epoch"), None)
+    active_ns = (int(commits[-1]["wall_ns"]) - int(first_epoch["wall_ns"])) if (commits and first_epoch) else None
+    total = work["total"]
+    section = {
+        "run_id": h.run_id,
+        "policy": h.policy,
+        "mode": cfg["train"]["mode"],
+        "sites": sites,
+        "run_dir": str(h.run_dir),
+        "n_events": h.n_events(),
+        "t0_wall_ns": t0,
+        "end_wall_ns": t1,
+        "duration": q((t1 - t0) / 1e9, "s"),
+        "metrics": {
+            "useful_tokens": q(work["useful_tokens"], "tokens"),
+            "target_useful_tokens": q(int(cfg["train"]["target_useful_tokens"]), "tokens", "prior",
+                                      note="the configured target"),
+            "attempted_tokens": q(int(total.get("attempted_tokens", 0)), "tokens"),
+            "retained_tokens": q(int(total.get("retained_tokens", 0)), "tokens"),
+            "lost_tokens": q(int(total.get("lost_tokens", 0)), "tokens"),
+            "replayed_tokens": q(int(total.get("replayed_tokens", 0)), "tokens"),
+            "attempted_flops": q(float(total.get("attempted_flops", 0)), "FLOP"),
+            "retained_flops": q(float(total.get("retained_flops", 0)), "FLOP"),
+            "lost_flops": q(float(total.get("lost_flops", 0)), "FLOP"),
+            "final_heldout_nll": None,  # filled below
+            "active_time": q(active_ns / 1e9 if active_ns is not None else None, "s",
+                             "measured" if active_ns is not None else "unavailable",
+                             note="first membership epoch to the last commit"),
+            "idle_time_all_sites": q(sum(v["idle_s"] for v in st.values()), "s"),
+            "energy": q(None, "J", "unavailable", reason="no energy counter was read in this run (no NVML "
+                        "energy counter on this device, and none logged)"),
+        },
+        "work": {"evidence": "measured", "unit": "tokens / FLOP", "per_site": work["per_site"],
+                 "total": {k: v for k, v in total.items()}, "balanced": work["balanced"],
+                 "useful_samples": work["useful_samples"], "replayed_samples": work["replayed_samples"],
+                 "commits": work["commits"], "lineage_length": work["lineage_length"],
+                 **_fate_of_lost_units(h, work)},
+        "bytes": {"evidence": "measured", "unit": "bytes", "by_class": nbytes["by_class"],
+                  "by_link": nbytes["by_link"], "by_link_class": nbytes["by_link_class"],
+                  "processes_without_counters": nbytes["processes_without_counters"]},
+        "reconciliation": rec,
+        "frontier": frontier,
+        "frontier_progress": frontier_progress(h, seq_len),
+        "checkpoint_tree": tree,
+        "learning": _learning(h, t0),
+        "site_time": {"evidence": "measured", "unit": "s", "per_site": st},
+        "timeline": {"evidence": "measured", "unit": "wall-clock ns", "phases": phases, "marks": marks},
+        "faults": [{"kind": e.get("kind"), "target": e.get("target"), "event_id": e["id"],
+                    "wall_ns": e["wall_ns"], "t_s": (int(e["wall_ns"]) - t0) / 1e9}
+                   for e in h.logs.get("chaos", []) if e["event"] == "fault_injected"],
+        "provenance": _provenance(h),
+        "bad_lines": [b.__dict__ for b in h.bad_lines],
+        "config": cfg,
+    }
+    section["metrics"]["final_heldout_nll"] = q(section["learning"]["final_heldout_nll"], "nats/token",
+                                                "measured" if section["learning"]["final_heldout_nll"] is not None
+                                                else "unavailable")
+    derived = {"work": work, "bytes": nbytes, "reconciliation": rec, "frontier": frontier,
+               "duration_s": (t1 - t0) / 1e9, "connections": _connections(h), "faulted_links": _faulted_links(h)}
+    return section, derived
+
+
+def build_artifact(run_dirs: list[Path], index: dict[str, Any] | None = None,
+                   histories: list[RunHistory] | None = None) -> dict[str, Any]:
+    t_start = time.perf_counter()
+    hs = histories if histories is not None else [load_run(p) for p in run_dirs]
+    sections, ctx = [], {k: {} for k in ("work", "bytes", "reconciliation", "frontier", "duration_s", "connections",
+                                         "faulted_links")}
+    for h in hs:
+        sec, derived = analyse_run(h)
+        sections.append(sec)
+        for k in ctx:
+            ctx[k][h.run_id] = derived[k]
+    checks = run_checkers(hs, ctx)
+    hashes = [s["frontier"]["hash"] for s in sections]
+    scen = next((h.scenario for h in hs if h.scenario), None)
+    scen_hashes = sorted({h.input_hashes.get("scenario.json") for h in hs if h.input_hashes.get("scenario.json")})
+    art = {
+        "schema": SCHEMA_ID,
+        "schema_version": SCHEMA_VERSION,
+        "kind": "comparison" if len(hs) > 1 else "run",
+        "generated": {"wall_ns": time.time_ns(), "by": "xdc analyze",
+                      "analysis_s": None},  # filled at the end
+        "scenario": {"name": scen.get("name"), "description": scen.get("description"), "faults": scen.get("faults"),
+                     "sha256": scen_hashes} if scen else None,
+        "runs": sections,
+        "comparison": {
+            "policies": [s["policy"] for s in sections],
+            "frontier_hashes": dict(zip([s["run_id"] for s in sections], hashes)),
+            "matched_frontier": len(set(hashes)) == 1 and None not in hashes,
+            "index": index,
+        },
+        "checks": [c.to_dict() for c in checks],
+    }
+    art["generated"]["analysis_s"] = round(time.perf_counter() - t_start, 3)
+    return art
+
+
+def validate_artifact(art: dict[str, Any]) -> None:
+    """Raise jsonschema.ValidationError if the artifact does not match its schema."""
+    import jsonschema
+
+    schema = json.loads(SCHEMA_PATH.read_text())
+    jsonschema.Draft202012Validator(schema).validate(art)
+
+
+def write_artifact(art: dict[str, Any], path: Path) -> str:
+    validate_artifact(art)
+    text = json.dumps(art, indent=1, sort_keys=False, default=str)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return hashlib.sha256(text.encode()).hexdigest()

@@ -1,0 +1,155 @@
+"""The report's charts, built with Plotly from the artifact alone (never from the logs directly).
+
+One function per chart; each returns a `plotly.graph_objects.Figure`. Times are seconds since
+each run's start (its launcher's first event), so the tracks of a comparison share one axis.
+Every hover label carries the evidence class of the number it shows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+PHASE_COLORS = {
+    "compute": "#4C78A8", "collective": "#F58518", "state_transfer": "#B279A2", "checkpoint": "#54A24B",
+    "recovery": "#E45756", "eval": "#9D9DA1", "waiting": "#EECA3B",
+}
+MARK_STYLE = {  # kind -> (plotly marker symbol, colour)
+    "failure": ("x-thin-open", "#D62728"), "preemption": ("triangle-down", "#8C564B"),
+    "restore": ("diamond", "#17BECF"), "replay": ("circle-open", "#7F3C8D"), "rejoin": ("star", "#2CA02C"),
+}
+CLASS_COLORS = {
+    "collective": "#4C78A8", "aborted_collective": "#E45756", "state_transfer": "#B279A2",
+    "checkpoint": "#54A24B", "control": "#F58518", "telemetry": "#9D9DA1",
+}
+POLICY_COLORS = {"stall": "#E45756", "restart": "#F58518", "elastic": "#54A24B", "oracle": "#4C78A8"}
+MAX_BARS_PER_TRACE = 4000  # above this, adjacent spans of one phase on one site are merged for drawing
+
+
+def _color(policy: str, i: int) -> str:
+    return POLICY_COLORS.get(policy, ["#72B7B2", "#FF9DA6", "#B279A2", "#9D755D"][i % 4])
+
+
+def _merge_spans(spans: list[dict[str, Any]], gap_ns: int) -> list[dict[str, Any]]:
+    """Merge spans of one (site, phase) that lie closer than gap_ns (drawing only; ids of the first kept)."""
+    out: list[dict[str, Any]] = []
+    for s in sorted(spans, key=lambda s: (s["site"], s["phase"], s["start_ns"])):
+        last = out[-1] if out else None
+        if last and last["site"] == s["site"] and last["phase"] == s["phase"] and s["start_ns"] - last["end_ns"] < gap_ns:
+            last["end_ns"] = max(last["end_ns"], s["end_ns"])
+            last["merged"] = last.get("merged", 1) + 1
+        else:
+            out.append(dict(s))
+    return out
+
+
+def timeline_figure(runs: list[dict[str, Any]]) -> go.Figure:
+    """One track per policy on one shared time axis: phases as bars per site, marks on top."""
+    n = len(runs)
+    fig = make_subplots(rows=n, cols=1, shared_xaxes=True, vertical_spacing=0.06 if n > 1 else 0.1,
+                        subplot_titles=[f"{r['policy']} — {r['run_id']}" for r in runs])
+    shown: set[str] = set()
+    for i, r in enumerate(runs, start=1):
+        t0 = r["t0_wall_ns"]
+        phases = r["timeline"]["phases"]
+        if len(phases) > MAX_BARS_PER_TRACE:
+            phases = _merge_spans(phases, max(1, (r["end_wall_ns"] - t0) // 2000))
+        rows = list(r["sites"]) + (["cluster"] if any(m["site"] is None for m in r["timeline"]["marks"]) else [])
+        for phase, color in PHASE_COLORS.items():
+            ps = [p for p in phases if p["phase"] == phase]
+            if not ps:
+                continue
+            fig.add_trace(go.Bar(
+                orientation="h", y=[p["site"] for p in ps], base=[(p["start_ns"] - t0) / 1e9 for p in ps],
+                x=[max((p["end_ns"] - p["start_ns"]) / 1e9, 1e-3) for p in ps], name=phase, legendgroup=phase,
+                showlegend=phase not in shown, marker_color=color, opacity=0.85,
+                customdata=[[p["event_id"], p["start_ns"], p["end_ns"], p.get("merged", 1)] for p in ps],
+                hovertemplate=(f"<b>{phase}</b> on %{{y}}<br>event %{{customdata[0]}}<br>"
+                               "start_ns %{customdata[1]}<br>end_ns %{customdata[2]}<br>"
+                               "%{x:.3f} s (measured)<extra>" + r["policy"] + "</extra>")), row=i, col=1)
+            shown.add(phase)
+        for kind, (symbol, color) in MARK_STYLE.items():
+            ms = [m for m in r["timeline"]["marks"] if m["kind"] == kind]
+            if not ms:
+                continue
+            fig.add_trace(go.Scatter(
+                mode="markers", x=[(m["start_ns"] - t0) / 1e9 for m in ms], y=[m["site"] or "cluster" for m in ms],
+                name=kind, legendgroup=f"mark-{kind}", showlegend=f"mark-{kind}" not in shown,
+                marker=dict(symbol=symbol, size=13, color=color, line=dict(width=2, color=color)),
+                customdata=[[m["event_id"], m["start_ns"], m["end_ns"], m["label"]] for m in ms],
+                hovertemplate=(f"<b>{kind}</b>: %{{customdata[3]}}<br>event %{{customdata[0]}}<br>"
+                               "start_ns %{customdata[1]}<br>end_ns %{customdata[2]}<br>t = %{x:.3f} s (measured)"
+                               "<extra>" + r["policy"] + "</extra>")), row=i, col=1)
+            shown.add(f"mark-{kind}")
+        fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(rows)), row=i, col=1)
+    fig.update_layout(barmode="overlay", height=max(260, 170 * n + 80), margin=dict(l=60, r=20, t=40, b=40),
+                      legend=dict(orientation="h", y=-0.08 if n > 1 else -0.25), hovermode="closest",
+                      template="plotly_white")
+    fig.update_xaxes(title_text="seconds since run start (measured, wall clock)", row=n, col=1)
+    return fig
+
+
+def work_figure(runs: list[dict[str, Any]]) -> go.Figure:
+    """attempted = retained + lost per policy (stacked), with replayed work beside it."""
+    pol = [r["policy"] for r in runs]
+    m = [r["metrics"] for r in runs]
+    fig = go.Figure()
+    fig.add_trace(go.Bar(name="retained", x=pol, y=[x["retained_tokens"]["value"] for x in m], marker_color="#54A24B",
+                         hovertemplate="%{x}: retained %{y:,} tokens (measured)<extra></extra>"))
+    fig.add_trace(go.Bar(name="lost", x=pol, y=[x["lost_tokens"]["value"] for x in m], marker_color="#E45756",
+                         hovertemplate="%{x}: lost %{y:,} tokens (measured)<extra></extra>"))
+    fig.update_layout(barmode="stack", template="plotly_white", height=340, margin=dict(l=60, r=20, t=40, b=40),
+                      title="Attempted tokens = retained + lost (measured)", yaxis_title="tokens")
+    return fig
+
+
+def bytes_figure(runs: list[dict[str, Any]]) -> go.Figure:
+    """The six traffic classes per policy; log scale, since collective bytes dwarf control bytes."""
+    classes = list(CLASS_COLORS)
+    fig = go.Figure()
+    for i, r in enumerate(runs):
+        by = r["bytes"]["by_class"]
+        fig.add_trace(go.Bar(name=r["policy"], x=classes, y=[max(by.get(c, 0), 0) for c in classes],
+                             marker_color=_color(r["policy"], i),
+                             hovertemplate="%{x}: %{y:,} B (measured)<extra>" + r["policy"] + "</extra>"))
+    fig.update_layout(barmode="group", template="plotly_white", height=360, margin=dict(l=60, r=20, t=40, b=40),
+                      title="Inter-site bytes by traffic class (measured, log scale)", yaxis_type="log",
+                      yaxis_title="bytes")
+    return fig
+
+
+def frontier_figure(runs: list[dict[str, Any]]) -> go.Figure:
+    """The durable frontier (useful tokens safely in the store) over time; every policy ends at the same one."""
+    fig = go.Figure()
+    for i, r in enumerate(runs):
+        t0 = r["t0_wall_ns"]
+        pts = r["frontier_progress"]
+        fig.add_trace(go.Scatter(
+            name=r["policy"], mode="lines+markers", line_shape="hv", line_color=_color(r["policy"], i),
+            x=[0.0] + [(p["wall_ns"] - t0) / 1e9 for p in pts], y=[0] + [p["useful_tokens"] for p in pts],
+            customdata=[["", ""]] + [[p["event_id"], (p["manifest_hash"] or "")[:12]] for p in pts],
+            hovertemplate="t=%{x:.2f} s: %{y:,} useful tokens durable (measured)<br>event %{customdata[0]} "
+                          "manifest %{customdata[1]}<extra>" + r["policy"] + "</extra>"))
+    fig.update_layout(template="plotly_white", height=340, margin=dict(l=60, r=20, t=40, b=40),
+                      title="Durable frontier over time (measured)", xaxis_title="seconds since run start",
+                      yaxis_title="useful tokens in the durable frontier")
+    return fig
+
+
+def learning_figure(runs: list[dict[str, Any]]) -> go.Figure:
+    """Held-out NLL over the same clock, per policy."""
+    fig = go.Figure()
+    for i, r in enumerate(runs):
+        c = r["learning"]["curve"]
+        fig.add_trace(go.Scatter(
+            name=r["policy"], mode="lines+markers", line_color=_color(r["policy"], i),
+            x=[p["t_s"] for p in c], y=[p["heldout_nll"] for p in c],
+            customdata=[[p["event_id"], p.get("useful_tokens_trained")] for p in c],
+            hovertemplate="t=%{x:.2f} s: NLL %{y:.4f} nats/token (measured)<br>event %{customdata[0]}, "
+                          "%{customdata[1]:,} useful tokens trained<extra>" + r["policy"] + "</extra>"))
+    fig.update_layout(template="plotly_white", height=360, margin=dict(l=60, r=20, t=40, b=40),
+                      title="Held-out NLL over wall time (measured)", xaxis_title="seconds since run start",
+                      yaxis_title="held-out NLL (nats/token)")
+    return fig

@@ -1,0 +1,168 @@
+"""Loading a run's history for analysis: its JSON-lines logs and its manifests, nothing else.
+
+A run directory holds `config.json` (the resolved config), `topology.json`, optionally
+`scenario.json`, and `logs/<process>.jsonl` (one per process). `load_run` reads them into a
+`RunHistory`; it never talks to a live process. A comparison directory (what `xdc compare`
+writes) holds several run directories and an `index.json`; `expand_inputs` turns the paths a
+user gives into the run directories to analyse.
+
+Malformed lines are not silently dropped: a torn *last* line (a process killed mid-write) is
+expected and noted; any other unreadable line is recorded with its file and line number, and
+the log-integrity checker reports it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+try:  # orjson parses JSON lines ~3x faster than the stdlib; analysis of 1M events relies on it
+    import orjson
+
+    _loads = orjson.loads
+    _DecodeError: tuple[type[Exception], ...] = (orjson.JSONDecodeError, ValueError)
+except ImportError:  # pragma: no cover - orjson is a declared dependency
+    _loads = json.loads
+    _DecodeError = (json.JSONDecodeError, ValueError)
+
+
+class AnalysisInputError(ValueError):
+    """A path given to `xdc analyze` / `xdc sql` is not a run or comparison directory."""
+
+
+@dataclass
+class BadLine:
+    path: str
+    line_no: int
+    torn_tail: bool
+    error: str
+
+
+@dataclass
+class RunHistory:
+    run_dir: Path
+    config: dict[str, Any]
+    topology: dict[str, Any]
+    scenario: dict[str, Any] | None
+    logs: dict[str, list[dict[str, Any]]]  # process name -> events in file order
+    bad_lines: list[BadLine] = field(default_factory=list)
+    input_hashes: dict[str, str] = field(default_factory=dict)  # relative path -> sha256
+
+    @property
+    def run_id(self) -> str:
+        return str(self.config.get("run_id", self.run_dir.name))
+
+    @property
+    def sites(self) -> list[str]:
+        return list(self.config.get("cluster", {}).get("sites", []))
+
+    @property
+    def policy(self) -> str:
+        return str(self.config.get("recovery", {}).get("policy", "none"))
+
+    def events(self, process: str, name: str | None = None) -> list[dict[str, Any]]:
+        evs = self.logs.get(process, [])
+        return evs if name is None else [e for e in evs if e.get("event") == name]
+
+    def n_events(self) -> int:
+        return sum(len(v) for v in self.logs.values())
+
+
+def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[BadLine], str]:
+    """Events of one log, its unreadable lines, and the sha256 of its bytes."""
+    data = path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    lines = data.split(b"\n")
+    # A file that ends with "\n" splits into a trailing empty element: the real last line is before it.
+    last = len(lines) - 1
+    while last >= 0 and not lines[last].strip():
+        last -= 1
+    out: list[dict[str, Any]] = []
+    bad: list[BadLine] = []
+    for i, raw in enumerate(lines):
+        if not raw.strip():
+            continue
+        try:
+            ev = _loads(raw)
+        except _DecodeError as e:
+            bad.append(BadLine(str(path), i + 1, i == last, f"{type(e).__name__}: {e}"))
+            continue
+        if not isinstance(ev, dict) or "event" not in ev:
+            bad.append(BadLine(str(path), i + 1, False, "not an event object (no 'event' field)"))
+            continue
+        out.append(ev)
+    return out, bad, digest
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise AnalysisInputError(f"{path}: missing ({what})") from None
+    except json.JSONDecodeError as e:
+        raise AnalysisInputError(f"{path}:{e.lineno}:{e.colno}: not valid JSON ({what}): {e.msg}") from None
+
+
+def load_run(run_dir: Path) -> RunHistory:
+    run_dir = Path(run_dir)
+    if not (run_dir / "logs").is_dir():
+        raise AnalysisInputError(f"{run_dir}: no logs/ directory, so not a run directory")
+    hashes: dict[str, str] = {}
+    config = _read_json(run_dir / "config.json", "the run's resolved config")
+    topo_path = run_dir / "topology.json"
+    topology = _read_json(topo_path, "the run's topology") if topo_path.exists() else {}
+    scen_path = run_dir / "scenario.json"
+    scenario = _read_json(scen_path, "the run's scenario") if scen_path.exists() else None
+    for p in (run_dir / "config.json", topo_path, scen_path):
+        if p.exists():
+            hashes[p.name] = hashlib.sha256(p.read_bytes()).hexdigest()
+    logs: dict[str, list[dict[str, Any]]] = {}
+    bad: list[BadLine] = []
+    for p in sorted((run_dir / "logs").glob("*.jsonl")):
+        evs, b, digest = read_jsonl(p)
+        logs[p.stem] = evs
+        bad.extend(b)
+        hashes[f"logs/{p.name}"] = digest
+    if not logs:
+        raise AnalysisInputError(f"{run_dir}/logs: no *.jsonl logs")
+    return RunHistory(run_dir, config, topology, scenario, logs, bad, hashes)
+
+
+def is_run_dir(p: Path) -> bool:
+    return (p / "config.json").is_file() and (p / "logs").is_dir()
+
+
+def expand_inputs(paths: list[str | Path]) -> tuple[list[Path], dict[str, Any] | None, Path | None]:
+    """Run directories to analyse, the comparison index if one was given, and its directory.
+
+    Accepts run directories, a comparison directory (with index.json), or `runs/latest`.
+    """
+    runs: list[Path] = []
+    index: dict[str, Any] | None = None
+    cmp_dir: Path | None = None
+    for raw in paths:
+        p = Path(raw)
+        if not p.exists():
+            raise AnalysisInputError(f"{p}: no such directory")
+        p = p.resolve()
+        if is_run_dir(p):
+            runs.append(p)
+        elif (p / "index.json").is_file():
+            index = _read_json(p / "index.json", "a comparison index")
+            cmp_dir = p
+            for r in index.get("runs", []):
+                rd = Path(r["run_dir"])
+                if not rd.is_absolute() or not rd.exists():
+                    rd = p / Path(r["run_dir"]).name  # the comparison was moved: runs sit beside index.json
+                if not is_run_dir(rd):
+                    raise AnalysisInputError(f"{p}/index.json names {r['run_dir']}, which is not a run directory")
+                runs.append(rd)
+        else:
+            raise AnalysisInputError(f"{p}: neither a run directory (config.json + logs/) nor a comparison "
+                                     "(index.json from `xdc compare`)")
+    if not runs:
+        raise AnalysisInputError("no run directories given")
+    return runs, index, cmp_dir
