@@ -7,7 +7,7 @@ TOXIPROXY_VERSION := v2.12.0
 # Stamp depends on pyproject so a dependency change reinstalls; otherwise setup is a no-op.
 STAMP := $(VENV)/.setup-stamp
 
-.PHONY: setup demo test test-fast bench soak clean compose-generate compose-smoke
+.PHONY: setup browser demo test test-fast bench soak clean compose-generate compose-smoke
 
 setup: $(STAMP) $(BIN)/toxiproxy-server
 
@@ -30,11 +30,21 @@ $(BIN)/toxiproxy-server:
 	  mv $$tmp/server $(BIN)/toxiproxy-server && rmdir $$tmp; \
 	fi
 
+# Debian's Chromium, for the report's browser test (Playwright drives it; no browser download).
+CHROMIUM ?= /usr/bin/chromium
+APT := $(shell [ "$$(id -u)" = 0 ] && echo apt-get || (command -v sudo >/dev/null && echo "sudo apt-get"))
+browser:
+	@if [ -x "$(CHROMIUM)" ]; then :; \
+	elif [ -z "$(APT)" ]; then echo "error: the browser test needs Debian's chromium at $(CHROMIUM); install it (apt-get install chromium) or set CHROMIUM/XDC_CHROMIUM"; exit 1; \
+	else echo "installing Debian's chromium for the report's browser test"; \
+	  DEBIAN_FRONTEND=noninteractive $(APT) update -qq && DEBIAN_FRONTEND=noninteractive $(APT) install -y -qq chromium >/dev/null; \
+	fi
+
 demo: setup
 	$(BIN)/xdc demo
 
-test: setup
-	$(BIN)/python -m pytest -q
+test: setup browser
+	XDC_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -q
 
 bench: setup
 	$(BIN)/python -m bench.run_all

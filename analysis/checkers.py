@@ -172,9 +172,7 @@ def check_work_ledger(runs: list[RunHistory], ctx: dict[str, Any]) -> CheckResul
         retained: Counter[int] = Counter()
         by_round_site: dict[tuple[int, int, str], int] = defaultdict(int)
         for site in h.sites:
-            for e in h.logs.get(site, []):
-                if e["event"] != "work_attempted":
-                    continue
+            for e in h.events(site, "work_attempted"):
                 c = kept.get((e["epoch"], e["round"]))
                 if c is not None and site in c.get("members", []):
                     retained.update(e["samples"])

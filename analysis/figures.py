@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -32,16 +33,37 @@ def _color(policy: str, i: int) -> str:
     return POLICY_COLORS.get(policy, ["#72B7B2", "#FF9DA6", "#B279A2", "#9D755D"][i % 4])
 
 
-def _merge_spans(spans: list[dict[str, Any]], gap_ns: int) -> list[dict[str, Any]]:
-    """Merge spans of one (site, phase) that lie closer than gap_ns (drawing only; ids of the first kept)."""
-    out: list[dict[str, Any]] = []
-    for s in sorted(spans, key=lambda s: (s["site"], s["phase"], s["start_ns"])):
-        last = out[-1] if out else None
-        if last and last["site"] == s["site"] and last["phase"] == s["phase"] and s["start_ns"] - last["end_ns"] < gap_ns:
-            last["end_ns"] = max(last["end_ns"], s["end_ns"])
-            last["merged"] = last.get("merged", 1) + 1
-        else:
-            out.append(dict(s))
+def _phase_rows(cols: dict[str, list[Any]], t0: int, duration_ns: int) -> dict[str, dict[str, Any]]:
+    """phase -> arrays for drawing. Above MAX_BARS_PER_TRACE spans of one phase, spans of one site
+    closer than 1/2000 of the run are merged (drawing only: the artifact keeps every span)."""
+    site = np.asarray(cols["site"], dtype=object)
+    phase = np.asarray(cols["phase"], dtype=object)
+    start = np.asarray(cols["start_ns"], dtype=np.int64)
+    end = np.asarray(cols["end_ns"], dtype=np.int64)
+    ids = np.asarray(cols["event_id"], dtype=object)
+    out = {}
+    for ph in PHASE_COLORS:
+        sel = np.nonzero(phase == ph)[0] if len(phase) else np.array([], dtype=int)
+        if not len(sel):
+            continue
+        s_, st, en, ii = site[sel], start[sel], end[sel], ids[sel]
+        merged = np.ones(len(sel), dtype=np.int64)
+        if len(sel) > MAX_BARS_PER_TRACE:
+            gap = max(1, duration_ns // 2000)
+            order = np.lexsort((st, s_.astype(str)))
+            s_, st, en, ii = s_[order], st[order], en[order], ii[order]
+            keep_s, keep_st, keep_en, keep_id, keep_n = [], [], [], [], []
+            for k in range(len(st)):
+                if keep_s and keep_s[-1] == s_[k] and st[k] - keep_en[-1] < gap:
+                    keep_en[-1] = max(keep_en[-1], en[k])
+                    keep_n[-1] += 1
+                else:
+                    keep_s.append(s_[k]); keep_st.append(st[k]); keep_en.append(en[k])  # noqa: E702
+                    keep_id.append(ii[k]); keep_n.append(1)  # noqa: E702
+            s_, st, en = np.asarray(keep_s, dtype=object), np.asarray(keep_st), np.asarray(keep_en)
+            ii, merged = np.asarray(keep_id, dtype=object), np.asarray(keep_n)
+        out[ph] = {"site": s_, "base": (st - t0) / 1e9, "dur": np.maximum((en - st) / 1e9, 1e-3),
+                   "custom": np.stack([ii, st.astype(str), en.astype(str), merged.astype(str)], axis=-1)}
     return out
 
 
@@ -53,19 +75,12 @@ def timeline_figure(runs: list[dict[str, Any]]) -> go.Figure:
     shown: set[str] = set()
     for i, r in enumerate(runs, start=1):
         t0 = r["t0_wall_ns"]
-        phases = r["timeline"]["phases"]
-        if len(phases) > MAX_BARS_PER_TRACE:
-            phases = _merge_spans(phases, max(1, (r["end_wall_ns"] - t0) // 2000))
         rows = list(r["sites"]) + (["cluster"] if any(m["site"] is None for m in r["timeline"]["marks"]) else [])
-        for phase, color in PHASE_COLORS.items():
-            ps = [p for p in phases if p["phase"] == phase]
-            if not ps:
-                continue
+        for phase, d in _phase_rows(r["timeline"]["phases"], t0, r["end_wall_ns"] - t0).items():
             fig.add_trace(go.Bar(
-                orientation="h", y=[p["site"] for p in ps], base=[(p["start_ns"] - t0) / 1e9 for p in ps],
-                x=[max((p["end_ns"] - p["start_ns"]) / 1e9, 1e-3) for p in ps], name=phase, legendgroup=phase,
-                showlegend=phase not in shown, marker_color=color, opacity=0.85,
-                customdata=[[p["event_id"], p["start_ns"], p["end_ns"], p.get("merged", 1)] for p in ps],
+                orientation="h", y=d["site"], base=d["base"], x=d["dur"], name=phase, legendgroup=phase,
+                showlegend=phase not in shown, marker_color=PHASE_COLORS[phase], opacity=0.85,
+                customdata=d["custom"],
                 hovertemplate=(f"<b>{phase}</b> on %{{y}}<br>event %{{customdata[0]}}<br>"
                                "start_ns %{customdata[1]}<br>end_ns %{customdata[2]}<br>"
                                "%{x:.3f} s (measured)<extra>" + r["policy"] + "</extra>")), row=i, col=1)

@@ -63,9 +63,20 @@ class RunHistory:
     def policy(self) -> str:
         return str(self.config.get("recovery", {}).get("policy", "none"))
 
+    _index: dict[str, dict[str, list[dict[str, Any]]]] = field(default_factory=dict, repr=False)
+
     def events(self, process: str, name: str | None = None) -> list[dict[str, Any]]:
+        """A process's events, or only those named `name` (indexed on first use: one pass per process)."""
         evs = self.logs.get(process, [])
-        return evs if name is None else [e for e in evs if e.get("event") == name]
+        if name is None:
+            return evs
+        idx = self._index.get(process)
+        if idx is None:
+            idx = {}
+            for e in evs:
+                idx.setdefault(e["event"], []).append(e)
+            self._index[process] = idx
+        return idx.get(name, [])
 
     def n_events(self) -> int:
         return sum(len(v) for v in self.logs.values())
@@ -82,6 +93,14 @@ def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[BadLine], str]:
         last -= 1
     out: list[dict[str, Any]] = []
     bad: list[BadLine] = []
+    # Fast path: the whole file as one JSON array in one call; any bad line -> line by line below.
+    body = [ln for ln in lines if ln.strip()]
+    try:
+        parsed = _loads(b"[" + b",".join(body) + b"]")
+        if all(isinstance(e, dict) and "event" in e for e in parsed):
+            return parsed, bad, digest
+    except _DecodeError:
+        pass
     for i, raw in enumerate(lines):
         if not raw.strip():
             continue

@@ -55,6 +55,8 @@ window.xdcTraceLoaded = function (runKey, meta, events) {
   var status = box.querySelector('.trace-status');
   status.textContent = events.length.toLocaleString() + ' events loaded' + (meta.truncated ? ' (first ' + events.length.toLocaleString() + ' of ' + meta.total.toLocaleString() + ')' : '');
   var input = box.querySelector('input'); input.hidden = false;
+  var base = {id: 1, event: 1, process: 1, wall_ns: 1, epoch: 1, run_id: 1, mono_ns: 1, pid: 1, step: 1};
+  events.sort(function (a, b) { return a.wall_ns - b.wall_ns; });
   var render = function () {
     var q = input.value.trim(); var rows = [];
     for (var i = 0; i < events.length && rows.length < 300; i++) {
@@ -63,7 +65,8 @@ window.xdcTraceLoaded = function (runKey, meta, events) {
     var tb = box.querySelector('tbody'); tb.innerHTML = '';
     rows.forEach(function (e) {
       var tr = document.createElement('tr');
-      [e.id, e.event, e.process, String(e.wall_ns), String(e.epoch), JSON.stringify(e.rest)].forEach(function (v) {
+      var rest = {}; Object.keys(e).forEach(function (k) { if (!base[k]) rest[k] = e[k]; });
+      [e.id, e.event, e.process, String(e.wall_ns), String(e.epoch), JSON.stringify(rest)].forEach(function (v) {
         var td = document.createElement('td'); td.textContent = v; tr.appendChild(td); });
       tb.appendChild(tr);
     });
@@ -327,21 +330,38 @@ def _provenance_section(art: dict[str, Any]) -> str:
 
 # ----------------------------------------------------------------------------------------- writing
 def write_traces(histories: list[RunHistory], art: dict[str, Any], out_dir: Path) -> None:
+    """Each run's raw log lines, verbatim, wrapped in one JS call (loaded by a <script> tag on demand).
+
+    The lines are copied as bytes, not re-encoded: they already are JSON objects. The page sorts
+    them by wall clock when it loads them.
+    """
     (out_dir / "traces").mkdir(parents=True, exist_ok=True)
     keys = {r["run_id"]: _key(r) for r in art["runs"]}
-    base = ("id", "event", "process", "wall_ns", "epoch")
     for h in histories:
-        evs = sorted((e for es in h.logs.values() for e in es), key=lambda e: e.get("wall_ns", 0))
-        total = len(evs)
-        evs = evs[:MAX_TRACE_EVENTS]
-        slim = [{**{k: e.get(k) for k in base}, "rest": {k: v for k, v in e.items() if k not in base
-                                                          and k not in ("run_id", "mono_ns", "pid", "step")}}
-                for e in evs]
-        meta = {"total": total, "truncated": total > len(evs)}
         key = keys[h.run_id]
-        text = (f"window.xdcTraceLoaded({json.dumps(key)}, {json.dumps(meta)}, "
-                + json.dumps(slim, separators=(",", ":"), default=str).replace("</", "<\\/") + ");\n")
-        (out_dir / "traces" / f"{key}.js").write_text(text)
+        total = h.n_events()
+        kept = 0
+        path = out_dir / "traces" / f"{key}.js"
+        with open(path, "wb") as out:
+            out.write(f"window.xdcTraceLoaded({json.dumps(key)}, ".encode())
+            meta_pos = out.tell()
+            out.write(b" " * 80 + b", [")  # room for the meta object, written once the count is known
+            first = True
+            for p in sorted((h.run_dir / "logs").glob("*.jsonl")):
+                with open(p, "rb") as f:
+                    for line in f:
+                        line = line.strip()
+                        if not line or kept >= MAX_TRACE_EVENTS:
+                            continue
+                        if not (line.startswith(b"{") and line.endswith(b"}")):
+                            continue  # a torn or malformed line (the log_integrity check reports it)
+                        out.write(line if first else b"," + line)
+                        first = False
+                        kept += 1
+            out.write(b"]);\n")
+            meta = json.dumps({"total": total, "truncated": kept < total}).encode()
+            out.seek(meta_pos)
+            out.write(meta.ljust(80))
 
 
 def render_report(art: dict[str, Any]) -> str:

@@ -69,17 +69,18 @@ def work_ledger(logs: dict[str, list[dict[str, Any]]], sites: list[str], seq_len
         per_site[s] = {k: (int(acc.get(k, 0)) if k.endswith("tokens") else float(acc.get(k, 0))) for k in ("attempted_tokens", "retained_tokens", "lost_tokens",
                                                  "attempted_flops", "retained_flops", "lost_flops")}
     # Replayed work: lost samples that were attempted again later (by any site).
-    lost_first: dict[int, int] = {}
+    lost_before: set[int] = set()
     replayed_ids: set[int] = set()
-    attempts = sorted((e["mono_ns"], s, e) for s in sites for e in logs.get(s, []) if e["event"] == "work_attempted")
+    attempts = sorted(((e["mono_ns"], s, e) for s in sites for e in logs.get(s, []) if e["event"] == "work_attempted"),
+                      key=lambda t: t[0])
     for _t, s, e in attempts:
         c = kept.get((e["epoch"], e["round"]))
         retained = c is not None and s in c.get("members", [])
-        for x in e["samples"]:
-            if x in lost_first:
-                replayed_ids.add(x)
-            if not retained:
-                lost_first.setdefault(x, e["mono_ns"])
+        samples = e["samples"]
+        if lost_before:
+            replayed_ids.update(lost_before.intersection(samples))
+        if not retained:
+            lost_before.update(samples)
     total = {k: sum(v[k] for v in per_site.values()) for k in next(iter(per_site.values()), {})}
     total["replayed_tokens"] = len(replayed_ids) * seq_len
     balanced = all(v["attempted_tokens"] == v["retained_tokens"] + v["lost_tokens"] for v in per_site.values())

@@ -103,15 +103,15 @@ def _mark(site: str | None, kind: str, label: str, e: dict[str, Any], start_ns: 
 def replay_marks(h: RunHistory, is_lost: Callable[[str, dict[str, Any]], bool]) -> list[dict[str, Any]]:
     """A replay is an attempt at samples that an earlier attempt computed and then lost; one mark
     per (site, epoch): the first such attempt."""
-    attempts = sorted(((int(e["wall_ns"]), site, e) for site in h.sites for e in h.logs.get(site, [])
-                       if e["event"] == "work_attempted"), key=lambda t: t[0])
+    attempts = sorted(((int(e["wall_ns"]), site, e) for site in h.sites for e in h.events(site, "work_attempted")),
+                      key=lambda t: t[0])
     lost_before: set[int] = set()
     seen: set[tuple[str, int]] = set()
     out = []
     for _t, site, e in attempts:
         samples = e.get("samples", ())
         key = (site, int(e.get("epoch", 0)))
-        if key not in seen and any(x in lost_before for x in samples):
+        if key not in seen and lost_before and not lost_before.isdisjoint(samples):
             seen.add(key)
             out.append(_mark(site, "replay", f"{site} redoes lost samples (epoch {e.get('epoch')}, "
                                              f"round {e.get('round')})", e))

@@ -70,7 +70,7 @@ def verify_store(run_dir: Path) -> tuple[bool, str]:
 
 
 def soak_one(seed: int, policy: str, root: Path, keep: bool = True) -> dict[str, Any]:
-    from xdc.cli import _with_policy
+    from xdc.compare import with_policy as _with_policy
     from xdc.config import load_config, merge
     from xdc.launcher import launch
 

@@ -46,6 +46,32 @@ def sync_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     return run_cluster(tmp_path_factory.mktemp("sync"), {"train": {"mode": "sync"}})
 
 
+# The four-policy comparison the recovery-policy and analysis tests share: site b is SIGKILLed
+# after the third round commits and restarted 2 s later.
+# 3 sites x 8 samples x 4 inner steps = 96 samples = 12,288 tokens per round; 8 rounds.
+COMPARE_CFG = {
+    "train": {"mode": "local", "per_site_batch": 8, "inner_steps_h": 4, "target_useful_tokens": 98_304,
+              "eval_every_rounds": 2, "checkpoint_every_rounds": 2, "threads_per_site": 1, "device": "cpu"},
+    "wan": {"site_link": {"up": {"latency_ms": 5}, "down": {"latency_ms": 5}}, "heartbeat_timeout_ms": 2000},
+}
+
+
+@pytest.fixture(scope="session")
+def comparison(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """`xdc compare` of one outage under stall, restart, elastic and oracle: (directory, index)."""
+    from chaos.scenario import Scenario
+    from xdc.compare import run_comparison
+    from xdc.config import merge
+
+    scenario = Scenario.build("test-one-outage", "b is killed after round 2 commits and restarted 2 s later").crash(
+        "b", at_useful_tokens=36_864, restart_after_s=2)
+    out = tmp_path_factory.mktemp("compare")
+    cfg = load_config(merge(COMPARE_CFG, {"runs_dir": str(out)}))
+    index = run_comparison(cfg, scenario, out, timeout_s=600)
+    assert len(index["runs"]) == 4 and not index["interrupted"], index
+    return out, index
+
+
 def events(run_dir: Path, process: str) -> list[dict]:
     path = run_dir / "logs" / f"{process}.jsonl"
     return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from chaos.scenario import Scenario
 from tests.conftest import events
-from xdc.cli import _with_policy
+from xdc.compare import with_policy as _with_policy
 from xdc.config import load_config, merge
 from xdc.launcher import launch
 

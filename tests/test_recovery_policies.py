@@ -12,31 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from chaos.scenario import Scenario
 from tests.conftest import events
-from xdc.cli import _with_policy
-from xdc.config import load_config, merge
-from xdc.launcher import launch
 
 POLICIES = ("stall", "restart", "elastic", "oracle")
-# 3 sites x 8 samples x 4 inner steps = 96 samples = 12,288 tokens per round; 8 rounds.
-CFG = {
-    "train": {"mode": "local", "per_site_batch": 8, "inner_steps_h": 4, "target_useful_tokens": 98_304,
-              "eval_every_rounds": 2, "checkpoint_every_rounds": 2, "threads_per_site": 1, "device": "cpu"},
-    "wan": {"site_link": {"up": {"latency_ms": 5}, "down": {"latency_ms": 5}}, "heartbeat_timeout_ms": 2000},
-}
-SCENARIO = Scenario.build("test-one-outage", "b is killed after round 2 commits and restarted 2 s later").crash(
-    "b", at_useful_tokens=36_864, restart_after_s=2)
 
 
 @pytest.fixture(scope="module")
-def compared(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict]]:
-    out = {}
-    for policy in POLICIES:
-        tmp = tmp_path_factory.mktemp(policy)
-        cfg = _with_policy(load_config(merge(CFG, {"runs_dir": str(tmp)})), policy, SCENARIO)
-        out[policy] = launch(cfg, quiet=True, timeout_s=600, scenario=SCENARIO)
-    return out
+def compared(comparison) -> dict[str, tuple[Path, dict]]:
+    """policy -> (run directory, summary) of the session's four-policy comparison (tests/conftest.py)."""
+    _out, index = comparison
+    return {r["policy"]: (Path(r["run_dir"]), json.loads((Path(r["run_dir"]) / "summary.json").read_text()))
+            for r in index["runs"]}
 
 
 def test_every_policy_reaches_the_same_frontier_with_a_balanced_ledger(compared):

@@ -1,7 +1,8 @@
 """The `xdc` command line.
 
   xdc run  [--config FILE] [--set KEY=VALUE ...] [--scenario FILE] [--quiet]   one run as local processes
-  xdc demo [--set KEY=VALUE ...]                               the embedded default run
+  xdc demo [--set KEY=VALUE ...]                               the embedded default: one outage, four
+                                                               policies, then the report
   xdc chaos SCENARIO --run RUN_DIR                             drive a scenario against a live run
   xdc compare SCENARIO [--out DIR] [--set ...]                 the same scenario under all four policies
   xdc config [--config FILE] [--set ...]                       print the resolved config
@@ -57,30 +58,13 @@ def _print_summary(run_dir: Path, s: dict) -> None:
     print(f"  exit codes: {s['exit_codes']}  clean={s['clean_exit']}")
 
 
-POLICIES = ("stall", "restart", "elastic", "oracle")
+from xdc.compare import POLICIES, with_policy as _with_policy  # noqa: E402  (re-exported for scripts)
 
 
 def _load_scenario(path: str, cfg: Any) -> Any:
     from chaos.scenario import load_scenario
 
     return load_scenario(path, sites=list(cfg.cluster.sites))
-
-
-def oracle_faults(scenario: Any) -> list[list[Any]]:
-    """(site, useful tokens) of every site fault the oracle can see coming (progress triggers only)."""
-    out = []
-    for f in scenario.faults:
-        tokens = getattr(f.trigger, "at_useful_tokens", None)
-        if f.kind in ("site_crash", "site_preempt", "site_hang", "site_restart") and tokens is not None:
-            out.append([f.target, int(tokens)])
-    return out
-
-
-def _with_policy(cfg: Any, policy: str, scenario: Any) -> Any:
-    from dataclasses import replace
-
-    faults = tuple((s, t) for s, t in oracle_faults(scenario)) if (scenario is not None and policy == "oracle") else ()
-    return replace(cfg, recovery=replace(cfg.recovery, policy=policy, oracle_faults=faults))
 
 
 def cmd_run(args: argparse.Namespace, base: dict | None = None) -> int:
@@ -115,40 +99,49 @@ DEMO: dict = {
 }
 
 
-def cmd_compare(args: argparse.Namespace) -> int:
-    """Run one scenario under every policy; write the four run directories and an index."""
-    from dataclasses import replace
+ROOT = Path(__file__).resolve().parent.parent
+DEMO_SCENARIO = ROOT / "scenarios" / "one-outage.yaml"
 
+
+def cmd_compare(args: argparse.Namespace, base: dict | None = None, scenario_path: str | None = None) -> int:
+    """Run one scenario under every policy; write the run directories, an index, and the report."""
     from chaos.scenario import ScenarioError
-    from xdc.launcher import launch, new_run_id
+    from xdc.compare import run_comparison
+    from xdc.launcher import new_run_id
 
     try:
-        cfg = load_config(_resolve(args, DEMO if args.demo else None))
-        scenario = _load_scenario(args.scenario, cfg)
+        cfg = load_config(_resolve(args, DEMO if getattr(args, "demo", False) else base))
+        scenario = _load_scenario(scenario_path or args.scenario, cfg)
     except (ConfigError, ScenarioError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out or Path(cfg.runs_dir) / f"compare-{new_run_id()}")
-    out.mkdir(parents=True, exist_ok=True)
-    index: dict[str, Any] = {"scenario": scenario.to_dict(), "runs": []}
-    for policy in args.policies or POLICIES:
-        pcfg = _with_policy(replace(cfg, runs_dir=str(out), run_id=f"{policy}-{new_run_id()}"), policy, scenario)
-        print(f"\n=== policy {policy} ===")
-        run_dir, summary = launch(pcfg, quiet=args.quiet, scenario=scenario)
-        if summary:
+    out = Path(getattr(args, "out", None) or Path(cfg.runs_dir) / f"compare-{new_run_id()}")
+
+    def on_run(policy: str, run_dir: Path | None = None, summary: dict | None = None) -> None:
+        if run_dir is None:
+            print(f"\n=== policy {policy} ===", flush=True)
+        elif summary:
             _print_summary(run_dir, summary)
-        if not summary or summary.get("interrupted"):
-            print("interrupted: the comparison stops here", file=sys.stderr)
-            return 130
-        index["runs"].append({"policy": policy, "run_dir": str(run_dir.resolve()),
-                              **{k: summary.get(k) for k in ("useful_tokens", "attempted_tokens", "retained_tokens",
-                                                             "lost_tokens", "frontier_hash", "final_heldout_nll",
-                                                             "work_balanced")}})
-    hashes = {r["frontier_hash"] for r in index["runs"]}
-    index["matched_frontier"] = len(hashes) == 1 and None not in hashes
-    (out / "index.json").write_text(json.dumps(index, indent=2, sort_keys=True))
+
+    index = run_comparison(cfg, scenario, out, tuple(getattr(args, "policies", None) or POLICIES),
+                           quiet=args.quiet, on_run=on_run)
     print(f"\ncomparison: {out / 'index.json'}  matched frontier: {index['matched_frontier']}")
-    return 0 if index["matched_frontier"] else 1
+    if index["interrupted"]:
+        print("interrupted: the comparison stopped early", file=sys.stderr)
+        return 130
+    rc = 0 if index["matched_frontier"] else 1
+    if not getattr(args, "no_analyze", False):
+        print("\n=== analysis ===")
+        arc = cmd_analyze(argparse.Namespace(paths=[str(out)], out=None, no_report=False))
+        rc = rc or arc
+    return rc
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """The embedded default: the one-outage scenario under all four policies, then the report."""
+    print(f"xdc demo: three sites as local processes over a Toxiproxy-shaped WAN; scenario {DEMO_SCENARIO.name} "
+          "under stall, restart, elastic and oracle; then the report.", flush=True)
+    return cmd_compare(args, base=DEMO, scenario_path=str(DEMO_SCENARIO))
 
 
 def cmd_chaos(args: argparse.Namespace) -> int:
@@ -352,9 +345,11 @@ def main(argv: list[str] | None = None) -> int:
     common(p_run)
     p_run.add_argument("--quiet", action="store_true", help="no live display")
     p_run.add_argument("--scenario", help="a chaos scenario file (scenarios/*.yaml) to run against the cluster")
-    p_demo = sub.add_parser("demo", help="the embedded default: a three-site run over a shaped WAN")
+    p_demo = sub.add_parser("demo", help="the embedded default: one outage under all four recovery policies, "
+                                         "then the report")
     common(p_demo)
     p_demo.add_argument("--quiet", action="store_true")
+    p_demo.add_argument("--out", help="directory for the four runs, index.json and the report")
     p_chaos = sub.add_parser("chaos", help="drive a chaos scenario against a live run")
     p_chaos.add_argument("scenario")
     p_chaos.add_argument("--run", required=True, help="the run directory of a live cluster")
@@ -372,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="only these policies (repeatable); default all four")
     p_cmp.add_argument("--demo", action="store_true", help="start from the demo preset")
     p_cmp.add_argument("--quiet", action="store_true")
+    p_cmp.add_argument("--no-analyze", action="store_true", help="skip `xdc analyze` of the comparison")
     p_cfg = sub.add_parser("config", help="print the resolved config")
     common(p_cfg)
     p_prep = sub.add_parser("prepare", help="prepare a run directory and the proxies for separately started processes")
@@ -421,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "run":
         return cmd_run(args)
     if args.cmd == "demo":
-        return cmd_run(args, base=DEMO)
+        return cmd_demo(args)
     if args.cmd == "config":
         return cmd_config(args)
     if args.cmd == "chaos":
