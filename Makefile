@@ -65,8 +65,8 @@ SMOKE_SCENARIO ?= scenarios/one-outage.yaml
 compose-generate: setup
 	$(BIN)/xdc compose generate
 
-# Bring the cluster up with an engine, run a short scenario against it from the host, summarise
-# the run from the shared runs volume (bound to ./runs), tear everything down.
+# Bring the cluster up with an engine, run a short scenario against it from the host, summarise and
+# analyse the run from the shared runs volume (bound to ./runs), tear everything down.
 compose-smoke: setup
 	@docker info >/dev/null 2>&1 || { echo "error: compose-smoke needs a running Docker engine (docker info failed); the compose file itself is checked without one by: $(BIN)/python -m pytest tests/test_compose_*.py"; exit 1; }
 	@docker compose version >/dev/null 2>&1 || { echo "error: compose-smoke needs the docker compose plugin (docker compose version failed)"; exit 1; }
@@ -80,6 +80,6 @@ compose-smoke: setup
 	  $(COMPOSE) up -d; \
 	  $(BIN)/xdc chaos $(SMOKE_SCENARIO) --run runs/$(SMOKE_RUN) --docker --project xdc --toxiproxy 127.0.0.1:$${XDC_TOXIPROXY_API_PORT:-8474}; \
 	  $(COMPOSE) wait coordinator site-a site-b site-c || true; \
-	  $(COMPOSE) run --rm summarize; \
-	  $(BIN)/python -c "import json,sys; s=json.load(open('runs/$(SMOKE_RUN)/summary.json')); print('compose-smoke: useful tokens', s['useful_tokens'], 'balanced', s['work_balanced']); sys.exit(0 if s['work_balanced'] and s['useful_tokens'] >= s['target_useful_tokens'] else 1)"
+	  $(COMPOSE) run --rm analyze; \
+	  $(BIN)/python -c "import json,sys; a=json.load(open('runs/$(SMOKE_RUN)/artifact.json')); m=a['runs'][0]['metrics']; bad=[c['name'] for c in a['checks'] if c['status']=='fail']; print('compose-smoke: useful tokens', m['useful_tokens']['value'], 'failed checks', bad, 'report runs/$(SMOKE_RUN)/report/index.html'); sys.exit(1 if bad else 0)"
 	docker volume rm -f xdc-runs-smoke >/dev/null 2>&1 || true

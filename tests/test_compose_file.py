@@ -59,13 +59,15 @@ def test_native_and_compose_link_maps_are_identical() -> None:
 def test_the_file_parses_and_has_every_service(doc: dict) -> None:
     svcs = doc["services"]
     assert set(svcs) == {COMPOSE_TOXIPROXY, "init", "store", "coordinator", "site-a", "site-b", "site-c",
-                         "chaos", "summarize"}
+                         "chaos", "summarize", "analyze"}
     assert svcs[COMPOSE_TOXIPROXY]["image"] == TOXIPROXY_IMAGE
     assert re.fullmatch(r"ghcr\.io/shopify/toxiproxy:\d+\.\d+\.\d+", TOXIPROXY_IMAGE)  # pinned
     assert "runs" in doc["volumes"]
     for name in ("toxiproxy", "store", "coordinator", "site-a", "site-b", "site-c"):
         assert "healthcheck" in svcs[name], name
     assert set(svcs["chaos"]["profiles"]) == {"chaos"} and set(svcs["summarize"]["profiles"]) == {"analyze"}
+    assert set(svcs["analyze"]["profiles"]) == {"analyze"}
+    assert svcs["analyze"]["depends_on"] == {"summarize": {"condition": "service_completed_successfully"}}
 
 
 def _xdc_commands(doc: dict) -> dict[str, list[str]]:
@@ -92,13 +94,13 @@ def test_the_commands_parse_with_the_real_parser(doc: dict, monkeypatch: pytest.
     import xdc.cli as cli
 
     seen: dict[str, object] = {}
-    for h in ("cmd_prepare", "cmd_process", "cmd_summarize", "cmd_chaos"):
+    for h in ("cmd_prepare", "cmd_process", "cmd_summarize", "cmd_chaos", "cmd_analyze"):
         monkeypatch.setattr(cli, h, lambda args, _h=h: seen.__setitem__(_h, args) or 0)
     for name, argv in _xdc_commands(doc).items():
         seen.clear()
         assert cli.main(argv[1:]) == 0, name
         (args,) = seen.values()
-        run_dir = getattr(args, "run_dir", None) or getattr(args, "run", None)
+        run_dir = getattr(args, "run_dir", None) or getattr(args, "run", None) or (getattr(args, "paths", None) or [None])[0]
         assert str(run_dir) == "/runs/compose-run", name
         if name.startswith("site-"):
             assert args.site == name.removeprefix("site-")

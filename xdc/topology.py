@@ -223,6 +223,10 @@ def compose_spec(sites: tuple[str, ...] | list[str] = ("a", "b", "c")) -> dict:
     services["summarize"] = xdc_service(["xdc", "summarize", "--run-dir", RUN_DIR_IN_CONTAINER, "--toxiproxy",
                                          f"{COMPOSE_TOXIPROXY}:{COMPOSE_TOXIPROXY_API_PORT}"],
                                         [network_name(COORD)], profiles=["analyze"])
+    # Then the artifact and the report, from the logs in the shared runs volume (as for a native run).
+    services["analyze"] = xdc_service(["xdc", "analyze", RUN_DIR_IN_CONTAINER], [network_name(COORD)],
+                                      depends_on={"summarize": {"condition": "service_completed_successfully"}},
+                                      profiles=["analyze"])
     return {
         "name": COMPOSE_PROJECT,
         "services": services,
