@@ -13,7 +13,8 @@ Policies (same failure, same target):
   elastic  survivors continue at once without the failed site; it rejoins later by peer
            state transfer at a round boundary
   oracle   knows the fault schedule: drops the victim at the round boundary just before its
-           fault (so nothing in flight is lost), then behaves like elastic; a yardstick
+           fault (so nothing in flight is lost) and has the continuing members' leader
+           checkpoint the committed state there, then behaves like elastic; a yardstick
 
 Invariant: a freshly started site is never the source of truth. State comes from a donor
 that is a member of the current lineage, or from the durable frontier in the store.

@@ -238,7 +238,10 @@ class Coordinator:
         body = {"epoch": self.m.epoch, **asdict(self.plan), "target_samples": self.target,
                 "frontier_manifest": self.frontier.manifest_hash if self.frontier else None}
         body["restore"] = self.plan.restore.value
-        body["checkpoint_first"] = bool(self.plan.paused and self.checkpoint_first_epoch == self.m.epoch)
+        # Checkpoint first: a preemption notice under restart (the paused survivors' leader), or the
+        # oracle's drain before a fault (the continuing members' leader), for this epoch only.
+        body["checkpoint_first"] = bool(self.checkpoint_first_epoch == self.m.epoch
+                                        and (self.plan.paused or self.policy == Policy.ORACLE))
         for s in to:
             self.node.send(s, "membership", CONTROL, body, epoch=self.m.epoch)
 
@@ -275,6 +278,7 @@ class Coordinator:
             self.epoch_members = {e: m for e, m in self.epoch_members.items() if e >= epoch - 4}
         if self.policy == Policy.ORACLE and "drained and dropped" in reason:
             self.oracle_applied |= set(old_members) - set(plan.members)
+            self.checkpoint_first_epoch = epoch
         self.m = mb.Membership(epoch=epoch, members=plan.members, sites=sites)
         self.plan = plan
         if plan.paused and self.checkpoint_first:

@@ -324,6 +324,9 @@ class Site:
         self.snapshots = {k: v for k, v in self.snapshots.items() if k <= start}
         if self.pool is not None:
             self.pool.load_state(pack_state(self.trainer.state_tensors()))
+        if plan.get("checkpoint_first") and self.leader and start > 0:
+            # The oracle drains a site just before its fault: make the committed state durable first.
+            self.checkpoint(start - 1, int(plan["start_cursor"]))
         return True
 
     def rollback_to(self, start: int, sp: dict[str, Any]) -> None:

@@ -74,7 +74,9 @@ def test_analysis_of_a_real_comparison_passes_every_checker(analysed):
         assert m["energy"]["value"] is None and m["energy"]["evidence"] == "unavailable"
         assert r["reconciliation"]["evidence"] == "measured"  # Toxiproxy's counters came from the logs
         kinds = {mk["kind"] for mk in r["timeline"]["marks"]}
-        assert {"failure", "rejoin"} <= kinds, (r["policy"], kinds)
+        assert "failure" in kinds, (r["policy"], kinds)
+        if r["policy"] != "oracle":  # the oracle may finish before the restarted b is let back in
+            assert "rejoin" in kinds, (r["policy"], kinds)
         phases = set(r["timeline"]["phases"]["phase"])
         assert {"compute", "collective", "checkpoint"} <= phases, (r["policy"], phases)
         assert r["provenance"]["code_revision"]["evidence"] == "measured"

@@ -88,3 +88,21 @@ def test_a_fresh_member_never_becomes_the_source_of_truth(compared):
             restored = [e for e in mine if e["event"] == "restore" and e["mono_ns"] < first_work
                         and e.get("source") in ("donor", "store") and "error" not in e]
             assert restored, (policy, "a restarted site trained on its fresh weights")
+
+
+def test_oracle_checkpoints_and_drains_just_before_the_fault(compared):
+    run_dir, s = compared["oracle"]
+    coord = events(run_dir, "coord")
+    drain = next(e for e in coord if e["event"] == "membership_epoch" and "drained and dropped" in e["reason"])
+    assert "b" not in drain["members"] and drain["start_round"] > 0, drain
+    leader = drain["members"][0]
+    fault = next(e for e in events(run_dir, "chaos") if e["event"] == "fault_injected")
+    # The leader wrote the committed state of the round before the boundary, in the drain's epoch,
+    # and the store made it durable before the fault hit b.
+    writes = [e for e in events(run_dir, leader) if e["event"] == "checkpoint_write" and e["epoch"] == drain["epoch"]
+              and e["round"] == drain["start_round"] - 1]
+    assert writes and "error" not in writes[0], writes
+    durable = [e for e in events(run_dir, "store") if e["event"] == "checkpoint_durable"
+               and e["manifest_hash"] == writes[0]["manifest_hash"]]
+    assert durable and durable[0]["wall_ns"] < fault["wall_ns"], (durable, fault["wall_ns"])
+    assert s["lost_tokens"] == 0
