@@ -139,8 +139,8 @@ def _recovery_section(art: dict[str, Any]) -> str:
         for m in r["timeline"]["marks"]:
             rows.append(f"<tr><td>{escape(r['policy'])}</td><td>{escape(m['kind'])}</td>"
                         f"<td>{escape(m['site'] or 'cluster')}</td>{num(round((m['start_ns'] - t0) / 1e9, 3), unit='s')}"
-                        f"<td><code>{escape(m['event_id'])}</code></td><td class='num'>{m['start_ns']}</td>"
-                        f"<td class='num'>{m['end_ns']}</td><td>{escape(m['label'])}</td></tr>")
+                        f"<td><code>{escape(m['event_id'])}</code></td>{num(m['start_ns'], fmt='d')}"
+                        f"{num(m['end_ns'], fmt='d')}<td>{escape(m['label'])}</td></tr>")
     return (
         "<section id='recovery' data-section='recovery'><h2>The same failure, four ways to recover</h2>"
         "<p>One track per policy on one shared time axis (seconds since each run's start). Bars are the phases "
@@ -314,7 +314,7 @@ def _provenance_section(art: dict[str, Any]) -> str:
             f"</span></td></tr><tr><th>Policy / mode</th><td>{escape(r['policy'])} / {escape(r['mode'])}</td></tr>"
             f"<tr><th>Model</th><td>{p.get('n_params') or 0:,} parameters; "
             f"{(p['flops_per_token']['value'] or 0):,.0f} FLOP/token{ev(p['flops_per_token']['evidence'])}</td></tr>"
-            f"<tr><th>Events</th><td>{r['n_events']:,}</td></tr></table>"
+            f"<tr><th>Events</th><td>{r['n_events']:,}{ev('measured')}</td></tr></table>"
             f"<table><thead><tr><th>Input</th><th>sha256</th></tr></thead><tbody>{hashes}</tbody></table>"
             f"<div class='trace' id='trace-{key}'><button type='button' data-src='traces/{key}.js' "
             "onclick='xdcLoadTrace(this)'>Load the raw event trace</button> <span class='trace-status'>not loaded"

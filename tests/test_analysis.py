@@ -87,8 +87,7 @@ def test_analysis_of_a_real_comparison_passes_every_checker(analysed):
     assert any(mk["kind"] == "restore" for mk in by["restart"]["timeline"]["marks"])
     assert "waiting" in by["stall"]["timeline"]["phases"]["phase"]  # stall waits
     # The report and the on-demand traces sit beside the artifact.
-    html = (out_dir / "report" / "index.html").read_text()
-    assert "<script src=" not in html and "https://cdn" not in html  # self-contained
+    html = (out_dir / "report" / "index.html").read_text()  # self-contained: checked in the browser test
     assert len(list((out_dir / "report" / "traces").glob("*.js"))) == 4
     for r in art["runs"]:
         assert r["run_id"] in html

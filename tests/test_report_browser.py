@@ -43,6 +43,9 @@ def page(report):
         pg.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
         pg.on("pageerror", lambda e: problems.append(f"page error: {e}"))
         pg.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}"))
+        # Self-contained: nothing but the report's own files (and inline data) is ever requested.
+        pg.on("request", lambda r: None if r.url.startswith(("file:", "data:", "blob:", "about:"))
+              else problems.append(f"network request: {r.url}"))
         pg.goto(report.as_uri())
         pg.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 5")
         pg.problems = problems
@@ -96,7 +99,7 @@ def test_raw_trace_loads_on_demand_from_disk(page):
     assert block.locator("tbody tr").count() > 0
 
 
-def test_no_console_errors_and_a_screenshot_is_kept(page):
+def test_no_console_errors_no_network_and_a_screenshot_is_kept(page):
     out = Path(os.environ.get("XDC_TEST_ARTIFACTS", ROOT / "test-artifacts"))
     out.mkdir(parents=True, exist_ok=True)
     shot = out / "report.png"
