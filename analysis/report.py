@@ -45,6 +45,7 @@ td.num{text-align:right;font-variant-numeric:tabular-nums}
 .card .big{font-size:1.4em;font-weight:600} code,.hash{font-family:ui-monospace,monospace;font-size:.88em;word-break:break-all}
 .chart{background:#fff;border:1px solid #e3e3e3;border-radius:6px;margin:8px 0}
 details{margin:8px 0} summary{cursor:pointer;font-weight:600}
+.trace td{max-width:560px;word-break:break-all;font-size:.8em;font-family:ui-monospace,monospace}
 """
 
 TRACE_JS = """
