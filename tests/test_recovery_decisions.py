@@ -63,6 +63,16 @@ def test_oracle_drops_the_victim_at_the_boundary_before_its_fault():
     assert decide_recovery(0, far, Policy.ORACLE) == (None, "no change")
 
 
+def test_oracle_does_not_drain_before_the_first_commit():
+    # Soak schedule 1004: a's hang fired at the end of round 0; draining it "from round 1" before
+    # anything committed let a slow-starting a skip round 0 altogether and stall b and c.
+    early = replace(BASE, committed_round=-1, committed_cursor=0, drop_before=(("a", 96),))
+    assert decide_recovery(0, early, Policy.ORACLE) == (None, "no change")
+    after_first = replace(early, committed_round=0, committed_cursor=96, drop_before=(("a", 192),))
+    plan, why = decide_recovery(0, after_first, Policy.ORACLE)
+    assert plan is not None and "a" not in plan.members and why.startswith("oracle: a will fail"), (plan, why)
+
+
 def test_preemption_checkpoints_first_only_under_restart():
     assert checkpoint_before_waiting(Policy.RESTART)[0] is True
     assert not any(checkpoint_before_waiting(p)[0] for p in (Policy.STALL, Policy.ELASTIC, Policy.ORACLE))
