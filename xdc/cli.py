@@ -87,6 +87,7 @@ def cmd_run(args: argparse.Namespace, base: dict | None = None) -> int:
         print(f"run failed before it started; see {run_dir}/logs", file=sys.stderr)
         return 1
     _print_summary(run_dir, summary)
+    print(f"  report: .venv/bin/xdc analyze {run_dir}")
     return 0 if summary.get("clean_exit") else 1
 
 
