@@ -87,7 +87,7 @@ def soak_one(seed: int, policy: str, root: Path, keep: bool = True) -> dict[str,
             "run_dir": str(run_dir), "reached_frontier": reached, "ledger_balanced": bool(s.get("work_balanced")),
             "store_verified": store_ok, "store_detail": store_detail, "lost_tokens": s.get("lost_tokens"),
             "frontier_hash": s.get("frontier_hash"), "wall_s": round(time.monotonic() - t0, 1),
-            "passed": passed}
+            "passed": passed, "interrupted": bool(s.get("interrupted"))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,6 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(args.schedules):
         for policy in policies:
             r = soak_one(args.seed + i, policy, root, keep=bool(args.runs_dir))
+            if r["interrupted"]:  # Ctrl-C / SIGTERM stops the soak, not just the run in flight
+                print(f"interrupted during {policy} seed {r['seed']}: the soak stops here (tally so far in "
+                      f"{args.out})", flush=True)
+                write()
+                return 130
             results.append(r)
             write()
             print(f"{policy:8s} seed {r['seed']}: {'ok  ' if r['passed'] else 'FAIL'} {r['faults']} "
