@@ -62,6 +62,23 @@ def _connections(h: RunHistory) -> dict[str, int]:
     return dict(n)
 
 
+def _retransmitted(h: RunHistory) -> dict[str, int]:
+    """Wire bytes each link carried again after a reconnect or a stall (`retransmit` events).
+
+    A sender counts a message when it hands it to ZeroMQ; if the peer is gone, ZeroMQ may drop
+    the queued copy and the resend is counted again. So on such a link the classes may exceed
+    Toxiproxy's count by up to these bytes (copies that never reached the wire).
+    """
+    links = {e["proxy"] for e in h.logs.get("launcher", []) + h.logs.get("prepare", []) if e["event"] == "proxy_created"}
+    out: dict[str, int] = defaultdict(int)
+    for proc, evs in h.logs.items():
+        for e in evs:
+            if e["event"] == "retransmit" and e.get("dest"):
+                fwd, back = f"{proc}_to_{e['dest']}", f"{e['dest']}_to_{proc}"
+                out[fwd if fwd in links or back not in links else back] += int(e.get("wire_bytes", 0))
+    return dict(out)
+
+
 def _faulted_links(h: RunHistory) -> set[str]:
     """Links with an end in a process that a fault hit, or that a link fault cut or shaped."""
     hit: set[str] = set()
@@ -232,7 +249,8 @@ def analyse_run(h: RunHistory) -> tuple[dict[str, Any], dict[str, Any]]:
                                                 "measured" if section["learning"]["final_heldout_nll"] is not None
                                                 else "unavailable")
     derived = {"work": work, "bytes": nbytes, "reconciliation": rec, "frontier": frontier,
-               "duration_s": (t1 - t0) / 1e9, "connections": _connections(h), "faulted_links": _faulted_links(h)}
+               "duration_s": (t1 - t0) / 1e9, "connections": _connections(h), "faulted_links": _faulted_links(h),
+               "retransmitted": _retransmitted(h)}
     return section, derived
 
 
@@ -241,7 +259,7 @@ def build_artifact(run_dirs: list[Path], index: dict[str, Any] | None = None,
     t_start = time.perf_counter()
     hs = histories if histories is not None else [load_run(p) for p in run_dirs]
     sections, ctx = [], {k: {} for k in ("work", "bytes", "reconciliation", "frontier", "duration_s", "connections",
-                                         "faulted_links")}
+                                         "faulted_links", "retransmitted")}
     for h in hs:
         sec, derived = analyse_run(h)
         sections.append(sec)

@@ -215,7 +215,12 @@ def _bytes_section(art: dict[str, Any]) -> str:
         f"<div class='chart' data-chart='bytes'>{_fig_html(figures.bytes_figure(runs), 'chart-bytes')}</div>"
         "<table><thead><tr><th>Policy</th>" + "".join(f"<th>{c}</th>" for c in classes)
         + "<th>Sum of classes</th><th>Toxiproxy</th><th>Framing overhead</th><th>Overhead</th></tr></thead><tbody>"
-        + "".join(rows) + "</tbody></table></section>")
+        + "".join(rows) + "</tbody></table>"
+        + ("<p>A negative overhead means the senders counted more than reached Toxiproxy: messages handed to "
+           "ZeroMQ for a peer that had gone were dropped unsent, then resent and counted again (the "
+           "<code>byte_classes</code> check bounds this by the resent bytes of each link).</p>"
+           if any(r["reconciliation"].get("overhead_bytes", 0) < 0 for r in runs) else "")
+        + "</section>")
 
 
 def _completion_section(art: dict[str, Any]) -> str:
