@@ -31,7 +31,7 @@ SCENARIO = (
     .store_outage(mode="stop", at_useful_tokens=8 * ROUND, duration_s=3)
     .blackhole("a<->b", at_useful_tokens=11 * ROUND, duration_s=12)
     .preempt("b", grace_s=3, return_after_s=3, at_useful_tokens=14 * ROUND)
-    .degrade("a->c", at_useful_tokens=16 * ROUND, duration_s=5, latency_ms=50, bandwidth_kbps=500)
+    .degrade("a->c", at_useful_tokens=16 * ROUND, duration_s=10, latency_ms=50, bandwidth_kbps=500)
 )
 
 
