@@ -55,9 +55,9 @@ def _proxy_bytes(h: RunHistory) -> dict[str, Any]:
 def _connections(h: RunHistory) -> dict[str, int]:
     """Connections made per link (first connect, reconnects, failed handshakes): each costs handshake bytes."""
     n: dict[str, int] = defaultdict(lambda: 1)
-    for evs in h.logs.values():
-        for e in evs:
-            if e["event"] in ("link_up", "handshake_failed") and e.get("link"):
+    for proc in h.logs:
+        for e in h.events(proc, "link_up") + h.events(proc, "handshake_failed"):
+            if e.get("link"):
                 n[e["link"]] += 1
     return dict(n)
 
@@ -71,9 +71,9 @@ def _retransmitted(h: RunHistory) -> dict[str, int]:
     """
     links = {e["proxy"] for e in h.logs.get("launcher", []) + h.logs.get("prepare", []) if e["event"] == "proxy_created"}
     out: dict[str, int] = defaultdict(int)
-    for proc, evs in h.logs.items():
-        for e in evs:
-            if e["event"] == "retransmit" and e.get("dest"):
+    for proc in h.logs:
+        for e in h.events(proc, "retransmit"):
+            if e.get("dest"):
                 fwd, back = f"{proc}_to_{e['dest']}", f"{e['dest']}_to_{proc}"
                 out[fwd if fwd in links or back not in links else back] += int(e.get("wire_bytes", 0))
     return dict(out)
@@ -91,12 +91,8 @@ def _faulted_links(h: RunHistory) -> set[str]:
         if kind in SITE_FAULTS or kind.startswith("coord") or kind.startswith("store"):
             names = [{"coordinator": "coord", "checkpoint_store": "store"}.get(x, x) for x in names]
         hit.update(names)
-    hit.update(p for p, evs in h.logs.items() if len({e.get("pid") for e in evs}) > 1)  # restarted processes
-    links = set()
-    for proc_evs in h.logs.values():
-        for e in proc_evs:
-            if e["event"] == "proxy_created":
-                links.add(e["proxy"])
+    hit.update(p for p, evs in h.logs.items() if evs and evs[0].get("pid") != evs[-1].get("pid"))  # restarted
+    links = {e["proxy"] for p in ("launcher", "prepare") for e in h.events(p, "proxy_created")}
     return {lk for lk in links if any(lk.startswith(f"{x}_to_") or lk.endswith(f"_to_{x}") for x in hit)}
 
 
@@ -179,14 +175,8 @@ def analyse_run(h: RunHistory) -> tuple[dict[str, Any], dict[str, Any]]:
     proxy = _proxy_bytes(h)
     rec = reconcile(nbytes["by_link"], proxy)
     t0, t1 = run_t0_ns(h), run_end_ns(h)
-    kept = {(c["epoch"], c["round"]): c for c in lineage(commits)}
-
-    def is_lost(site: str, e: dict[str, Any]) -> bool:
-        c = kept.get((e["epoch"], e["round"]))
-        return c is None or site not in c.get("members", [])
-
     phases = extract_phases(h)
-    marks = extract_marks(h, is_lost)
+    marks = extract_marks(h, work["first_replays"])
     frontier = _frontier(h, work["useful_tokens"])
     tree = checkpoint_tree(h.logs, frontier["manifest_hash"])
     st = site_time(h.logs, sites)

@@ -45,47 +45,57 @@ def lineage(commits: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def work_ledger(logs: dict[str, list[dict[str, Any]]], sites: list[str], seq_len: int) -> dict[str, Any]:
+    """The work ledger. Also returns `first_replays`: per (site, pid, epoch) the first attempt that
+    redid samples an earlier attempt had lost (the timeline's replay marks)."""
     commits = [e for e in logs.get("coord", []) if e["event"] == "commit"]
-    kept = {(c["epoch"], c["round"]): c for c in lineage(commits)}
+    kept = {(c["epoch"], c["round"]): frozenset(c.get("members", ())) for c in lineage(commits)}
     per_site: dict[str, dict[str, float]] = {}
     retained_ids: set[int] = set()
     lost_units: list[dict[str, Any]] = []
+    attempts: list[tuple[int, str, bool, dict[str, Any]]] = []  # (mono ns, site, retained, event)
     for s in sites:
-        acc = defaultdict(float)
+        at_tok = re_tok = lo_tok = 0
+        at_fl = re_fl = lo_fl = 0.0
         for e in logs.get(s, []):
             if e["event"] != "work_attempted":
                 continue
-            acc["attempted_tokens"] += e["tokens"]
-            acc["attempted_flops"] += e["flops"]
-            c = kept.get((e["epoch"], e["round"]))
-            if c is not None and s in c.get("members", []):
-                acc["retained_tokens"] += e["tokens"]
-                acc["retained_flops"] += e["flops"]
+            tokens, flops = e["tokens"], e["flops"]
+            at_tok += tokens
+            at_fl += flops
+            members = kept.get((e["epoch"], e["round"]))
+            retained = members is not None and s in members
+            if retained:
+                re_tok += tokens
+                re_fl += flops
                 retained_ids.update(e["samples"])
             else:
-                acc["lost_tokens"] += e["tokens"]
-                acc["lost_flops"] += e["flops"]
-                lost_units.append({"site": s, "epoch": e["epoch"], "round": e["round"], "tokens": e["tokens"]})
-        per_site[s] = {k: (int(acc.get(k, 0)) if k.endswith("tokens") else float(acc.get(k, 0))) for k in ("attempted_tokens", "retained_tokens", "lost_tokens",
-                                                 "attempted_flops", "retained_flops", "lost_flops")}
+                lo_tok += tokens
+                lo_fl += flops
+                lost_units.append({"site": s, "epoch": e["epoch"], "round": e["round"], "tokens": tokens})
+            attempts.append((e["mono_ns"], s, retained, e))
+        per_site[s] = {"attempted_tokens": int(at_tok), "retained_tokens": int(re_tok), "lost_tokens": int(lo_tok),
+                       "attempted_flops": float(at_fl), "retained_flops": float(re_fl), "lost_flops": float(lo_fl)}
     # Replayed work: lost samples that were attempted again later (by any site).
     lost_before: set[int] = set()
     replayed_ids: set[int] = set()
-    attempts = sorted(((e["mono_ns"], s, e) for s in sites for e in logs.get(s, []) if e["event"] == "work_attempted"),
-                      key=lambda t: t[0])
-    for _t, s, e in attempts:
-        c = kept.get((e["epoch"], e["round"]))
-        retained = c is not None and s in c.get("members", [])
+    first_replays: list[tuple[str, dict[str, Any]]] = []
+    seen: set[tuple[str, int, int]] = set()
+    attempts.sort(key=lambda t: t[0])
+    for _t, s, retained, e in attempts:
         samples = e["samples"]
-        if lost_before:
+        if lost_before and not lost_before.isdisjoint(samples):
             replayed_ids.update(lost_before.intersection(samples))
+            key = (s, e.get("pid", 0), e["epoch"])
+            if key not in seen:
+                seen.add(key)
+                first_replays.append((s, e))
         if not retained:
             lost_before.update(samples)
     total = {k: sum(v[k] for v in per_site.values()) for k in next(iter(per_site.values()), {})}
     total["replayed_tokens"] = len(replayed_ids) * seq_len
     balanced = all(v["attempted_tokens"] == v["retained_tokens"] + v["lost_tokens"] for v in per_site.values())
     return {"per_site": per_site, "total": total, "balanced": balanced, "lost_units": lost_units,
-            "replayed_samples": len(replayed_ids),
+            "replayed_samples": len(replayed_ids), "first_replays": first_replays,
             "useful_tokens": len(retained_ids) * seq_len, "useful_samples": len(retained_ids),
             "commits": len(commits), "lineage_length": len(kept)}
 

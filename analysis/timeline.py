@@ -24,7 +24,7 @@ share one axis "seconds since run start".
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from analysis.load import RunHistory
 
@@ -100,27 +100,14 @@ def _mark(site: str | None, kind: str, label: str, e: dict[str, Any], start_ns: 
             "start_ns": s, "end_ns": max(s, t)}
 
 
-def replay_marks(h: RunHistory, is_lost: Callable[[str, dict[str, Any]], bool]) -> list[dict[str, Any]]:
+def replay_marks(first_replays: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
     """A replay is an attempt at samples that an earlier attempt computed and then lost; one mark
-    per (site, epoch): the first such attempt."""
-    attempts = sorted(((int(e["wall_ns"]), site, e) for site in h.sites for e in h.events(site, "work_attempted")),
-                      key=lambda t: t[0])
-    lost_before: set[int] = set()
-    seen: set[tuple[str, int]] = set()
-    out = []
-    for _t, site, e in attempts:
-        samples = e.get("samples", ())
-        key = (site, int(e.get("epoch", 0)))
-        if key not in seen and lost_before and not lost_before.isdisjoint(samples):
-            seen.add(key)
-            out.append(_mark(site, "replay", f"{site} redoes lost samples (epoch {e.get('epoch')}, "
-                                             f"round {e.get('round')})", e))
-        if is_lost(site, e):
-            lost_before.update(samples)
-    return out
+    per (site, process, epoch): its first such attempt (found by analysis.summary.work_ledger)."""
+    return [_mark(site, "replay", f"{site} redoes lost samples (epoch {e.get('epoch')}, round {e.get('round')})", e)
+            for site, e in first_replays]
 
 
-def extract_marks(h: RunHistory, is_lost: Callable[[str, dict[str, Any]], bool] | None = None) -> list[dict[str, Any]]:
+def extract_marks(h: RunHistory, first_replays: list[tuple[str, dict[str, Any]]] = ()) -> list[dict[str, Any]]:
     sites = h.sites
     marks: list[dict[str, Any]] = []
     healed = {}
@@ -155,8 +142,7 @@ def extract_marks(h: RunHistory, is_lost: Callable[[str, dict[str, Any]], bool] 
                 marks.append(_mark(site, "restore", f"{site} restores ({src}) to round {e.get('start_round')}", e))
             elif ev == "state_received":
                 marks.append(_mark(site, "rejoin", f"{site} received state from {e.get('donor')}", e))
-    if is_lost is not None:
-        marks.extend(replay_marks(h, is_lost))
+    marks.extend(replay_marks(list(first_replays)))
     marks.sort(key=lambda m: m["start_ns"])
     return marks
 
