@@ -60,6 +60,7 @@ def _analyze(paths: list[str | Path], out_dir: str | Path | None, *, report: boo
     runs, index, cmp_dir = expand_inputs(paths)
     histories = [load_run(p) for p in runs]
     art = build_artifact(runs, index, histories=histories)
+    art["generated"]["analysis_s"] = round(time.perf_counter() - t0, 3)  # loading the logs + deriving everything
     out = Path(out_dir) if out_dir else default_out_dir(runs, cmp_dir)
     artifact_path = out / "artifact.json"
     sha = write_artifact(art, artifact_path)

@@ -278,6 +278,10 @@ def cmd_compose(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fmt_nll(v: float | None) -> str:
+    return "unavailable" if v is None else f"{v:.4f}"
+
+
 def cmd_analyze(args: argparse.Namespace) -> int:
     """Logs of runs (or a comparison) -> artifact.json + report/index.html; exit 1 if a checker fails."""
     from analysis.analyze import analyze
@@ -295,7 +299,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         m = r["metrics"]
         print(f"  {r['policy']:>8}: attempted {m['attempted_tokens']['value']:,} = retained "
               f"{m['retained_tokens']['value']:,} + lost {m['lost_tokens']['value']:,} tokens; frontier "
-              f"{str(r['frontier']['hash'])[:12]}; final NLL {m['final_heldout_nll']['value']}")
+              f"{str(r['frontier']['hash'])[:12]}; final NLL {_fmt_nll(m['final_heldout_nll']['value'])}")
     for c in art["checks"]:
         print(f"  check {c['name']:<19} {c['status']:<8} {c['summary']}")
         if c["status"] != "pass":
