@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from analysis.summary import summarize
 from wan.keys import generate_cluster_keys
-from wan.toxiproxy import ToxiproxyClient, ToxiproxyServer, apply_link_spec, free_port
+from wan.toxiproxy import ToxiproxyClient, ToxiproxyError, ToxiproxyServer, apply_link_spec, free_port
 from xdc.config import RunConfig, save_config
 from xdc.eventlog import EventLog
 from xdc.provenance import run_started_fields
@@ -47,13 +47,14 @@ def new_run_id() -> str:
 
 
 def provision_run_dir(cfg: RunConfig, run_dir: str | Path, plan: Topology, client: ToxiproxyClient, log: EventLog,
-                      *, toxiproxy_api: str | None = None) -> Topology:
+                      *, toxiproxy_api: str | None = None, new_port: Callable[[], int] | None = None) -> Topology:
     """What every way of running a cluster does before its processes start (the native launcher
     and `xdc prepare` for compose): write RUN/config.json and RUN/keys, create one Toxiproxy proxy
     per link of `plan` with its link profile, and write the resolved RUN/topology.json.
 
     A link whose planned `listen` has port 0 gets the port Toxiproxy picked; otherwise the planned
-    address (e.g. `toxiproxy:20003`, the name clients dial) is kept.
+    address (e.g. `toxiproxy:20003`, the name clients dial) is kept. With `new_port`, a planned
+    loopback port that something else took meanwhile is replaced by a fresh one (twice at most).
     """
     run_dir = Path(run_dir)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -62,7 +63,17 @@ def provision_run_dir(cfg: RunConfig, run_dir: str | Path, plan: Topology, clien
         generate_cluster_keys(run_dir / "keys", [COORD, STORE, *plan.sites])
     links: dict[str, Link] = {}
     for name, link in plan.links.items():
-        proxy = client.create_proxy(name, link.proxy_listen or link.listen, link.upstream)
+        for attempt in range(3):
+            try:
+                proxy = client.create_proxy(name, link.proxy_listen or link.listen, link.upstream)
+                break
+            except ToxiproxyError as e:
+                if new_port is None or attempt == 2 or "address already in use" not in str(e):
+                    raise
+                host = (link.proxy_listen or link.listen).rsplit(":", 1)[0]
+                addr = f"{host}:{new_port()}"
+                log.emit("proxy_port_taken", proxy=name, tried=link.proxy_listen or link.listen, retry=addr)
+                link = replace(link, listen=addr, proxy_listen=addr)
         toxics = apply_link_spec(client, name, cfg.link_spec(name))
         listen = proxy.listen if (not link.listen or link.listen.endswith(":0")) else link.listen
         links[name] = replace(link, listen=listen, proxy_listen=proxy.listen)
@@ -110,13 +121,17 @@ class Launcher:
                     taken.add(port)
                     return port
 
+        # Toxiproxy first: its API port is bound before the others are chosen, so none of them can be
+        # it (a soak run once chose a proxy port that Toxiproxy's API had just taken).
+        self.toxi = ToxiproxyServer(host=host, port=0, log_path=self.run_dir / "logs" / "toxiproxy.out")
+        client = self.toxi.start()
+        taken.add(int(self.toxi.api_address.rsplit(":", 1)[1]))
+        self.log.emit("process_started", name="toxiproxy", child_pid=self.toxi.proc.pid, api=self.toxi.api_address)
         ports = {p: distinct_port() for p in (COORD, STORE, *sites)}
         proxy_ports = {name: distinct_port() for name, _c, _s in Topology.link_names(sites)}
         plan = plan_topology(sites, "native", host=host, ports=ports, proxy_ports=proxy_ports)
-        self.toxi = ToxiproxyServer(host=host, port=0, log_path=self.run_dir / "logs" / "toxiproxy.out")
-        client = self.toxi.start()
-        self.log.emit("process_started", name="toxiproxy", child_pid=self.toxi.proc.pid, api=self.toxi.api_address)
-        topo = provision_run_dir(cfg, self.run_dir, plan, client, self.log, toxiproxy_api=self.toxi.api_address)
+        topo = provision_run_dir(cfg, self.run_dir, plan, client, self.log, toxiproxy_api=self.toxi.api_address,
+                                 new_port=distinct_port)
         latest = Path(cfg.runs_dir) / "latest"
         try:
             if latest.is_symlink() or latest.exists():
