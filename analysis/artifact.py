@@ -129,7 +129,7 @@ def _fate_of_lost_units(h: RunHistory, work: dict[str, Any]) -> dict[str, Any]:
 
 
 def _learning(h: RunHistory, t0: int) -> dict[str, Any]:
-    evals = sorted((e for s in h.sites for e in h.logs.get(s, []) if e["event"] == "eval"), key=lambda e: e["wall_ns"])
+    evals = sorted((e for s in h.sites for e in h.events(s, "eval")), key=lambda e: e["wall_ns"])
     curve = [{"t_s": (int(e["end_wall_ns"]) - t0) / 1e9, "round": e.get("round"),
               "useful_tokens_trained": e.get("useful_tokens_trained"), "heldout_nll": e["heldout_nll"],
               "event_id": e["id"]} for e in evals]
@@ -171,7 +171,7 @@ def analyse_run(h: RunHistory) -> tuple[dict[str, Any], dict[str, Any]]:
                        sites, seq_len)
     commits = h.events("coord", "commit")
     committed = {(c["epoch"], c["round"]) for c in lineage(commits)}
-    nbytes = byte_ledger(h.logs, committed)
+    nbytes = byte_ledger({p: h.events(p, "wan_counters") + h.events(p, "collective") for p in h.logs}, committed)
     proxy = _proxy_bytes(h)
     rec = reconcile(nbytes["by_link"], proxy)
     t0, t1 = run_t0_ns(h), run_end_ns(h)
@@ -179,7 +179,8 @@ def analyse_run(h: RunHistory) -> tuple[dict[str, Any], dict[str, Any]]:
     marks = extract_marks(h, work["first_replays"])
     frontier = _frontier(h, work["useful_tokens"])
     tree = checkpoint_tree(h.logs, frontier["manifest_hash"])
-    st = site_time(h.logs, sites)
+    st = site_time({s: [e for k in ("membership", "target_reached", "site_stopped", "compute", "collective", "restore",
+                                    "checkpoint_write", "eval") for e in h.events(s, k)] for s in sites}, sites)
     first_epoch = next((e for e in h.logs.get("coord", []) if e["event"] == "membership_epoch"), None)
     active_ns = (int(commits[-1]["wall_ns"]) - int(first_epoch["wall_ns"])) if (commits and first_epoch) else None
     total = work["total"]

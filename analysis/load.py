@@ -86,6 +86,15 @@ def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[BadLine], str]:
     """Events of one log, its unreadable lines, and the sha256 of its bytes."""
     data = path.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
+    # Fast path: the whole file as one JSON array in one call (newlines become commas; a blank or
+    # bad line makes it fail, and then the file is read line by line below).
+    if data.endswith(b"\n"):
+        try:
+            parsed = _loads(b"[" + data[:-1].replace(b"\n", b",") + b"]")
+            if all(isinstance(e, dict) and "event" in e for e in parsed):
+                return parsed, [], digest
+        except _DecodeError:
+            pass
     lines = data.split(b"\n")
     # A file that ends with "\n" splits into a trailing empty element: the real last line is before it.
     last = len(lines) - 1
@@ -93,14 +102,6 @@ def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[BadLine], str]:
         last -= 1
     out: list[dict[str, Any]] = []
     bad: list[BadLine] = []
-    # Fast path: the whole file as one JSON array in one call; any bad line -> line by line below.
-    body = [ln for ln in lines if ln.strip()]
-    try:
-        parsed = _loads(b"[" + b",".join(body) + b"]")
-        if all(isinstance(e, dict) and "event" in e for e in parsed):
-            return parsed, bad, digest
-    except _DecodeError:
-        pass
     for i, raw in enumerate(lines):
         if not raw.strip():
             continue

@@ -63,32 +63,31 @@ def _phase_of_restore(e: dict[str, Any]) -> str | None:
     return None  # a no-op restore (kind none, nothing rolled back)
 
 
+SPAN_PHASES = {"compute": "compute", "collective": "collective", "checkpoint_write": "checkpoint", "eval": "eval"}
+
+
 def extract_phases(h: RunHistory) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for site in h.sites:
+        for name, phase in SPAN_PHASES.items():
+            out.extend({"site": site, "phase": phase, "start_ns": e["start_wall_ns"], "end_ns": e["end_wall_ns"],
+                        "event_id": e["id"]} for e in h.events(site, name) if "start_wall_ns" in e)
+        for e in h.events(site, "restore"):
+            phase = _phase_of_restore(e)
+            if phase is not None and "start_wall_ns" in e:
+                out.append({"site": site, "phase": phase, "start_ns": e["start_wall_ns"], "end_ns": e["end_wall_ns"],
+                            "event_id": e["id"]})
+        # Waiting: from a paused plan until the site's next membership (or its start or stop).
+        turns = sorted(h.events(site, "paused") + h.events(site, "membership") + h.events(site, "site_started")
+                       + h.events(site, "site_stopped"), key=lambda e: (e["wall_ns"], e["id"]))
         paused_since: dict[str, Any] | None = None
-        for e in h.logs.get(site, []):
-            ev = e["event"]
-            phase = None
-            if ev == "compute":
-                phase = "compute"
-            elif ev == "collective":
-                phase = "collective"
-            elif ev == "checkpoint_write":
-                phase = "checkpoint"
-            elif ev == "eval":
-                phase = "eval"
-            elif ev == "restore":
-                phase = _phase_of_restore(e)
-            elif ev == "paused":
+        for e in turns:
+            if e["event"] == "paused":
                 paused_since = paused_since or e
-            elif ev in ("membership", "site_started", "site_stopped") and paused_since is not None:
+            elif paused_since is not None:
                 out.append({"site": site, "phase": "waiting", "start_ns": int(paused_since["wall_ns"]),
                             "end_ns": int(e["wall_ns"]), "event_id": paused_since["id"]})
                 paused_since = None
-            if phase is not None and "start_wall_ns" in e:
-                out.append({"site": site, "phase": phase, "start_ns": int(e["start_wall_ns"]),
-                            "end_ns": int(e["end_wall_ns"]), "event_id": e["id"]})
     return out
 
 
