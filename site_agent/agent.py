@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from checkpoint_store.blobstore import StoreError
 from site_agent.collective import AllReduce, CollectiveAborted, CollectiveInterrupted, PeerUnreachable
 from site_agent.data import batch_for, evaluate_nll, heldout_batch, load_corpus, sample_order
 from site_agent.model import count_params, pick_device
@@ -503,12 +504,24 @@ class Site:
         """Leader: write the state after round `rnd` (samples [0, cursor)) to the store; tell the coordinator."""
         if self.store is None:
             return
-        cfg = self.cfg
         ids = sorted(ids_at(self.order, range(0, cursor)))
         samples_sha = hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()
         parent = (self.plan or {}).get("frontier_manifest")
         if getattr(self, "last_manifest", None) and getattr(self, "last_manifest_epoch", -1) == self.epoch:
             parent = self.last_manifest
+        try:
+            mhash = self._write_checkpoint(rnd, cursor, ids, samples_sha, parent)
+        except StoreError as e:
+            # Refused (a newer epoch fenced the store while we wrote: we are being replaced) or the
+            # store was out of reach: this checkpoint is not durable and nothing else is lost. Train
+            # on; a newer epoch is adopted at the next boundary, and the next checkpoint tries again.
+            self.log.emit("checkpoint_failed", round=rnd, reason=str(e))
+            return
+        self.last_manifest, self.last_manifest_epoch = mhash, self.epoch
+        self.node.send(COORD, "checkpoint_durable", CONTROL, {"manifest_hash": mhash, "round": rnd, "cursor": cursor})
+
+    def _write_checkpoint(self, rnd: int, cursor: int, ids: list[int], samples_sha: str, parent: str | None) -> str:
+        cfg = self.cfg
         with self.log.span("checkpoint_write", round=rnd) as sp:
             mhash, _manifest = self.store.save(self.trainer.state_tensors(), {
                 "run_id": cfg.run_id, "ckpt_id": f"e{self.epoch}r{rnd}", "round": rnd, "step": (rnd + 1) * self.spr,
@@ -518,8 +531,7 @@ class Site:
                 "config": to_dict(cfg)}, timeout_s=120.0)
             sp.update(manifest_hash=mhash, samples_sha256=samples_sha, useful_tokens=len(ids) * cfg.model.seq_len,
                       cursor=cursor)
-        self.last_manifest, self.last_manifest_epoch = mhash, self.epoch
-        self.node.send(COORD, "checkpoint_durable", CONTROL, {"manifest_hash": mhash, "round": rnd, "cursor": cursor})
+        return mhash
 
 
 def _exit_early(log: EventLog, pool: WorkerPool, rc: int, reason: str) -> int:
