@@ -35,7 +35,9 @@ class EventLog:
         self.step = 0
         # A restarted process appends to its own log: continue the sequence so ids stay unique.
         self._seq = itertools.count(_next_seq(self.path))
-        self._lock = threading.Lock()
+        # Reentrant: a signal handler that logs runs on top of the main thread, which may be inside
+        # emit() holding this lock; a plain Lock deadlocked there (a site ignored SIGTERM until SIGKILL).
+        self._lock = threading.RLock()
         # Line-buffered append: every event is on disk (page cache) when emit returns, so a
         # SIGKILL loses at most the event being written.
         self._file = open(self.path, "a", buffering=1, encoding="utf-8")
