@@ -62,6 +62,22 @@ def _connections(h: RunHistory) -> dict[str, int]:
     return dict(n)
 
 
+def _in_doubt(h: RunHistory) -> dict[str, int]:
+    """Bytes per link that a sender handed to a connection shortly before it closed (`doubt` rows of
+    each incarnation's last `wan_counters`): counted as sent, though they may never have reached
+    the proxy. The classes may exceed Toxiproxy's count on that link by at most these bytes."""
+    out: dict[str, int] = defaultdict(int)
+    for proc in h.logs:
+        last_by_pid: dict[int, dict[str, Any]] = {}
+        for e in h.events(proc, "wan_counters"):
+            last_by_pid[e.get("pid", 0)] = e
+        for e in last_by_pid.values():
+            for row in e.get("counters", []):
+                if row.get("side") == "doubt":
+                    out[row["link"]] += int(row["bytes"])
+    return dict(out)
+
+
 def _retransmitted(h: RunHistory) -> dict[str, int]:
     """Wire bytes each link carried again after a reconnect or a stall (`retransmit` events).
 
@@ -241,7 +257,7 @@ def analyse_run(h: RunHistory) -> tuple[dict[str, Any], dict[str, Any]]:
                                                 else "unavailable")
     derived = {"work": work, "bytes": nbytes, "reconciliation": rec, "frontier": frontier,
                "duration_s": (t1 - t0) / 1e9, "connections": _connections(h), "faulted_links": _faulted_links(h),
-               "retransmitted": _retransmitted(h)}
+               "retransmitted": _retransmitted(h), "in_doubt": _in_doubt(h)}
     return section, derived
 
 
@@ -250,7 +266,7 @@ def build_artifact(run_dirs: list[Path], index: dict[str, Any] | None = None,
     t_start = time.perf_counter()
     hs = histories if histories is not None else [load_run(p) for p in run_dirs]
     sections, ctx = [], {k: {} for k in ("work", "bytes", "reconciliation", "frontier", "duration_s", "connections",
-                                         "faulted_links", "retransmitted")}
+                                         "faulted_links", "retransmitted", "in_doubt")}
     for h in hs:
         sec, derived = analyse_run(h)
         sections.append(sec)

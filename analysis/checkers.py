@@ -237,7 +237,8 @@ def check_byte_classes(runs: list[RunHistory], ctx: dict[str, Any]) -> CheckResu
             # the proxy: on links of faulted processes allow 1% of the link's bytes either way.
             slack = 0.01 * max(row["proxy"], row["counted"]) if link in ctx["faulted_links"][h.run_id] else 0
             # Copies handed to ZeroMQ for a peer that was gone, dropped unsent and counted again when resent.
-            resent = ctx["retransmitted"][h.run_id].get(link, 0)
+            # Plus bytes handed to a connection just before it closed (the sender's `doubt` counters).
+            resent = ctx["retransmitted"][h.run_id].get(link, 0) + ctx.get("in_doubt", {}).get(h.run_id, {}).get(link, 0)
             if not (-(slack + resent) <= row["overhead"] <= bound + slack):
                 viol.append(f"{lab} link {link}: Toxiproxy {row['proxy']:,} B vs counted {row['counted']:,} B "
                             f"(difference {row['overhead']:,} B outside [-{slack + resent:,.0f}, {bound + slack:,.0f}])")

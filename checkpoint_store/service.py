@@ -260,11 +260,10 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             svc.handle(msg)
     finally:
-        log.emit("wan_counters", counters=node.counters.snapshot(), rejected=node.rejected,
-                 duplicates=node.duplicates, retransmits=node.retransmits, final=True)
+        node.close()  # the last counters are read when nothing more can be sent
+        log.emit("wan_counters", **node.final_counters())
         log.emit("store_stopped", reason=stop_reason[0] if stop_reason else "exit")
         store.close()
-        node.close()
         log.close()
     return rc
 

@@ -359,14 +359,13 @@ class Coordinator:
                 self.log.emit("run_complete", commits=len(self.commits), useful_tokens=self.committed_cursor
                               * self.cfg.model.seq_len, tip=self.tip)
                 for s in sorted(self.m.sites):
-                    self.node.send(s, "shutdown", CONTROL, {"reason": "all sites done"})
+                    self.node.send(s, "shutdown", CONTROL, {"reason": "all sites done"}, epoch=self.m.epoch)
                 self.shutdown_sent = True
                 self.node.wait_acked(5.0)
                 break
-        self.log.emit("wan_counters", counters=self.node.counters.snapshot(), rejected=self.node.rejected,
-                      duplicates=self.node.duplicates, retransmits=self.node.retransmits, final=True)
+        self.node.close()  # the last counters are read when nothing more can be sent
+        self.log.emit("wan_counters", **self.node.final_counters())
         self.log.emit("coordinator_stopped", reason="shutdown" if self.shutdown_sent else "signal")
-        self.node.close()
         self.journal.close()
         return 0
 

@@ -546,10 +546,9 @@ def _exit(log: EventLog, node: WanNode, rc: int, reason: str, pool: WorkerPool |
     if pool is not None:
         pool.close(reason)
     node.wait_acked(3.0)
-    log.emit("wan_counters", counters=node.counters.snapshot(), rejected=node.rejected,
-             duplicates=node.duplicates, retransmits=node.retransmits, final=True)
+    node.close()  # the last counters are read when nothing more can be sent
+    log.emit("wan_counters", **node.final_counters())
     log.emit("site_stopped", reason=reason, rc=rc)
-    node.close()
     log.close()
     return rc
 

@@ -58,6 +58,12 @@ class _Pending:
     wire: int
     first_sent_ns: int
     last_sent_ns: int
+    handed: bool = False  # handed to ZeroMQ at least once (a later send is a resend)
+
+
+# A message handed to ZeroMQ this long before its connection was seen to close may have died in
+# the connection's buffers without reaching the proxy: its bytes are "in doubt" (ns).
+DOUBT_WINDOW_NS = 250_000_000
 
 
 class _SeqWindow:
@@ -120,6 +126,10 @@ class WanNode:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._wake_addr = f"inproc://wake-{id(self)}"
+        # Per DEALER route: (mono_ns, cls, wire bytes) of what was handed to ZeroMQ recently, so a
+        # disconnect can say which bytes may have died in the connection (`doubt` counters).
+        self._recent: dict[str, collections.deque[tuple[int, str, int]]] = collections.defaultdict(collections.deque)
+        self.dropped_while_down = 0  # unreliable messages not sent because their link was down
         self.rejected = 0
         self.crashed: str | None = None
         self.duplicates = 0
@@ -201,6 +211,11 @@ class WanNode:
         ready.wait(10)
         if errors:
             raise errors[0]
+
+    def final_counters(self) -> dict[str, Any]:
+        """The last counters of this incarnation (log them after `close()`, when nothing can be sent)."""
+        return {"counters": self.counters.snapshot(), "rejected": self.rejected, "duplicates": self.duplicates,
+                "retransmits": self.retransmits, "dropped_while_down": self.dropped_while_down, "final": True}
 
     def close(self, timeout_s: float = 2.0) -> None:
         self._stop.set()
@@ -353,7 +368,19 @@ class WanNode:
             return "tx", self.routes[dest].link, "up"
         return "tx", self.server_links.get(dest, f"{dest}_to_{self.name}"), "down"
 
+    def _route_up(self, dest: str) -> bool:
+        """A client route carries messages only between a handshake and the next disconnect.
+
+        Handing ZeroMQ a message for a route that is down would queue it in a pipe that may never
+        reach the proxy (the peer may be gone for good), yet it would be counted as sent. So such a
+        message is not handed over: a reliable one waits among the unacked and goes out when the
+        handshake succeeds; an unreliable one is dropped and tallied (`dropped_while_down`).
+        """
+        return dest not in self._dealers or (self._ever_up.get(dest, False) and not self._down.get(dest, False))
+
     def _raw_send(self, dest: str, frames: list[Any], cls: str) -> bool:
+        if not self._route_up(dest):
+            return False
         try:
             if dest in self._dealers:
                 self._dealers[dest].send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
@@ -371,7 +398,14 @@ class WanNode:
             self.log.emit("send_failed", dest=dest, reason="no route to this process")
             return True
         side, link, direction = self._link_of(dest)
-        self.counters.add(side, link, direction, cls, _wire(frames, self.wan.curve))
+        wire = _wire(frames, self.wan.curve)
+        self.counters.add(side, link, direction, cls, wire)
+        if dest in self._dealers:
+            now = time.monotonic_ns()
+            recent = self._recent[dest]
+            recent.append((now, cls, wire))
+            while recent and now - recent[0][0] > DOUBT_WINDOW_NS:
+                recent.popleft()
         return True
 
     def _flush_outbox(self) -> None:
@@ -386,7 +420,16 @@ class WanNode:
                     if not pend:
                         self._last_ack_ns[dest] = now  # the no-progress clock starts when something is outstanding
                     pend[seq] = _Pending(frames, cls, _wire(frames, self.wan.curve), now, now)
+            if dest in self._dealers and not self._route_up(dest):
+                if not reliable:
+                    self.dropped_while_down += 1
+                continue  # a reliable message waits in _unacked for the handshake
             sent = self._raw_send(dest, frames, cls)
+            if sent and reliable:
+                with self._lock:
+                    p = self._unacked[dest].get(seq)
+                    if p is not None:
+                        p.handed = True
             if not sent and not reliable:
                 self.log.emit("send_dropped", dest=dest, kind_cls=cls, reason="peer unreachable or queue full")
             if not sent and dest in self._dealers:
@@ -401,15 +444,24 @@ class WanNode:
         if not pend:
             return
         now = time.monotonic_ns()
-        nbytes = 0
+        nbytes = resent = first = 0
         for _seq, p in pend:
+            was_handed = p.handed
             if self._raw_send(dest, p.frames, p.cls):
                 p.last_sent_ns = now
-                nbytes += p.wire
+                p.handed = True
+                if was_handed:
+                    nbytes += p.wire
+                    resent += 1
+                else:
+                    first += 1  # parked while the route was down: its first send, not a resend
         with self._lock:
             self._last_ack_ns[dest] = now
-        self.retransmits += len(pend)
-        self.log.emit("retransmit", dest=dest, messages=len(pend), wire_bytes=nbytes, reason=why)
+        self.retransmits += resent
+        if resent:
+            self.log.emit("retransmit", dest=dest, messages=resent, wire_bytes=nbytes, reason=why)
+        if first:
+            self.log.emit("parked_sent", dest=dest, messages=first, reason=why)
 
     def _check_retransmit(self) -> None:
         now = time.monotonic_ns()
@@ -498,16 +550,32 @@ class WanNode:
                 continue
             if name == "disconnected":
                 self._down[peer] = True
-                self.log.emit("link_down", peer=peer, link=self.routes[peer].link)
+                doubt = self._mark_in_doubt(peer, time.monotonic_ns())
+                self.log.emit("link_down", peer=peer, link=self.routes[peer].link, in_doubt_bytes=doubt)
             elif name == "handshake_succeeded":
                 was_down = self._down.get(peer, False)
+                reconnect = was_down or self._ever_up.get(peer, False)
                 self._down[peer] = False
-                if was_down or self._ever_up.get(peer):
-                    self.log.emit("link_up", peer=peer, link=self.routes[peer].link, reconnect=True)
-                    self._resend_all(peer, "reconnected")
                 self._ever_up[peer] = True
+                if reconnect:
+                    self.log.emit("link_up", peer=peer, link=self.routes[peer].link, reconnect=True)
+                self._resend_all(peer, "reconnected" if reconnect else "connected")
             elif name.startswith("handshake_failed"):
                 self.log.emit("handshake_failed", peer=peer, link=self.routes[peer].link, zmq_event=name, code=ev["value"])
+
+
+    def _mark_in_doubt(self, peer: str, now_ns: int) -> int:
+        """Bytes handed to the route within DOUBT_WINDOW_NS before it closed: counted as sent, but
+        they may have died in the connection's buffers. Recorded as side `doubt` (no class owns
+        them; the reconciliation allows at most these bytes of excess on the link)."""
+        recent = self._recent.pop(peer, None) or collections.deque()
+        link = self.routes[peer].link
+        total = 0
+        for t, cls, wire in recent:
+            if now_ns - t <= DOUBT_WINDOW_NS:
+                self.counters.add("doubt", link, "up", cls, wire)
+                total += wire
+        return total
 
 
 def _wire(frames: list[Any], curve: bool) -> int:
