@@ -256,7 +256,7 @@ def main() -> int:
              "full_s": full_s, "full_over_parse": full_s / parse_s, "artifact_over_parse": artifact_s / parse_s,
              "events_per_s": n / full_s, "report_mb": report_mb,
              "analysis_s_in_artifact": art_full["generated"].get("analysis_s"), "checks": checks},
-        env=env_info("n/a"),
+        env=env_info("n/a"), reference="fixed_goal", measures=["analysis/", "bench/analysis_speed.py"],
         notes="ratio = wall time of `xdc analyze RUN` (a fresh process: imports, load, ledgers, checkers, artifact, "
               "report) on a synthetic ~1M-event run / 60 s; parse_s (read + JSON-parse every line, in this process) "
               "is the floor, measured in the same run")

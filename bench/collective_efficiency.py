@@ -27,6 +27,9 @@ B_KBPS = 2000  # per-site egress, KB/s (KB = 1000 B)
 LATENCY_MS = 20  # one-way, both directions, no jitter
 REPS = 5
 GOAL = 1.25
+# Two-sided: under GOAL_LOW the all-reduce beat the bandwidth bound, which is impossible with the
+# links shaped as configured: shaping (or the payload) is not what the benchmark claims.
+GOAL_LOW = 0.95
 
 
 def run() -> dict:
@@ -112,7 +115,9 @@ def run() -> dict:
         f"Results checked bitwise against reduce_in_order. Reference: bandwidth lower bound 2(n-1)/n * P / B = "
         f"{bound_s:.3f} s; raw also has the bound plus 2 x latency (one per phase) = {bound_lat_s:.3f} s. "
         f"One warm-up round, then {REPS} rounds; ratio = median measured / bound.")
-    return write_result(NAME, ratio=ratio, goal=f"<= {GOAL:.2f}", passed=ratio <= GOAL, raw=raw,
+    return write_result(NAME, ratio=ratio, goal=f"{GOAL_LOW:.2f} <= r <= {GOAL:.2f}",
+                        passed=GOAL_LOW <= ratio <= GOAL, raw=raw, reference="analytic_bound",
+                        measures=["wan/", "site_agent/collective.py", "bench/collective_efficiency.py", "bench/common.py"],
                         env=env_info(version), notes=notes)
 
 

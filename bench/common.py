@@ -206,11 +206,24 @@ def env_info(toxiproxy_version: str) -> dict[str, Any]:
     }
 
 
+# What a ratio's denominator is. Only `side_by_side` compares two things measured in the same run;
+# the others compare one measurement with a number computed from the configuration or fixed.
+REFERENCES = {
+    "side_by_side": "two arms measured interleaved in the same run",
+    "analytic_bound": "a measurement over an ideal computed from the configured link (latency, bandwidth)",
+    "fixed_goal": "a measurement over a fixed goal (seconds or a threshold from the config)",
+}
+
+
 def write_result(name: str, *, ratio: float, goal: str, passed: bool, raw: dict[str, Any], env: dict[str, Any],
-                 notes: str) -> dict[str, Any]:
+                 notes: str, reference: str, measures: Sequence[str]) -> dict[str, Any]:
+    """Write bench/results/<name>.json. `reference` is a key of REFERENCES; `measures` lists the
+    repository paths whose code the number depends on (a later commit touching one makes it stale)."""
+    if reference not in REFERENCES:
+        raise ValueError(f"reference {reference!r} is not one of {sorted(REFERENCES)}")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = {"name": name, "ratio": float(ratio), "goal": goal, "passed": bool(passed), "raw": raw, "env": env,
-           "notes": notes}
+    out = {"name": name, "ratio": float(ratio), "goal": goal, "passed": bool(passed), "reference": reference,
+           "measures": list(measures), "raw": raw, "env": env, "notes": notes}
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(out, indent=2, sort_keys=False, default=_default) + "\n")
     print(f"[{name}] ratio={ratio:.4f} goal {goal} -> {'PASS' if passed else 'FAIL'}  ({path})", flush=True)

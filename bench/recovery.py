@@ -3,10 +3,14 @@
 Two figures from each of `--repeats` runs (site b SIGKILLed after round 3 commits, restarted
 2 s later; real processes, real Toxiproxy):
   * kill -> survivors' next commit: from the chaos driver's `fault_injected` to the first
-    commit whose members exclude b. Goal: at most heartbeat timeout + 1 s.
+    commit whose members exclude b. Goal: p90 <= 1.0 s (issue 9: ahead of torchft 0.2.0 on this
+    machine, whose failover equals its lighthouse heartbeat timeout, 1.04 s at 1 s).
   * restarted process -> its first committed round: from the launcher's `process_started` of
-    the new b to the first commit that includes b again. Goal: under 10 s on CPU.
-Both are written as ratios over their goal (`recovery_failover`, `recovery_rejoin`).
+    the new b to the first commit that includes b again. Goal: p90 <= 2.0 s on CPU (torchft: a
+    restarted replica commits 1.9-2.5 s after launch).
+Both are written as p90 over goal (`recovery_failover`, `recovery_rejoin`), with the median and every
+sample in `raw`; at least 10 runs. These goals are not met today: the detection setting (heartbeat
+timeout 2 s here) and the cold start (python + torch import) dominate; the numbers say by how much.
 """
 
 from __future__ import annotations
@@ -17,13 +21,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import env_info, median, write_result
+from bench.common import env_info, median, percentile, write_result
 from chaos.scenario import Scenario
 from xdc.config import load_config, merge
 from xdc.launcher import launch
 
 ROUND = 12_288
 HEARTBEAT_TIMEOUT_MS = 2000
+MIN_REPEATS = 10
+FAILOVER_GOAL_S = 1.0
+REJOIN_GOAL_S = 2.0
 CFG: dict[str, Any] = {
     "train": {"mode": "local", "per_site_batch": 8, "inner_steps_h": 4, "target_useful_tokens": 14 * ROUND,
               "eval_every_rounds": 7, "checkpoint_every_rounds": 4, "threads_per_site": 1, "device": "cpu"},
@@ -52,7 +59,9 @@ def measure(run_dir: Path) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    repeats = int((argv or sys.argv[1:] or ["3"])[0])
+    repeats = int((argv or sys.argv[1:] or [str(MIN_REPEATS)])[0])
+    if repeats < MIN_REPEATS:
+        print(f"note: {repeats} runs is below the {MIN_REPEATS} a p90 needs; the result says so", flush=True)
     samples: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="xdc-bench-recovery-") as tmp:
         for i in range(repeats):
@@ -63,21 +72,28 @@ def main(argv: list[str] | None = None) -> int:
             samples.append(m)
             print(f"run {i}: {m}", flush=True)
     env = env_info("v2.12.0")
-    fo = median([m["kill_to_survivor_commit_s"] for m in samples])
-    goal_fo = HEARTBEAT_TIMEOUT_MS / 1000 + 1.0
-    write_result("recovery_failover", ratio=fo / goal_fo, goal="<= 1.0", passed=fo <= goal_fo,
-                 raw={"samples": samples, "median_s": fo, "goal_s": goal_fo}, env=env,
-                 notes=f"elastic; kill (SIGKILL of site b) to the survivors' next commit, median of {repeats} runs, "
-                       f"over heartbeat timeout ({HEARTBEAT_TIMEOUT_MS} ms) + 1 s. The survivors' round in flight "
-                       "waits for b's collective parts until b is declared failed, then the round is redone.")
-    rj = median([m["restart_to_first_commit_s"] for m in samples])
-    write_result("recovery_rejoin", ratio=rj / 10.0, goal="< 1.0", passed=rj < 10.0,
-                 raw={"samples": samples, "median_s": rj, "goal_s": 10.0}, env=env,
-                 notes="elastic; the launcher's restart of site b to the first commit that includes b (process "
-                       "start-up: python + torch import + FLOP count, join, state transfer from a donor, "
-                       "one round), median of the runs, over 10 s.")
-    return 0 if fo <= goal_fo and rj < 10.0 else 1
-
+    measures = ["coordinator/", "site_agent/", "wan/", "chaos/", "xdc/launcher.py", "bench/recovery.py"]
+    fo = [m["kill_to_survivor_commit_s"] for m in samples]
+    rj = [m["restart_to_first_commit_s"] for m in samples]
+    fo_p90, rj_p90 = percentile(fo, 90), percentile(rj, 90)
+    enough = len(samples) >= MIN_REPEATS
+    write_result("recovery_failover", ratio=fo_p90 / FAILOVER_GOAL_S, goal="p90 / 1.0 s <= 1.0",
+                 passed=enough and fo_p90 <= FAILOVER_GOAL_S, reference="fixed_goal", measures=measures,
+                 raw={"samples": samples, "runs": len(samples), "median_s": median(fo), "p90_s": fo_p90,
+                      "goal_s": FAILOVER_GOAL_S, "heartbeat_timeout_ms": HEARTBEAT_TIMEOUT_MS}, env=env,
+                 notes=f"elastic; kill (SIGKILL of site b) to the survivors' next commit over {len(samples)} runs: "
+                       f"median {median(fo):.2f} s, p90 {fo_p90:.2f} s, over a goal of {FAILOVER_GOAL_S} s. The "
+                       f"survivors' round in flight waits for b's parts until b is declared failed (heartbeat "
+                       f"timeout {HEARTBEAT_TIMEOUT_MS} ms), then the round is redone.")
+    write_result("recovery_rejoin", ratio=rj_p90 / REJOIN_GOAL_S, goal="p90 / 2.0 s <= 1.0",
+                 passed=enough and rj_p90 <= REJOIN_GOAL_S, reference="fixed_goal", measures=measures,
+                 raw={"samples": samples, "runs": len(samples), "median_s": median(rj), "p90_s": rj_p90,
+                      "goal_s": REJOIN_GOAL_S}, env=env,
+                 notes=f"elastic; the launcher's restart of site b to the first commit that includes b (process "
+                       f"start-up: python + torch import + FLOP count, join, state transfer from a donor, one "
+                       f"round) over {len(samples)} runs: median {median(rj):.2f} s, p90 {rj_p90:.2f} s, over "
+                       f"a goal of {REJOIN_GOAL_S} s.")
+    return 0 if enough and fo_p90 <= FAILOVER_GOAL_S and rj_p90 <= REJOIN_GOAL_S else 1
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,10 +2,13 @@
 
     python -m bench.run_all                      # all of them (`make bench`)
     python -m bench.run_all wan_fidelity ...     # only these
+    python -m bench.run_all --table              # no run: rebuild the table (and README's) from the files
 
 Each benchmark runs in its own Python process (so torch thread settings, sockets and Toxiproxy of
-one cannot leak into the next) and writes bench/results/<name>.json. The table is printed and
-written to bench/results/README-table.md. Exit status: 0 if every benchmark ran and met its goal,
+one cannot leak into the next) and writes bench/results/<name>.json. The table is built from the result
+files (never typed by hand), printed, written to bench/results/README-table.md and between the
+markers of README.md's performance section. A result is marked stale when a commit after the one
+it was measured at touched the code it measures (its `measures` paths), or it records neither. Exit status: 0 if every benchmark ran and met its goal,
 1 if one missed its goal, 2 if one could not run (no result written).
 """
 
@@ -26,14 +29,68 @@ BENCHMARKS = ["wan_fidelity", "collective_efficiency", "emulator_overhead", "hea
 RESULT_NAMES = {"recovery": ["recovery_failover", "recovery_rejoin"]}
 
 
+README = ROOT / "README.md"
+TABLE_START, TABLE_END = "<!-- bench-table:start -->", "<!-- bench-table:end -->"
+
+
+def _git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30)
+
+
+def staleness(result: dict) -> str | None:
+    """Why this result no longer describes the code at HEAD, or None if it still does."""
+    commit = (result.get("env") or {}).get("git_commit")
+    measures = result.get("measures")
+    if not commit:
+        return "no commit recorded"
+    if not measures:
+        return "the code it measures is not recorded (an older result format)"
+    if _git("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+        return f"commit {commit[:10]} is not in this repository"
+    changed = _git("log", "--format=%h", f"{commit}..HEAD", "--", *measures).stdout.split()
+    if changed:
+        return f"{len(changed)} later commit(s) touch {', '.join(measures)}"
+    return None
+
+
 def _row(name: str, result: dict | None, error: str | None) -> str:
     if result is None:
-        return f"| {name} | ERROR | - | no result ({error}) |"
-    return f"| {name} | {result['ratio']:.4f} | {result['goal']} | {'yes' if result['passed'] else 'NO'} |"
+        return f"| {name} | ERROR | - | - | - | no result ({error}) |"
+    stale = staleness(result)
+    commit = ((result.get("env") or {}).get("git_commit") or "?")[:10]
+    state = f"**stale**: {stale}" if stale else "current"
+    return (f"| {name} | {result['ratio']:.4f} | {result['goal']} | {'yes' if result['passed'] else 'NO'} | "
+            f"{result.get('reference', 'unrecorded')} | {commit} ({state}) |")
+
+
+def table(names: list[str]) -> str:
+    rows = []
+    for name in names:
+        for rname in RESULT_NAMES.get(name, [name]):
+            path = RESULTS / f"{rname}.json"
+            result = json.loads(path.read_text()) if path.exists() else None
+            rows.append(_row(rname, result, None if result else "never run"))
+    head = ["| benchmark | ratio | goal | passed | reference | measured at |", "|---|---|---|---|---|---|"]
+    return "\n".join([*head, *rows]) + "\n"
+
+
+def write_table(text: str) -> None:
+    (RESULTS / "README-table.md").write_text(text)
+    readme = README.read_text()
+    if TABLE_START in readme and TABLE_END in readme:
+        pre, rest = readme.split(TABLE_START, 1)
+        _old, post = rest.split(TABLE_END, 1)
+        README.write_text(f"{pre}{TABLE_START}\n{text}{TABLE_END}{post}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    names = list(argv if argv is not None else sys.argv[1:]) or BENCHMARKS
+    args = list(argv if argv is not None else sys.argv[1:])
+    if args == ["--table"]:
+        text = table(BENCHMARKS)
+        print(text, end="")
+        write_table(text)
+        return 0
+    names = args or BENCHMARKS
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
         print(f"unknown benchmark(s) {unknown}; known: {BENCHMARKS}", file=sys.stderr)
@@ -60,10 +117,10 @@ def main(argv: list[str] | None = None) -> int:
             elif not result["passed"]:
                 status = max(status, 1)
             rows.append(_row(rname, result, error))
-    table = "\n".join(["| benchmark | ratio | goal | passed |", "|---|---|---|---|", *rows]) + "\n"
+    text = table(BENCHMARKS)  # every benchmark's latest file, each with its commit and staleness
     print()
-    print(table, end="")
-    (RESULTS / "README-table.md").write_text(table)
+    print(text, end="")
+    write_table(text)
     return status
 
 

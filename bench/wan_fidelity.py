@@ -29,6 +29,10 @@ SIZES = [64 * 1024, 256 * 1024, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB]
 REPS = {64 * MiB: 2}  # the 64 MiB case takes ~17 s per repetition; every other size is repeated 3 times
 DEFAULT_REPS = 3
 GOAL = 1.10
+# Two-sided: a ratio under GOAL_LOW means the payload crossed faster than the configured bandwidth
+# allows, i.e. shaping was silently off (Toxiproxy's bandwidth toxic never lets a transfer beat L + S/B
+# by more than timer granularity; 5 % covers that).
+GOAL_LOW = 0.95
 
 
 def run() -> dict:
@@ -109,7 +113,8 @@ def run() -> dict:
             "samples": ss,
         }
     gated = [per_size[str(s)]["median_ratio"] for s in SIZES if s >= MiB]
-    ratio = max(gated)
+    # The worst side: the size farthest from 1.0 (too slow, or impossibly fast = no shaping).
+    ratio = max(gated, key=lambda r: abs(r - 1.0))
     raw = {"latency_ms": LATENCY_MS, "bandwidth_kbps": BANDWIDTH_KBPS, "per_size": per_size,
            "toxics_a_to_b": toxics, "node_stats": stats, "wall_s": time.monotonic() - t_start}
     notes = (
@@ -120,10 +125,12 @@ def run() -> dict:
         f"just before the first send() to a receiver thread taking the last byte off b's inbox. Reference: "
         f"ideal = L + S/B with S = payload bytes (wire bytes incl. msgpack header and CURVE/ZMTP framing are "
         f"~0.02% more; see median_ratio_vs_wire_bytes). Each size repeated {DEFAULT_REPS}x (64 MiB: "
-        f"{REPS[64 * MiB]}x), sizes interleaved; per-size median. ratio = worst per-size median over S >= 1 MiB. "
+        f"{REPS[64 * MiB]}x), sizes interleaved; per-size median. ratio = the per-size median over S >= 1 MiB farthest from 1.0 (goal two-sided: under 0.95 = shaping off). "
         f"Small sizes (64/256 KiB) are reported but not gated: there fixed costs (CURVE, Python wake-ups, "
         f"Toxiproxy's per-chunk latency timer) are a visible share of a ~36-85 ms ideal.")
-    return write_result(NAME, ratio=ratio, goal=f"<= {GOAL:.2f}", passed=ratio <= GOAL, raw=raw,
+    return write_result(NAME, ratio=ratio, goal=f"{GOAL_LOW:.2f} <= r <= {GOAL:.2f}",
+                        passed=GOAL_LOW <= ratio <= GOAL, raw=raw, reference="analytic_bound",
+                        measures=["wan/", "bench/wan_fidelity.py", "bench/common.py"],
                         env=env_info(version), notes=notes)
 
 
