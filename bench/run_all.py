@@ -24,6 +24,7 @@ from pathlib import Path
 from bench.common import RESULTS, ROOT
 
 BENCHMARKS = ["wan_fidelity", "collective_efficiency", "emulator_overhead", "heartbeat_under_load", "recovery",
+              "storm_goodput",
               "analysis_speed"]
 # A benchmark module that writes more than one result file.
 RESULT_NAMES = {"recovery": ["recovery_failover", "recovery_rejoin"]}
