@@ -11,12 +11,23 @@ reinterpreted only as the dtypes in `ALLOWED_DTYPES`.
 `decode` validates everything it can see without knowing the cluster (sizes, types,
 buffer descriptions); `check_fence` then applies the cluster's membership (run id, epoch,
 member). Both return precise reasons so a rejected frame is logged with why.
+
+Decoding is bounded in time and memory before any field is trusted, whatever the bytes:
+the header is at most `max_header_bytes` and msgpack's own limits stop a length prefix from
+allocating more than the header holds; the decoded header is then walked once, iteratively,
+and refused if it nests deeper than `MAX_DEPTH` or holds anything but maps with string
+keys, lists, strings, 64-bit integers, floats, booleans and nil. Names are at most
+`MAX_NAME_CHARS`, integers of the envelope lie in 64-bit ranges, a message describes at most
+`MAX_BUFFERS` buffers of at most `MAX_DIMS` dimensions, each dimension at most the message
+limit, so the size a description implies is a small exact integer compared with the
+buffer's real length. `decode` raises only `FrameError`, and every detail it formats goes
+through `safe_repr`, which is bounded and never raises.
 """
 
 from __future__ import annotations
 
 import enum
-import math
+import reprlib
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -24,6 +35,13 @@ import msgpack
 import numpy as np
 
 PROTOCOL_VERSION = 1
+
+MAX_DEPTH = 16  # maps/lists nested in a header, the body included
+MAX_BUFFERS = 64  # buffer frames one message may carry
+MAX_DIMS = 16  # dimensions of one buffer's shape
+MAX_NAME_CHARS = 128  # run id, source, kind
+MAX_DETAIL_CHARS = 400  # a rejection's detail, as logged
+_I64 = 1 << 63
 
 
 class TrafficClass(str, enum.Enum):
@@ -53,6 +71,7 @@ class FrameError(ValueError):
     """A frame that cannot be accepted; `reason` is a short machine-readable code."""
 
     def __init__(self, reason: str, detail: str) -> None:
+        detail = detail if len(detail) <= MAX_DETAIL_CHARS else detail[:MAX_DETAIL_CHARS] + "..."
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
@@ -74,6 +93,11 @@ class Message:
     bufs: list[memoryview] = field(default_factory=list)
     buf_meta: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
     wire_bytes: int = 0  # sum of frame payload sizes as received
+
+    def __repr__(self) -> str:
+        return (f"Message(kind={safe_repr(self.kind)}, cls={safe_repr(self.cls)}, src={safe_repr(self.src)}, "
+                f"epoch={safe_repr(self.epoch)}, step={safe_repr(self.step)}, seq={safe_repr(self.seq)}, "
+                f"body={safe_repr(self.body)}, bufs={safe_repr(self.buf_meta)})")
 
     def array(self, i: int) -> np.ndarray:
         """Buffer i as a read-only numpy array of its declared dtype and shape (no copy)."""
@@ -128,6 +152,67 @@ def _dtype_name(dt: np.dtype) -> str:
     raise ValueError(f"dtype {dt} cannot be sent")
 
 
+def decode(frames: Sequence[Any], *, max_frame_bytes: int, max_header_bytes: int) -> Message:
+    """Parse and validate one multipart message; raise FrameError (and nothing else) with a precise reason."""
+    if not frames:
+        raise FrameError("empty", "message has no frames")
+    if len(frames) > MAX_BUFFERS + 1:
+        raise FrameError("buffer_count", f"message has {len(frames) - 1} buffer frames, limit {MAX_BUFFERS}")
+    views = [_buffer(f) for f in frames]
+    sizes = [v.nbytes for v in views]
+    total = sum(sizes)
+    if sizes[0] > max_header_bytes:
+        raise FrameError("header_too_large", f"header is {sizes[0]} bytes, limit {max_header_bytes}")
+    if total > max_frame_bytes:
+        raise FrameError("too_large", f"message is {total} bytes, limit {max_frame_bytes}")
+    header = _unpack_header(views[0])
+    _check_envelope(header)
+    meta = header["bufs"]
+    if len(meta) != len(frames) - 1:
+        raise FrameError("buffer_count", f"header describes {len(meta)} buffers, message has {len(frames) - 1}")
+    buf_meta = [_buffer_meta(i, m, sizes[i + 1], max_frame_bytes) for i, m in enumerate(meta)]
+    return Message(
+        kind=header["kind"], cls=header["cls"], run=header["run"], epoch=header["epoch"], step=header["step"],
+        src=header["src"], inc=header["inc"], seq=header["seq"], body=header["body"],
+        bufs=views[1:], buf_meta=buf_meta, wire_bytes=total,
+    )
+
+
+def _unpack_header(view: memoryview) -> dict[str, Any]:
+    """msgpack -> a map of plain values, bounded: no bin, no ext, depth <= MAX_DEPTH."""
+    try:
+        header = msgpack.unpackb(view, raw=False, strict_map_key=True, max_bin_len=0, max_ext_len=0,
+                                 ext_hook=_no_ext, timestamp=0)
+    except Exception as e:  # msgpack raises several unrelated types for bad input
+        raise FrameError("malformed_header", f"header is not valid msgpack ({type(e).__name__}: {safe_repr(e)})") from None
+    if not isinstance(header, dict):
+        raise FrameError("malformed_header", f"header is a {type(header).__name__}, expected a map")
+    _check_tree(header)
+    return header
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _check_tree(root: Any) -> None:
+    """Walk the decoded header without recursion; refuse deep nesting and foreign types."""
+    stack: list[tuple[Any, int]] = [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            if depth > MAX_DEPTH:
+                raise FrameError("malformed_header", f"header nests deeper than {MAX_DEPTH} levels")
+            if isinstance(node, dict):
+                for k, v in node.items():
+                    if not isinstance(k, str):
+                        raise FrameError("malformed_header", f"header has a map key of type {type(k).__name__}")
+                    stack.append((v, depth + 1))
+            else:
+                stack.extend((v, depth + 1) for v in node)
+        elif not isinstance(node, _SCALARS):
+            raise FrameError("malformed_header", f"header holds a value of type {type(node).__name__}")
+
+
 _REQUIRED: dict[str, type | tuple[type, ...]] = {
     "v": int,
     "run": str,
@@ -141,52 +226,70 @@ _REQUIRED: dict[str, type | tuple[type, ...]] = {
     "body": dict,
     "bufs": list,
 }
+# Inclusive lower, exclusive upper bound of each integer field.
+_INT_RANGE: dict[str, tuple[int, int]] = {
+    "epoch": (0, _I64), "step": (-_I64, _I64), "inc": (0, _I64), "seq": (0, _I64),
+}
 
 
-def decode(frames: Sequence[Any], *, max_frame_bytes: int, max_header_bytes: int) -> Message:
-    """Parse and validate one multipart message; raise FrameError with a precise reason."""
-    if not frames:
-        raise FrameError("empty", "message has no frames")
-    sizes = [len(_buffer(f)) for f in frames]
-    total = sum(sizes)
-    if sizes[0] > max_header_bytes:
-        raise FrameError("header_too_large", f"header is {sizes[0]} bytes, limit {max_header_bytes}")
-    if total > max_frame_bytes:
-        raise FrameError("too_large", f"message is {total} bytes, limit {max_frame_bytes}")
-    try:
-        header = msgpack.unpackb(_buffer(frames[0]), raw=False, strict_map_key=True, max_bin_len=0,
-                                 max_ext_len=0, ext_hook=_no_ext)
-    except Exception as e:  # msgpack raises several unrelated types for bad input
-        raise FrameError("malformed_header", f"header is not valid msgpack ({type(e).__name__}: {e})") from None
-    if not isinstance(header, dict):
-        raise FrameError("malformed_header", f"header is a {type(header).__name__}, expected a map")
+def _check_envelope(header: dict[str, Any]) -> None:
     for key, tp in _REQUIRED.items():
         if key not in header:
             raise FrameError("malformed_header", f"header lacks field {key!r}")
-        if not isinstance(header[key], tp) or (tp is int and isinstance(header[key], bool)):
-            raise FrameError("malformed_header", f"header field {key!r} has type {type(header[key]).__name__}")
+        value = header[key]
+        if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+            raise FrameError("malformed_header", f"header field {key!r} has type {type(value).__name__}")
+        if tp is str and len(value) > MAX_NAME_CHARS:
+            raise FrameError("malformed_header", f"header field {key!r} is {len(value)} characters, "
+                                                 f"limit {MAX_NAME_CHARS}")
+        lo_hi = _INT_RANGE.get(key)
+        if lo_hi is not None and not lo_hi[0] <= value < lo_hi[1]:
+            raise FrameError("malformed_header", f"header field {key!r} = {value} is outside [{lo_hi[0]}, {lo_hi[1]})")
     if header["v"] != PROTOCOL_VERSION:
-        raise FrameError("bad_version", f"protocol version {header['v']}, expected {PROTOCOL_VERSION}")
+        raise FrameError("bad_version", f"protocol version {safe_repr(header['v'])}, expected {PROTOCOL_VERSION}")
     if header["cls"] not in TRAFFIC_CLASSES:
-        raise FrameError("bad_class", f"unknown traffic class {header['cls']!r}")
-    meta = header["bufs"]
-    if len(meta) != len(frames) - 1:
-        raise FrameError("buffer_count", f"header describes {len(meta)} buffers, message has {len(frames) - 1}")
-    buf_meta: list[tuple[str, tuple[int, ...]]] = []
-    for i, m in enumerate(meta):
-        if (not isinstance(m, list) or len(m) != 2 or not isinstance(m[0], str) or m[0] not in ALLOWED_DTYPES
-                or not isinstance(m[1], list)
-                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in m[1])):
-            raise FrameError("bad_buffer_meta", f"buffer {i} description {m!r} is not [dtype, shape]")
-        n = ALLOWED_DTYPES[m[0]].itemsize * math.prod(m[1])  # exact integers: no int64 wrap-around
-        if n != sizes[i + 1]:
-            raise FrameError("buffer_size", f"buffer {i} is {sizes[i + 1]} bytes, its description says {n}")
-        buf_meta.append((m[0], tuple(m[1])))
-    return Message(
-        kind=header["kind"], cls=header["cls"], run=header["run"], epoch=header["epoch"], step=header["step"],
-        src=header["src"], inc=header["inc"], seq=header["seq"], body=header["body"],
-        bufs=[_buffer(f) for f in frames[1:]], buf_meta=buf_meta, wire_bytes=total,
-    )
+        raise FrameError("bad_class", f"unknown traffic class {safe_repr(header['cls'])}")
+    if len(header["bufs"]) > MAX_BUFFERS:
+        raise FrameError("buffer_count", f"header describes {len(header['bufs'])} buffers, limit {MAX_BUFFERS}")
+
+
+def _buffer_meta(i: int, m: Any, size: int, max_bytes: int) -> tuple[str, tuple[int, ...]]:
+    """Validate one [dtype, shape] against the buffer's real length `size`."""
+    if (not isinstance(m, list) or len(m) != 2 or not isinstance(m[0], str) or m[0] not in ALLOWED_DTYPES
+            or not isinstance(m[1], list)):
+        raise FrameError("bad_buffer_meta", f"buffer {i} description {safe_repr(m)} is not [dtype, shape]")
+    shape = m[1]
+    if len(shape) > MAX_DIMS:
+        raise FrameError("bad_buffer_meta", f"buffer {i} description has {len(shape)} dimensions, limit {MAX_DIMS}")
+    for d in shape:
+        if not isinstance(d, int) or isinstance(d, bool) or not 0 <= d <= max_bytes:
+            raise FrameError("bad_buffer_meta", f"buffer {i} description {safe_repr(m)} is not [dtype, shape] "
+                                                f"(each dimension an integer in [0, {max_bytes}])")
+    n = ALLOWED_DTYPES[m[0]].itemsize
+    for d in shape:  # at most MAX_DIMS factors of at most max_bytes: a small exact integer
+        n *= d
+    if n != size:
+        raise FrameError("buffer_size", f"buffer {i} is {size} bytes, its description says {n}")
+    return m[0], tuple(shape)
+
+
+def safe_repr(value: Any, limit: int = 200) -> str:
+    """A bounded repr of a hostile value: never raises, never recurses deeply, never formats huge numbers."""
+    try:
+        text = _REPR.repr(value)
+    except Exception:  # e.g. an int over the digit limit, or a repr that raises
+        return f"<unprintable {type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _make_repr() -> reprlib.Repr:
+    r = reprlib.Repr()
+    r.maxlevel, r.maxstring, r.maxlong, r.maxother = 3, 80, 40, 80
+    r.maxdict = r.maxlist = r.maxtuple = r.maxset = 8
+    return r
+
+
+_REPR = _make_repr()
 
 
 def _no_ext(code: int, data: bytes) -> Any:
@@ -194,9 +297,12 @@ def _no_ext(code: int, data: bytes) -> Any:
 
 
 def _buffer(frame: Any) -> memoryview:
-    if isinstance(frame, (bytes, bytearray, memoryview)):
-        return memoryview(frame)
-    return frame.buffer  # zmq.Frame
+    """A frame's bytes as a memoryview (bytes-like objects and zmq.Frame)."""
+    try:
+        view = memoryview(frame.buffer if hasattr(frame, "buffer") else frame)  # zmq.Frame has .buffer
+        return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+    except (TypeError, ValueError):
+        raise FrameError("bad_frame", f"a frame of type {type(frame).__name__} is not contiguous bytes") from None
 
 
 @dataclass(frozen=True)
