@@ -19,6 +19,7 @@ from typing import Any
 
 from analysis.checkers import run_checkers
 from analysis.load import RunHistory, load_run
+from analysis.proofs import fault_schedule, prove_frontier
 from analysis.summary import byte_ledger, checkpoint_tree, lineage, reconcile, site_time, work_ledger
 from analysis.timeline import (PHASES, SITE_FAULTS, extract_marks, extract_phases, frontier_progress, run_end_ns,
                                run_t0_ns)
@@ -27,6 +28,10 @@ SCHEMA_VERSION = 1
 SCHEMA_ID = "xdc-artifact/1"
 SCHEMA_PATH = Path(__file__).with_name("artifact.schema.json")
 EVIDENCE = ("measured", "modeled", "prior", "unavailable")
+# FLOPs are not read from a counter per step: they are a measured rate times a count, so "modeled".
+FLOPS_DERIVED = ("flops_per_token (measured once per site process by torch.utils.flop_counter.FlopCounterMode on "
+                 "one forward + backward of one batch; matmuls and attention only) x tokens counted from the sites' "
+                 "work_attempted events; assumes every step costs what the probe step did")
 
 
 PHASE_COLUMNS = ("site", "phase", "start_ns", "end_ns", "event_id")
@@ -194,6 +199,9 @@ def analyse_run(h: RunHistory) -> tuple[dict[str, Any], dict[str, Any]]:
     phases = extract_phases(h)
     marks = extract_marks(h, work["first_replays"])
     frontier = _frontier(h, work["useful_tokens"])
+    proof = prove_frontier(h)
+    frontier["proof"] = proof.to_dict()
+    faults = fault_schedule(h)
     tree = checkpoint_tree(h.logs, frontier["manifest_hash"])
     st = site_time({s: [e for k in ("membership", "target_reached", "site_stopped", "compute", "collective", "restore",
                                     "checkpoint_write", "eval") for e in h.events(s, k)] for s in sites}, sites)
@@ -218,9 +226,9 @@ def analyse_run(h: RunHistory) -> tuple[dict[str, Any], dict[str, Any]]:
             "retained_tokens": q(int(total.get("retained_tokens", 0)), "tokens"),
             "lost_tokens": q(int(total.get("lost_tokens", 0)), "tokens"),
             "replayed_tokens": q(int(total.get("replayed_tokens", 0)), "tokens"),
-            "attempted_flops": q(float(total.get("attempted_flops", 0)), "FLOP"),
-            "retained_flops": q(float(total.get("retained_flops", 0)), "FLOP"),
-            "lost_flops": q(float(total.get("lost_flops", 0)), "FLOP"),
+            "attempted_flops": q(float(total.get("attempted_flops", 0)), "FLOP", "modeled", derived=FLOPS_DERIVED),
+            "retained_flops": q(float(total.get("retained_flops", 0)), "FLOP", "modeled", derived=FLOPS_DERIVED),
+            "lost_flops": q(float(total.get("lost_flops", 0)), "FLOP", "modeled", derived=FLOPS_DERIVED),
             "final_heldout_nll": None,  # filled below
             "active_time": q(active_ns / 1e9 if active_ns is not None else None, "s",
                              "measured" if active_ns is not None else "unavailable",
@@ -229,7 +237,8 @@ def analyse_run(h: RunHistory) -> tuple[dict[str, Any], dict[str, Any]]:
             "energy": q(None, "J", "unavailable", reason="no energy counter was read in this run (no NVML "
                         "energy counter on this device, and none logged)"),
         },
-        "work": {"evidence": "measured", "unit": "tokens / FLOP", "per_site": work["per_site"],
+        "work": {"evidence": "measured", "unit": "tokens / FLOP", "flops_evidence": "modeled",
+                 "flops_derived": FLOPS_DERIVED, "per_site": work["per_site"],
                  "total": {k: v for k, v in total.items()}, "balanced": work["balanced"],
                  "useful_samples": work["useful_samples"], "replayed_samples": work["replayed_samples"],
                  "commits": work["commits"], "lineage_length": work["lineage_length"],
@@ -248,6 +257,7 @@ def analyse_run(h: RunHistory) -> tuple[dict[str, Any], dict[str, Any]]:
         "faults": [{"kind": e.get("kind"), "target": e.get("target"), "event_id": e["id"],
                     "wall_ns": e["wall_ns"], "t_s": (int(e["wall_ns"]) - t0) / 1e9}
                    for e in h.logs.get("chaos", []) if e["event"] == "fault_injected"],
+        "fault_schedule": faults.to_dict(),
         "provenance": _provenance(h),
         "bad_lines": [b.__dict__ for b in h.bad_lines],
         "config": cfg,
@@ -257,7 +267,7 @@ def analyse_run(h: RunHistory) -> tuple[dict[str, Any], dict[str, Any]]:
                                                 else "unavailable")
     derived = {"work": work, "bytes": nbytes, "reconciliation": rec, "frontier": frontier,
                "duration_s": (t1 - t0) / 1e9, "connections": _connections(h), "faulted_links": _faulted_links(h),
-               "retransmitted": _retransmitted(h), "in_doubt": _in_doubt(h)}
+               "retransmitted": _retransmitted(h), "in_doubt": _in_doubt(h), "proof": proof, "faults": faults}
     return section, derived
 
 
@@ -266,7 +276,7 @@ def build_artifact(run_dirs: list[Path], index: dict[str, Any] | None = None,
     t_start = time.perf_counter()
     hs = histories if histories is not None else [load_run(p) for p in run_dirs]
     sections, ctx = [], {k: {} for k in ("work", "bytes", "reconciliation", "frontier", "duration_s", "connections",
-                                         "faulted_links", "retransmitted", "in_doubt")}
+                                         "faulted_links", "retransmitted", "in_doubt", "proof", "faults")}
     for h in hs:
         sec, derived = analyse_run(h)
         sections.append(sec)
@@ -274,6 +284,8 @@ def build_artifact(run_dirs: list[Path], index: dict[str, Any] | None = None,
             ctx[k][h.run_id] = derived[k]
     checks = run_checkers(hs, ctx)
     hashes = [s["frontier"]["hash"] for s in sections]
+    proven = [s["frontier"]["proof"]["retained_sha256"] for s in sections]
+    proof_ok = all(not s["frontier"]["proof"]["problems"] for s in sections)
     scen = next((h.scenario for h in hs if h.scenario), None)
     scen_hashes = sorted({h.input_hashes.get("scenario.json") for h in hs if h.input_hashes.get("scenario.json")})
     art = {
@@ -288,7 +300,10 @@ def build_artifact(run_dirs: list[Path], index: dict[str, Any] | None = None,
         "comparison": {
             "policies": [s["policy"] for s in sections],
             "frontier_hashes": dict(zip([s["run_id"] for s in sections], hashes)),
-            "matched_frontier": len(set(hashes)) == 1 and None not in hashes,
+            # Matched only when the logged hashes agree *and* the samples recomputed from each run's lineage do.
+            "matched_frontier": len(set(hashes)) == 1 and None not in hashes and len(set(proven)) == 1
+                                and None not in proven and proof_ok,
+            "proven_frontier_hashes": dict(zip([s["run_id"] for s in sections], proven)),
             "index": index,
         },
         "checks": [c.to_dict() for c in checks],

@@ -7,27 +7,40 @@ bookkeeping shows up as a disagreement rather than being trusted:
 
   log_integrity       every line parses (a torn last line is allowed) and event ids are unique
   fencing             no process applied anything from an older epoch; commits, rounds and
-                      durable checkpoints happen only in announced epochs, by their members
+                      durable checkpoints happen only in announced epochs, by their members; a site
+                      acts only in epochs the coordinator announced
   work_ledger         attempted = retained + lost per site and in total; no canonical sample is
-                      retained twice; the coordinator's commit record agrees with the sites' logs
+                      retained twice; the coordinator's commit record agrees with the sites' logs;
+                      the durable frontier's samples, recomputed from the commit lineage and the
+                      sites' work_attempted, are what the writer logged and the canonical prefix
   byte_classes        the six classes never overlap and reconcile with Toxiproxy's counters
                       (within the framing bound; on a link that resent messages, counted may exceed
                       what Toxiproxy saw by at most the resent bytes)
-  lineage             every commit's parent and every durable checkpoint's parent exists
-  same_frontier       every run of a comparison ends at the same matched-frontier hash
+  lineage             every commit's parent and every durable checkpoint's parent exists; a root
+                      commit mid-history only right after a verified restart from the initial weights
+  same_frontier       every run of a comparison ends at the same frontier, proven from what was
+                      trained (the recomputed retained-sample hashes are equal)
   no_fresh_overwrite  a freshly started process never became a source of truth (donor, commit
-                      member, checkpoint writer) before it had loaded the cluster's state
+                      member, checkpoint writer) before it had loaded the cluster's state (a donor's,
+                      the store's, or the initial weights in a verified genesis restart)
+  faults_fired        every fault the scenario schedules has an injection in logs/chaos.jsonl
+
+Evidence first: a checker whose logs are absent (the coordinator's, the store's, a site's, the
+proxy counters, the chaos log) says `unknown` and names what is missing; it fails if what it could
+read already shows a violation, and it never passes on evidence it did not have.
 """
 
 from __future__ import annotations
 
+import itertools
 import traceback
 from collections import Counter, defaultdict
-import itertools
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from analysis.load import RunHistory
+from analysis.proofs import (COORD, INITIAL, STORE, Announcement, FrontierProof, announcements, expected_sites,
+                             fault_schedule, initial_hashes, label, missing_logs, prove_frontier, verify_genesis)
 from analysis.summary import lineage
 from wan.frames import TRAFFIC_CLASSES
 
@@ -54,10 +67,14 @@ class CheckResult:
 
 
 def _result(name: str, violations: list[str], ok_summary: str, fail_summary: str,
-            notes: list[str] | None = None) -> CheckResult:
+            notes: list[str] | None = None, missing: list[str] | None = None) -> CheckResult:
+    """fail on any violation; else unknown if evidence was missing (naming it); else pass."""
     if violations:
         return CheckResult(name, FAIL, fail_summary.format(n=len(violations)), violations[:MAX_EVIDENCE],
                            len(violations))
+    if missing:
+        return CheckResult(name, UNKNOWN, f"cannot tell: {len(missing)} piece(s) of evidence missing "
+                           f"(first: {missing[0]})", list(dict.fromkeys(missing))[:MAX_EVIDENCE])
     return CheckResult(name, PASS, ok_summary, (notes or [])[:MAX_EVIDENCE], 0)
 
 
@@ -68,16 +85,18 @@ APPLY_EVENTS = frozenset({"membership", "restore", "round_done", "work_attempted
                           "membership_epoch", "frontier"})
 ACTS = APPLY_EVENTS - {"commit"}
 REJECTIONS = frozenset({"frame_rejected", "report_rejected", "write_rejected", "commit_refused"})
+_label = label
 
 
-def _label(h: RunHistory) -> str:
-    return f"{h.policy}:{h.run_id}"
+def _all_logs(h: RunHistory) -> list[str]:
+    return [COORD, STORE, *expected_sites(h)]
 
 
 # ----------------------------------------------------------------------------------------- checkers
 def check_log_integrity(runs: list[RunHistory], ctx: dict[str, Any]) -> CheckResult:
-    bad, notes = [], []
+    bad, notes, missing = [], [], []
     for h in runs:
+        missing += missing_logs(h, _all_logs(h))
         for b in h.bad_lines:
             if b.torn_tail:
                 notes.append(f"{_label(h)} {b.path}:{b.line_no}: torn last line (process killed mid-write)")
@@ -91,121 +110,165 @@ def check_log_integrity(runs: list[RunHistory], ctx: dict[str, Any]) -> CheckRes
             for i in dup[:5]:
                 bad.append(f"{_label(h)} logs/{proc}.jsonl: event id {i} appears more than once")
     n = sum(h.n_events() for h in runs)
-    return _result("log_integrity", bad, f"{n:,} events parse; every event id is unique",
-                   "{n} unreadable lines or repeated event ids", notes)
+    return _result("log_integrity", bad, f"{n:,} events parse; every event id is unique; every expected log is there",
+                   "{n} unreadable lines or repeated event ids", notes, missing)
+
+
+def _fence_within_process(h: RunHistory, viol: list[str]) -> int:
+    """(a) Within one process incarnation the epoch it acts in never goes back. Returns the rejections seen."""
+    rejected = 0
+    for evs in h.logs.values():
+        last: dict[int, tuple[int, str]] = {}
+        for e in evs:
+            name = e["event"]
+            if name not in ACTS:  # commits are checked in (b): an in-flight round may commit after a boundary
+                if name in REJECTIONS:
+                    rejected += 1
+                continue
+            ep, pid = e.get("epoch"), e.get("pid", 0)
+            if ep is None:
+                continue
+            prev = last.get(pid)
+            if prev is not None and ep < prev[0]:
+                viol.append(f"{_label(h)} {e['id']} ({e['event']}): epoch {ep} after {prev[1]} in epoch {prev[0]} "
+                            f"(same process, pid {pid})")
+            if prev is None or ep > prev[0]:
+                last[pid] = (ep, e["id"])
+    return rejected
+
+
+def _fence_commits(h: RunHistory, ann: dict[int, Announcement], viol: list[str]) -> None:
+    """(b) Commits only in announced epochs, by that epoch's members, never going back an epoch."""
+    lab = _label(h)
+    seen: dict[int, Announcement] = {}
+    last_commit_epoch = -1
+    for e in h.logs.get(COORD, []):
+        if e["event"] == "membership_epoch":
+            seen[int(e["epoch"])] = ann[int(e["epoch"])]
+        elif e["event"] == "commit":
+            ep = int(e["epoch"])
+            # A round of an older epoch may still commit after a newer epoch was announced, but
+            # only a round that was in flight at the boundary (before the newer epoch's start).
+            late = [x for x in seen if x > ep and int(e["round"]) >= seen[x].start_round]
+            if late:
+                viol.append(f"{lab} {e['id']}: commit {e.get('commit_id')} of epoch {ep}, round {e['round']} after "
+                            f"epoch {max(late)} started at round {seen[max(late)].start_round} (stale epoch applied)")
+            if ep not in seen:
+                viol.append(f"{lab} {e['id']}: commit {e.get('commit_id')} in epoch {ep}, never announced")
+            elif not set(e.get("members", [])) <= seen[ep].members:
+                viol.append(f"{lab} {e['id']}: commit {e.get('commit_id')} members {e.get('members')} "
+                            f"are not all members of epoch {ep} {sorted(seen[ep].members)}")
+            if ep < last_commit_epoch:
+                viol.append(f"{lab} {e['id']}: commit in epoch {ep} after a commit in epoch {last_commit_epoch}")
+            last_commit_epoch = max(last_commit_epoch, ep)
+
+
+def _fence_sites(h: RunHistory, ann: dict[int, Announcement], viol: list[str]) -> None:
+    """(c) A site acts only in epochs the coordinator announced; beyond adopting a plan, only in epochs
+    that include it."""
+    lab = _label(h)
+    for site in expected_sites(h):
+        for e in h.logs.get(site, []):
+            name = e["event"]
+            if name not in ACTS or e.get("epoch") is None:
+                continue
+            ep = int(e["epoch"])
+            where = f" round {e['round']}" if "round" in e else ""
+            if ep not in ann:
+                viol.append(f"{lab} {e['id']} ({name}{where}): {site} acted in epoch {ep}, which the coordinator "
+                            "never announced")
+            elif name != "membership" and site not in ann[ep].members:
+                viol.append(f"{lab} {e['id']} ({name}{where}): {site} acted in epoch {ep}, which does not include "
+                            f"it (members {sorted(ann[ep].members)})")
+
+
+def _fence_store(h: RunHistory, viol: list[str]) -> None:
+    """(d) The store makes nothing durable below its fence."""
+    fence = 0
+    for e in h.logs.get(STORE, []):
+        if e["event"] == "store_fence_raised":
+            fence = max(fence, int(e.get("fence_epoch", 0)))
+        elif e["event"] == "checkpoint_durable" and int(e.get("epoch", fence)) < fence:
+            viol.append(f"{_label(h)} {e['id']}: checkpoint {e.get('ckpt_id')} durable in epoch {e.get('epoch')} "
+                        f"below the store's fence {fence}")
 
 
 def check_fencing(runs: list[RunHistory], ctx: dict[str, Any]) -> CheckResult:
     viol: list[str] = []
+    missing: list[str] = []
     rejected = 0
     for h in runs:
-        lab = _label(h)
-        # (a) Within one process incarnation the epoch it acts in never goes back.
-        for proc, evs in h.logs.items():
-            last: dict[int, tuple[int, str]] = {}
-            for e in evs:
-                name = e["event"]
-                if name not in ACTS:  # commits are checked in (b): an in-flight round may commit after a boundary
-                    if name in REJECTIONS:
-                        rejected += 1
-                    continue
-                ep, pid = e.get("epoch"), e.get("pid", 0)
-                if ep is None:
-                    continue
-                prev = last.get(pid)
-                if prev is not None and ep < prev[0]:
-                    viol.append(f"{lab} {e['id']} ({e['event']}): epoch {ep} after {prev[1]} in epoch {prev[0]} "
-                                f"(same process, pid {pid})")
-                if prev is None or ep > prev[0]:
-                    last[pid] = (ep, e["id"])
-        # (b) Commits only in announced epochs, by that epoch's members, never going back an epoch.
-        announced: dict[int, set[str]] = {}
-        start_round: dict[int, int] = {}
-        last_commit_epoch = -1
-        for e in h.logs.get("coord", []):
-            if e["event"] == "membership_epoch":
-                announced[int(e["epoch"])] = set(e.get("members", []))
-                start_round[int(e["epoch"])] = int(e.get("start_round", 0))
-            elif e["event"] == "commit":
-                ep = int(e["epoch"])
-                # A round of an older epoch may still commit after a newer epoch was announced, but
-                # only a round that was in flight at the boundary (before the newer epoch's start).
-                newer = [x for x in announced if x > ep]
-                late = [x for x in newer if int(e["round"]) >= start_round[x]]
-                if late:
-                    viol.append(f"{lab} {e['id']}: commit {e.get('commit_id')} of epoch {ep}, round {e['round']} after "
-                                f"epoch {max(late)} started at round {start_round[max(late)]} (stale epoch applied)")
-                if ep not in announced:
-                    viol.append(f"{lab} {e['id']}: commit {e.get('commit_id')} in epoch {ep}, never announced")
-                elif not set(e.get("members", [])) <= announced[ep]:
-                    viol.append(f"{lab} {e['id']}: commit {e.get('commit_id')} members {e.get('members')} "
-                                f"are not all members of epoch {ep} {sorted(announced[ep])}")
-                if ep < last_commit_epoch:
-                    viol.append(f"{lab} {e['id']}: commit in epoch {ep} after a commit in epoch {last_commit_epoch}")
-                last_commit_epoch = max(last_commit_epoch, ep)
-        # (c) A site applies rounds only in epochs that include it.
-        for site in h.sites if announced else ():
-            for e in h.events(site, "round_done") + h.events(site, "work_attempted"):
-                ep = int(e.get("epoch", -1))
-                if ep not in announced or site not in announced[ep]:
-                    viol.append(f"{lab} {e['id']} ({e['event']}, round {e.get('round')}): applied in epoch {ep}, "
-                                f"which {'was never announced' if ep not in announced else 'does not include ' + site}")
-        # (d) The store makes nothing durable below its fence.
-        fence = 0
-        for e in h.logs.get("store", []):
-            if e["event"] == "store_fence_raised":
-                fence = max(fence, int(e.get("fence_epoch", 0)))
-            elif e["event"] == "checkpoint_durable" and int(e.get("epoch", fence)) < fence:
-                viol.append(f"{lab} {e['id']}: checkpoint {e.get('ckpt_id')} durable in epoch {e.get('epoch')} "
-                            f"below the store's fence {fence}")
+        missing += missing_logs(h, _all_logs(h))
+        rejected += _fence_within_process(h, viol)
+        if h.logs.get(COORD):
+            ann = announcements(h)
+            _fence_commits(h, ann, viol)
+            _fence_sites(h, ann, viol)
+        _fence_store(h, viol)
     return _result("fencing", viol,
-                   f"no stale-epoch apply in {len(runs)} run(s); {rejected} stale or foreign messages were "
-                   "rejected and logged, none applied",
-                   "{n} actions in a stale or foreign epoch")
+                   f"no stale-epoch apply in {len(runs)} run(s); every site acted only in epochs the coordinator "
+                   f"announced; {rejected} stale or foreign messages were rejected and logged, none applied",
+                   "{n} actions in a stale, foreign or unannounced epoch", None, missing)
+
+
+def _ledger_agreement(h: RunHistory, viol: list[str]) -> None:
+    """Independent of the ledger's own arithmetic: every retained sample once, and the sites' logs agree
+    with the coordinator's record of what each member contributed."""
+    lab = _label(h)
+    chain = lineage(h.events(COORD, "commit"))
+    kept = {(c["epoch"], c["round"]): frozenset(c.get("members", ())) for c in chain}
+    retained_lists: list[list[int]] = []
+    by_round_site: dict[tuple[int, int, str], int] = defaultdict(int)
+    for site in expected_sites(h):
+        for e in h.events(site, "work_attempted"):
+            members = kept.get((e["epoch"], e["round"]))
+            if members is not None and site in members:
+                retained_lists.append(e["samples"])
+                by_round_site[(e["epoch"], e["round"], site)] += e["tokens"]
+    flat = list(itertools.chain.from_iterable(retained_lists))
+    retained = set(flat)
+    if len(retained) != len(flat):  # only then count which (the common case stays one pass in C)
+        twice = [s for s, n in Counter(flat).items() if n > 1]
+        viol.append(f"{lab}: {len(twice)} canonical samples retained more than once (e.g. {sorted(twice)[:5]})")
+    for c in chain:
+        for site, tok in (c.get("tokens") or {}).items():
+            got = by_round_site.get((c["epoch"], c["round"], site), 0)
+            if got != int(tok):
+                viol.append(f"{lab} commit {c.get('commit_id')} ({c['id']}): coordinator records {tok} tokens "
+                            f"from {site}, {site}'s log has {got}")
+    if chain:
+        end = int(chain[-1].get("cursor_end", 0))
+        if len(retained) != end:
+            viol.append(f"{lab}: the lineage ends at cursor {end} but {len(retained)} distinct samples are retained")
+
+
+def _proof(h: RunHistory, ctx: dict[str, Any]) -> FrontierProof:
+    got = ctx.get("proof", {}).get(h.run_id)
+    return got if isinstance(got, FrontierProof) else prove_frontier(h)
 
 
 def check_work_ledger(runs: list[RunHistory], ctx: dict[str, Any]) -> CheckResult:
-    viol, notes = [], []
+    viol, notes, missing = [], [], []
     for h in runs:
         lab = _label(h)
+        missing += missing_logs(h, [COORD, *expected_sites(h)])
         w = ctx["work"][h.run_id]
         for site, v in w["per_site"].items():
             if v["attempted_tokens"] != v["retained_tokens"] + v["lost_tokens"]:
                 viol.append(f"{lab} site {site}: attempted {v['attempted_tokens']} != retained "
                             f"{v['retained_tokens']} + lost {v['lost_tokens']}")
-        commits = [e for e in h.logs.get("coord", []) if e["event"] == "commit"]
-        chain = lineage(commits)
-        kept = {(c["epoch"], c["round"]): frozenset(c.get("members", ())) for c in chain}
-        # Independent of the ledger's own arithmetic: every retained sample once, and the sites'
-        # logs agree with the coordinator's record of what each member contributed.
-        retained_lists: list[list[int]] = []
-        by_round_site: dict[tuple[int, int, str], int] = defaultdict(int)
-        for site in h.sites:
-            for e in h.events(site, "work_attempted"):
-                members = kept.get((e["epoch"], e["round"]))
-                if members is not None and site in members:
-                    retained_lists.append(e["samples"])
-                    by_round_site[(e["epoch"], e["round"], site)] += e["tokens"]
-        flat = list(itertools.chain.from_iterable(retained_lists))
-        retained = set(flat)
-        if len(retained) != len(flat):  # only then count which (the common case stays one pass in C)
-            twice = [s for s, n in Counter(flat).items() if n > 1]
-            viol.append(f"{lab}: {len(twice)} canonical samples retained more than once (e.g. {sorted(twice)[:5]})")
-        for c in chain:
-            for site, tok in (c.get("tokens") or {}).items():
-                got = by_round_site.get((c["epoch"], c["round"], site), 0)
-                if got != int(tok):
-                    viol.append(f"{lab} commit {c.get('commit_id')} ({c['id']}): coordinator records {tok} tokens "
-                                f"from {site}, {site}'s log has {got}")
-        if chain:
-            end = int(chain[-1].get("cursor_end", 0))
-            if len(retained) != end:
-                viol.append(f"{lab}: the lineage ends at cursor {end} but {len(retained)} distinct samples are retained")
+        _ledger_agreement(h, viol)
+        proof = _proof(h, ctx)
+        viol += proof.problems
+        missing += proof.missing
+        notes += proof.notes
         t = w["total"]
         notes.append(f"{lab}: attempted {t.get('attempted_tokens', 0):,} = retained {t.get('retained_tokens', 0):,} "
                      f"+ lost {t.get('lost_tokens', 0):,} tokens")
     return _result("work_ledger", viol, "attempted = retained + lost in every run, per site and in total; every "
-                   "retained sample once; commit record and site logs agree", "{n} ledger disagreements", notes)
+                   "retained sample once; commit record and site logs agree; the frontier's samples, recomputed from "
+                   "the lineage and the sites' logs, are the canonical prefix", "{n} ledger disagreements", notes,
+                   missing)
 
 
 def check_byte_classes(runs: list[RunHistory], ctx: dict[str, Any]) -> CheckResult:
@@ -213,6 +276,7 @@ def check_byte_classes(runs: list[RunHistory], ctx: dict[str, Any]) -> CheckResu
     unknown = []
     for h in runs:
         lab = _label(h)
+        unknown += missing_logs(h, _all_logs(h))
         b = ctx["bytes"][h.run_id]
         for proc, evs in h.logs.items():
             for e in evs:
@@ -248,99 +312,193 @@ def check_byte_classes(runs: list[RunHistory], ctx: dict[str, Any]) -> CheckResu
         notes.append(f"{lab}: Toxiproxy {rec['proxy_total']:,} B, classes {rec['counted_total']:,} B, "
                      f"framing overhead {100 * rec['overhead_fraction']:.3f}%")
     if not viol and unknown:
-        return CheckResult("byte_classes", UNKNOWN, "no Toxiproxy counters in the logs of some runs", unknown)
+        return CheckResult("byte_classes", UNKNOWN, "cannot reconcile: Toxiproxy's counters or a process's log "
+                           "is missing", unknown[:MAX_EVIDENCE])
     return _result("byte_classes", viol, "six classes, no byte in two; every link reconciles with Toxiproxy "
                    "within the framing bound", "{n} byte-accounting disagreements", notes)
 
 
+def _root_commit(h: RunHistory, c: dict[str, Any], pos: int, prev_pos: int, ann: dict[int, Announcement],
+                 viol: list[str], missing: list[str]) -> None:
+    """A parent-less commit after other commits: legal only right after a verified genesis restart (every
+    member restored the initial weights), as round 0 from cursor 0, with no commit in between."""
+    lab = _label(h)
+    what = f"{lab} {c['id']}: commit {c.get('commit_id')} (epoch {c['epoch']}, round {c['round']}) has no parent"
+    between = sorted((a for a in ann.values() if prev_pos < a.position < pos), key=lambda a: a.position)
+    genesis = [a for a in between if a.is_genesis]
+    if not genesis:
+        viol.append(f"{what} after other commits, but no epoch announced since the previous commit restarts "
+                    "everyone from the initial weights")
+        return
+    g = genesis[-1]
+    since = [a for a in between if a.position >= g.position]
+    if int(c["round"]) != 0 or int(c.get("cursor_start", 0)) != 0:
+        viol.append(f"{what}: after the restart from the initial weights in epoch {g.epoch} it must be round 0 "
+                    f"from cursor 0, not round {c['round']} from cursor {c.get('cursor_start')}")
+    if int(c["epoch"]) not in {a.epoch for a in since}:
+        viol.append(f"{what}: its epoch was not announced since the restart from the initial weights (epoch {g.epoch})")
+    later = [a.epoch for a in since[1:] if a.start_round != 0]
+    if later:
+        viol.append(f"{what}: epochs {later} after the restart of epoch {g.epoch} do not start from round 0")
+    check = verify_genesis(h, g)
+    viol += list(check.problems)
+    missing += list(check.missing)
+
+
 def check_lineage(runs: list[RunHistory], ctx: dict[str, Any]) -> CheckResult:
-    viol, notes = [], []
+    viol, notes, missing = [], [], []
     for h in runs:
         lab = _label(h)
+        missing += missing_logs(h, [COORD, STORE])
+        ann = announcements(h)
         seen: set[str] = set()
-        commits = [e for e in h.logs.get("coord", []) if e["event"] == "commit"]
-        for i, c in enumerate(commits):
+        prev_pos, roots = -1, 0
+        for pos, c in enumerate(h.logs.get(COORD, [])):
+            if c["event"] != "commit":
+                continue
             p = c.get("parent")
-            if p is None and i > 0 and seen:
-                # A root after other commits is legal only when everything restarted from the initial weights.
-                pass
+            if p is None and seen:
+                roots += 1
+                _root_commit(h, c, pos, prev_pos, ann, viol, missing)
             elif p is not None and p not in seen:
                 viol.append(f"{lab} {c['id']}: commit {c.get('commit_id')} names parent {p}, which was never committed")
             seen.add(c["commit_id"])
+            prev_pos = pos
         durable: set[str] = set()
-        for e in h.logs.get("store", []):
+        for e in h.logs.get(STORE, []):
             if e["event"] == "checkpoint_durable":
                 p = e.get("parent")
                 if p is not None and p not in durable:
                     viol.append(f"{lab} {e['id']}: checkpoint {e.get('ckpt_id')} names parent {p[:12]}, "
                                 "not an earlier durable checkpoint")
                 durable.add(e["manifest_hash"])
-        for e in h.logs.get("coord", []):
+        for e in h.logs.get(COORD, []):
             if e["event"] == "frontier" and e.get("commit_id") and e["commit_id"] not in seen:
                 viol.append(f"{lab} {e['id']}: frontier at commit {e['commit_id']}, never committed")
-        notes.append(f"{lab}: {len(commits)} commits, {len(durable)} durable checkpoints")
-    return _result("lineage", viol, "every commit's and every checkpoint's parent exists", "{n} dangling parents",
-                   notes)
+        notes.append(f"{lab}: {len(seen)} commits ({roots} new root(s) after a verified restart from the initial "
+                     f"weights), {len(durable)} durable checkpoints")
+    return _result("lineage", viol, "every commit's and every checkpoint's parent exists; a new root only after a "
+                   "verified restart from the initial weights", "{n} dangling parents or unexplained roots", notes,
+                   missing)
 
 
 def check_same_frontier(runs: list[RunHistory], ctx: dict[str, Any]) -> CheckResult:
-    fr = {(_label(h)): ctx["frontier"][h.run_id] for h in runs}
-    hashes = {f.get("hash") for f in fr.values()}
-    lines = [f"{k}: round {f.get('round')}, {f.get('useful_tokens'):,} useful tokens, hash {f.get('hash')}"
-             for k, f in fr.items()]
-    if None in hashes:
-        return CheckResult("same_frontier", FAIL, "a run has no durable frontier", lines, 1)
+    proofs = {_label(h): _proof(h, ctx) for h in runs}
+    fr = {_label(h): ctx["frontier"][h.run_id] for h in runs}
+    lines = [f"{k}: round {fr[k].get('round')}, {p.n_samples if p.n_samples is not None else '?'} retained samples "
+             f"recomputed from its lineage, sha256 {p.retained_sha256}" for k, p in proofs.items()]
+    problems = [x for p in proofs.values() for x in p.problems]
+    if problems:
+        return CheckResult("same_frontier", FAIL, "a run's frontier is not what its lineage retained (or it has "
+                           "none)", (problems + lines)[:MAX_EVIDENCE], len(problems))
+    unproven = [k for k, p in proofs.items() if p.retained_sha256 is None]
+    if unproven:
+        miss = [x for p in proofs.values() for x in p.missing]
+        return CheckResult("same_frontier", UNKNOWN, f"cannot recompute the frontier of {', '.join(unproven)}",
+                           (miss + lines)[:MAX_EVIDENCE])
     if len(runs) < 2:
         return CheckResult("same_frontier", UNKNOWN, "one run: nothing to compare its frontier with", lines)
+    hashes = {p.retained_sha256 for p in proofs.values()}
     if len(hashes) != 1:
-        return CheckResult("same_frontier", FAIL, f"{len(hashes)} different frontier hashes", lines, len(hashes) - 1)
-    return CheckResult("same_frontier", PASS, f"all {len(runs)} runs end at the same frontier", lines)
+        return CheckResult("same_frontier", FAIL, f"{len(hashes)} different frontiers (retained-sample hashes)",
+                           lines, len(hashes) - 1)
+    return CheckResult("same_frontier", PASS, f"all {len(runs)} runs end at the same frontier: the same samples, "
+                       "recomputed from each run's commit lineage and its sites' work logs", lines)
+
+
+def _genesis_loads(h: RunHistory, ann: dict[int, Announcement], missing: list[str]) -> dict[str, tuple[bool, str]]:
+    """restore event id -> (accepted, why) for every restore from the initial weights: accepted only in a
+    verified genesis epoch (the plan restores everyone from the initial weights and every member did)."""
+    out: dict[str, tuple[bool, str]] = {}
+    checks: dict[int, Any] = {}
+    for site in expected_sites(h):
+        starts = initial_hashes(h, site)
+        for e in h.events(site, "restore"):
+            if e.get("source") != INITIAL or "error" in e:
+                continue
+            a = ann.get(int(e.get("epoch", -1)))
+            if a is None:
+                out[e["id"]] = (False, f"epoch {e.get('epoch')} was never announced")
+                continue
+            chk = checks.setdefault(a.epoch, verify_genesis(h, a))
+            missing += list(chk.missing)
+            if site not in a.members or e.get("params_hash") != starts.get(int(e.get("pid", 0))):
+                out[e["id"]] = (False, f"not a member of epoch {a.epoch}, or not its initial params hash")
+            else:
+                out[e["id"]] = (chk.verified, "; ".join(chk.problems) or "a verified genesis restart")
+    return out
+
+
+def _fresh_violations(h: RunHistory, site: str, pevs: list[dict[str, Any]],
+                      genesis: dict[str, tuple[bool, str]]) -> list[str]:
+    lab = _label(h)
+    pid = int(pevs[0].get("pid", 0))
+    out, loaded = [], False
+    for e in pevs:
+        ev = e["event"]
+        if ev == "restore" and e.get("source") in ("donor", "store") and "error" not in e:
+            loaded = True
+        elif ev == "restore" and e["id"] in genesis:
+            ok, why = genesis[e["id"]]
+            loaded = loaded or ok
+            if not ok:
+                out.append(f"{lab} {e['id']}: {site} (pid {pid}) restored the initial weights, which is not the "
+                           f"cluster's state here: {why}")
+        elif ev == "state_received":
+            loaded = True
+        if not loaded and ev in ("state_sent", "checkpoint_write", "round_done", "collective", "work_attempted"):
+            out.append(f"{lab} {e['id']}: {site} (pid {pid}, started after the first commit) logged "
+                       f"{ev} before loading the cluster's state")
+    return out
 
 
 def check_no_fresh_overwrite(runs: list[RunHistory], ctx: dict[str, Any]) -> CheckResult:
-    viol, notes = [], []
+    viol, notes, missing = [], [], []
     for h in runs:
         lab = _label(h)
-        commits = [e for e in h.logs.get("coord", []) if e["event"] == "commit"]
+        missing += missing_logs(h, [COORD, *expected_sites(h)])
+        ann = announcements(h)
+        commits = h.events(COORD, "commit")
         committed_hashes = {c.get("param_hash") for c in commits}
         first_commit_ns = int(commits[0]["wall_ns"]) if commits else None
+        genesis = _genesis_loads(h, ann, missing)
         fresh = 0
-        for site in h.sites:
-            evs = h.logs.get(site, [])
+        for site in expected_sites(h):
             by_pid: dict[int, list[dict[str, Any]]] = defaultdict(list)
-            for e in evs:
+            for e in h.logs.get(site, []):
                 by_pid[int(e.get("pid", 0))].append(e)
-            for pid, pevs in by_pid.items():
+            initial = set(initial_hashes(h, site).values())
+            for pevs in by_pid.values():
                 start = next((e for e in pevs if e["event"] == "site_started"), pevs[0])
-                initial_hash = start.get("params_hash")
                 if first_commit_ns is None or int(start["wall_ns"]) < first_commit_ns:
                     continue  # started with the cluster: its initial weights are the cluster's state
                 fresh += 1
-                loaded = False
-                for e in pevs:
-                    ev = e["event"]
-                    if ev == "restore" and e.get("source") in ("donor", "store") and "error" not in e:
-                        loaded = True
-                    elif ev == "state_received":
-                        loaded = True
-                    if loaded:
-                        continue
-                    if ev in ("state_sent", "checkpoint_write", "round_done", "collective", "work_attempted"):
-                        viol.append(f"{lab} {e['id']}: {site} (pid {pid}, started after the first commit) logged "
-                                    f"{ev} before loading the cluster's state")
-            for e in evs:
-                if e["event"] == "state_sent" and committed_hashes and e.get("params_hash") not in committed_hashes:
-                    viol.append(f"{lab} {e['id']}: {site} sent state {str(e.get('params_hash'))[:12]} that no commit "
-                                "produced")
-                    if e.get("params_hash") == initial_hash:
-                        viol.append(f"{lab} {e['id']}: ... and it is the initial weights")
-        for e in h.logs.get("coord", []):
-            if e["event"] == "commit" and commits and e is not commits[0] and e.get("parent") is None \
-                    and h.policy not in ("restart",):
-                notes.append(f"{lab} {e['id']}: commit {e['commit_id']} starts a new root")
-        notes.append(f"{lab}: {fresh} freshly started site process(es); each loaded state before acting")
+                viol += _fresh_violations(h, site, pevs, genesis)
+            for e in h.events(site, "state_sent"):
+                if not committed_hashes or e.get("params_hash") in committed_hashes:
+                    continue
+                a = ann.get(int(e.get("epoch", -1)))
+                if e.get("params_hash") in initial and a is not None and a.start_round == 0:
+                    continue  # the epoch resumes from round 0, whose state is the initial weights
+                viol.append(f"{lab} {e['id']}: {site} sent state {str(e.get('params_hash'))[:12]} that no commit "
+                            "produced" + (" (the initial weights)" if e.get("params_hash") in initial else ""))
+        n_gen = sum(1 for ok, _ in genesis.values() if ok)
+        notes.append(f"{lab}: {fresh} freshly started site process(es); each loaded state before acting"
+                     + (f" ({n_gen} restore(s) from the initial weights in verified genesis restarts)" if n_gen else ""))
     return _result("no_fresh_overwrite", viol, "no fresh member ever became a source of truth",
-                   "{n} actions by a member that had not loaded the cluster's state", notes)
+                   "{n} actions by a member that had not loaded the cluster's state", notes, missing)
+
+
+def check_faults_fired(runs: list[RunHistory], ctx: dict[str, Any]) -> CheckResult:
+    viol, notes, missing = [], [], []
+    for h in runs:
+        fs = ctx.get("faults", {}).get(h.run_id) or fault_schedule(h)
+        viol += fs.problems
+        missing += fs.missing
+        notes += fs.notes
+    n = sum(len((ctx.get("faults", {}).get(h.run_id) or fault_schedule(h)).fired) for h in runs)
+    return _result("faults_fired", viol, f"every scheduled fault fired ({n} injection(s) in {len(runs)} run(s))",
+                   "{n} scheduled fault(s) did not fire", notes, missing)
 
 
 CHECKERS: tuple[tuple[str, Callable[[list[RunHistory], dict[str, Any]], CheckResult]], ...] = (
@@ -351,6 +509,7 @@ CHECKERS: tuple[tuple[str, Callable[[list[RunHistory], dict[str, Any]], CheckRes
     ("lineage", check_lineage),
     ("same_frontier", check_same_frontier),
     ("no_fresh_overwrite", check_no_fresh_overwrite),
+    ("faults_fired", check_faults_fired),
 )
 
 
