@@ -2,9 +2,12 @@
 
 Layout under `<run>/keys/`: `public/<process>.key` (every process's public key) and
 `private/<process>.key_secret`. A CURVE server only authenticates clients when a ZAP
-handler runs on its context: `start_authenticator` starts pyzmq's ThreadAuthenticator,
-allows exactly the cluster's public keys, and checks that they actually loaded (pyzmq's
-`configure_curve` only logs a failure to load).
+handler runs on its context: `start_authenticator` starts a `ClusterAuthenticator` (pyzmq's
+ThreadAuthenticator) that admits exactly the cluster's public keys and names each connection
+after the owner of its key: the ZAP User-Id of a connection made with `public/b.key` is `b`,
+so every message received on it carries the frame property `User-Id: b`, which `wan/node.py`
+compares with the message's `src` and routing id. A key the cluster does not know is refused
+with ZAP status 400 (the client's and the server's monitors see HANDSHAKE_FAILED_AUTH, 400).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
 
 
 class KeyError_(RuntimeError):
@@ -60,17 +64,42 @@ def load_public(keys_dir: str | Path, name: str) -> bytes:
     return public
 
 
-def start_authenticator(ctx: zmq.Context, keys_dir: str | Path) -> ThreadAuthenticator:
-    """Run a ZAP handler that admits only the cluster's public keys; verify they loaded."""
+def cluster_public_keys(keys_dir: str | Path) -> dict[bytes, str]:
+    """{z85 public key: process name} of every `public/<name>.key`; one key per name and name per key."""
     pub_dir = Path(keys_dir) / "public"
-    expected = len(list(pub_dir.glob("*.key")))
-    if expected == 0:
+    names: dict[bytes, str] = {}
+    for path in sorted(pub_dir.glob("*.key")):
+        public, _ = zmq.auth.load_certificate(str(path))
+        if not public:
+            raise KeyError_(f"{path} holds no public key")
+        key = z85.encode(public) if len(public) == 32 else public
+        if key in names:
+            raise KeyError_(f"{path} has the same public key as {names[key]!r}: a key must name one process")
+        names[key] = path.stem
+    if not names:
         raise KeyError_(f"no public keys in {pub_dir}")
-    auth = ThreadAuthenticator(ctx)
+    return names
+
+
+class ClusterAuthenticator(ThreadAuthenticator):
+    """ZAP handler: admit only the cluster's keys; the User-Id of a connection is its key's process name."""
+
+    def __init__(self, context: zmq.Context, names: dict[bytes, str]) -> None:
+        super().__init__(context)
+        self.names = dict(names)
+
+    def callback(self, domain: str, z85_key: bytes) -> bool:
+        """pyzmq's credentials-provider hook: is this z85 key one of the cluster's?"""
+        return z85_key in self.names
+
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        return self.names[z85.encode(client_public_key)]
+
+
+def start_authenticator(ctx: zmq.Context, keys_dir: str | Path) -> ClusterAuthenticator:
+    """Run the ZAP handler that admits only the cluster's public keys, each as its owner's name."""
+    names = cluster_public_keys(keys_dir)
+    auth = ClusterAuthenticator(ctx, names)
     auth.start()
-    auth.configure_curve(domain="*", location=str(pub_dir))
-    loaded = len(auth.certs.get("*", {}))
-    if loaded != expected:
-        auth.stop()
-        raise KeyError_(f"CURVE authenticator loaded {loaded} of {expected} public keys from {pub_dir}")
+    auth.configure_curve_callback(domain="*", credentials_provider=auth)
     return auth

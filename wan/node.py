@@ -16,13 +16,49 @@ without ack progress on that destination.
 Every received frame is decoded (`frames.decode`) and fenced (`frames.check_fence`) before
 it is delivered; a rejected frame is logged with its reason and dropped, and the node keeps
 running. Every frame sent or received is counted per link/direction/class (`counters`).
+
+An insider (a holder of one cluster key) can neither crash, wedge nor impersonate:
+  * Any exception while handling one inbound message is caught, counted in `rejected` and
+    logged as `frame_rejected` (reason `handler_error`); the loop goes on. If the I/O thread
+    dies anyway (a bug), it logs `wan_thread_crashed` and ends the whole process with exit
+    code `WAN_CRASH_EXIT_CODE` (70, EX_SOFTWARE): a process whose endpoint is dead must never
+    exit 0.
+  * Nothing grows without bound: a message of a kind no `inbox()` registered is rejected
+    (`unknown_kind`); an inbox holds at most `INBOX_MAX_MESSAGES` messages and
+    `INBOX_MAX_BYTES` bytes (`inbox_full`, not acked, so a genuine sender resends later);
+    sequence windows accept numbers at most `SEQ_WINDOW` above their low mark and are kept
+    for the last `INCARNATIONS_KEPT` incarnations of each member.
+  * Identity is bound to the key. The ZAP handler (`keys.ClusterAuthenticator`) admits only
+    the cluster's public keys and gives each connection the User-Id of its key's owner. Every
+    message a ROUTER receives must carry `src` == that User-Id == the name in its routing
+    id; the ROUTER sends to a member only through the routing id that last delivered an
+    authenticated message from it. Each DEALER announces a fresh random routing id
+    (`name#<64 random bits>`, encrypted inside the CURVE handshake), so ROUTER_HANDOVER lets
+    a reconnecting socket take over its own stale connection, but no other key holder can
+    guess an id to take over. (ZAP cannot refuse a routing id at the handshake: libzmq's ZAP
+    request carries the *server* socket's own routing id, not the client's, so the binding is
+    enforced per message.) A DEALER accepts only messages whose `src` is the peer whose
+    server key it verified.
+  * A whole multipart message is bounded while it is taken off the socket
+    (`_recv_bounded`): at most `frames.MAX_BUFFERS + 1` frames and `max_frame_bytes` bytes;
+    the rest of an oversized message is read and dropped frame by frame. What libzmq itself
+    still buffers before the application sees anything: ZMQ_MAXMSGSIZE bounds each frame
+    (a larger one drops the connection), but libzmq has no limit on the number of frames of
+    one message, and it queues a multipart message only once it is complete; RCVHWM counts
+    whole messages per peer and is checked only between messages. So a key holder can make
+    libzmq hold one message of many maximal frames (and up to RCVHWM messages per
+    connection) in memory; only the kernel's socket buffers and these HWMs bound it. Without
+    CURVE (`wan.curve: false`) nobody is authenticated and all of this is open to anyone
+    on the network.
 """
 
 from __future__ import annotations
 
 import collections
+import os
 import queue
 import random
+import secrets
 import threading
 import time
 from dataclasses import dataclass
@@ -34,7 +70,17 @@ from zmq.utils.monitor import recv_monitor_message
 
 from wan import keys as keymod
 from wan.counters import ByteCounters
-from wan.frames import Fence, FrameError, Message, check_fence, decode, encode, wire_overhead
+from wan.frames import (
+    MAX_BUFFERS,
+    Fence,
+    FrameError,
+    Message,
+    check_fence,
+    decode,
+    encode,
+    safe_repr,
+    wire_overhead,
+)
 from xdc.config import WanConfig
 from xdc.eventlog import EventLog
 
@@ -65,21 +111,83 @@ class _Pending:
 # the connection's buffers without reaching the proxy: its bytes are "in doubt" (ns).
 DOUBT_WINDOW_NS = 250_000_000
 
+WAN_CRASH_EXIT_CODE = 70  # EX_SOFTWARE: the process's WAN I/O thread died (a bug), see `terminate_process`
+INBOX_MAX_MESSAGES = 65_536  # per inbox; more is rejected as inbox_full (not acked: the sender resends)
+INBOX_MAX_BYTES = 256 * 1024 * 1024  # per inbox, wire bytes of the messages it holds
+SEQ_WINDOW = 65_536  # a reliable seq may be at most this far above its window's low mark
+INCARNATIONS_KEPT = 8  # sequence windows kept per member (its latest incarnations)
+ROUTING_ID_SEP = "#"  # a DEALER's routing id is f"{name}#{random hex}"
+
+
+def terminate_process(reason: str) -> None:
+    """What a WanNode does when its I/O thread dies: end the process with a failing status at once.
+
+    `os._exit` skips the main thread's clean-up on purpose: a signal handler or a shutdown path
+    there could otherwise still end in exit code 0. The event log is line-buffered, so the
+    `wan_thread_crashed` event written just before is on disk.
+    """
+    os._exit(WAN_CRASH_EXIT_CODE)
+
+
+class Inbox(queue.Queue):
+    """A queue of delivered messages bounded in count and in wire bytes; `offer` never blocks."""
+
+    def __init__(self, max_messages: int = INBOX_MAX_MESSAGES, max_bytes: int = INBOX_MAX_BYTES) -> None:
+        super().__init__()
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+
+    def offer(self, msg: Message) -> bool:
+        """Queue msg unless the inbox is full (then False)."""
+        with self.not_full:
+            if self._qsize() >= self.max_messages or self.nbytes + msg.wire_bytes > self.max_bytes:
+                return False
+            self._put(msg)
+            self.unfinished_tasks += 1
+            self.not_empty.notify()
+            return True
+
+    def _put(self, item: Message) -> None:
+        self.nbytes += item.wire_bytes
+        super()._put(item)
+
+    def _get(self) -> Message:
+        item = super()._get()
+        self.nbytes -= item.wire_bytes
+        return item
+
 
 class _SeqWindow:
-    """Seen sequence numbers of one (source, incarnation): a low-water mark plus a sparse set."""
+    """Seen sequence numbers of one (source, incarnation): a low-water mark plus a sparse set.
+
+    `above` never holds more than SEQ_WINDOW numbers: the node rejects a seq outside the window
+    (`in_window`) before asking `seen_before`.
+    """
 
     def __init__(self) -> None:
         self.low = 0  # every seq <= low has been seen
         self.above: set[int] = set()
 
-    def seen_before(self, seq: int) -> bool:
-        if seq <= self.low or seq in self.above:
-            return True
+    def in_window(self, seq: int) -> bool:
+        return seq <= self.low + SEQ_WINDOW
+
+    def is_seen(self, seq: int) -> bool:
+        return seq <= self.low or seq in self.above
+
+    def mark(self, seq: int) -> None:
+        if self.is_seen(seq):
+            return
         self.above.add(seq)
         while self.low + 1 in self.above:
             self.low += 1
             self.above.discard(self.low)
+
+    def seen_before(self, seq: int) -> bool:
+        """True if seq was seen; else mark it seen and return False."""
+        if self.is_seen(seq):
+            return True
+        self.mark(seq)
         return False
 
 
@@ -97,6 +205,7 @@ class WanNode:
         members: Sequence[str] = (),
         keys_dir: str | None = None,
         epoch: int = 0,
+        on_crash: Callable[[str], None] = terminate_process,
     ) -> None:
         self.name = name
         self.run_id = run_id
@@ -119,9 +228,13 @@ class WanNode:
         self._seq: dict[str, int] = collections.defaultdict(int)
         self._unacked: dict[str, collections.OrderedDict[int, _Pending]] = collections.defaultdict(collections.OrderedDict)
         self._last_ack_ns: dict[str, int] = collections.defaultdict(int)
-        self._seen: dict[tuple[str, int], _SeqWindow] = collections.defaultdict(_SeqWindow)
-        self._queues: dict[str, queue.Queue[Message]] = {}
-        self.default_inbox: queue.Queue[Message] = queue.Queue()
+        # member -> incarnation -> window (the last INCARNATIONS_KEPT incarnations, oldest first)
+        self._seen: dict[str, collections.OrderedDict[int, _SeqWindow]] = collections.defaultdict(
+            collections.OrderedDict)
+        self._queues: dict[str, Inbox] = {}
+        # member -> the ROUTER routing id that last delivered an authenticated message from it
+        self._peer_rid: dict[str, bytes] = {}
+        self._on_crash = on_crash
         self._periodic: list[tuple[float, Callable[[], None], list[float]]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -136,12 +249,20 @@ class WanNode:
         self.retransmits = 0
 
     # ---------------------------------------------------------------- public API
-    def inbox(self, *kinds: str) -> queue.Queue[Message]:
-        """A queue that receives every delivered message of these kinds (register before start)."""
-        q: queue.Queue[Message] = queue.Queue()
+    def inbox(self, *kinds: str, max_messages: int = INBOX_MAX_MESSAGES, max_bytes: int = INBOX_MAX_BYTES) -> Inbox:
+        """A bounded queue that receives every delivered message of these kinds (register before start).
+
+        A message of a kind no inbox was registered for is rejected (`unknown_kind`).
+        """
+        q = Inbox(max_messages, max_bytes)
         for k in kinds:
             self._queues[k] = q
         return q
+
+    @property
+    def kinds(self) -> frozenset[str]:
+        """The kinds this node delivers (registered inboxes)."""
+        return frozenset(self._queues)
 
     def every(self, interval_ms: float, fn: Callable[[], None]) -> None:
         """Run fn on the I/O thread every interval (heartbeats). fn may call send()."""
@@ -284,7 +405,8 @@ class WanNode:
         for peer, route in self.routes.items():
             d = ctx.socket(zmq.DEALER)
             self._configure(d)
-            d.setsockopt(zmq.ROUTING_ID, self.name.encode())
+            # A fresh unguessable id per socket: see the module docstring (identity is the key's).
+            d.setsockopt(zmq.ROUTING_ID, f"{self.name}{ROUTING_ID_SEP}{secrets.token_hex(8)}".encode())
             if keypair is not None:
                 d.curve_publickey = keypair.public
                 d.curve_secretkey = keypair.secret
@@ -327,9 +449,12 @@ class WanNode:
                 self._flush_outbox()
                 self._run_periodic()
                 self._check_retransmit()
-        except BaseException as e:  # an I/O thread crash must be visible in the log and to callers
-            self.crashed = f"{type(e).__name__}: {e}"
-            self.log.emit("wan_thread_crashed", error=self.crashed)
+        except BaseException as e:  # an I/O thread crash must be visible in the log, to callers, and in the exit code
+            self.crashed = _describe(e)
+            try:
+                self.log.emit("wan_thread_crashed", error=self.crashed, exit_code=WAN_CRASH_EXIT_CODE)
+            finally:
+                self._on_crash(self.crashed)
             raise
         finally:
             for s in list(self._monitors):
@@ -385,7 +510,10 @@ class WanNode:
             if dest in self._dealers:
                 self._dealers[dest].send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
             elif self._router is not None:
-                self._router.send_multipart([dest.encode(), *frames], flags=zmq.NOBLOCK, copy=False)
+                rid = self._peer_rid.get(dest)
+                if rid is None:
+                    return False  # not heard from yet: a reliable message waits until it is (`_learn_peer`)
+                self._router.send_multipart([rid, *frames], flags=zmq.NOBLOCK, copy=False)
             else:
                 raise KeyError(dest)
         except zmq.Again:
@@ -475,51 +603,170 @@ class WanNode:
     def _drain(self, sock: zmq.Socket) -> None:
         for _ in range(256):  # bounded, so timers and sends still run under a flood
             try:
-                parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                kept, over, n_frames, n_bytes = self._recv_bounded(sock, router=sock is self._router)
             except zmq.Again:
                 return
-            if sock is self._router:
-                ident = parts[0].bytes.decode("utf-8", "replace")
-                self._on_frames(parts[1:], via=ident, from_router=True)
+            try:
+                self._on_received(sock, kept, over, n_frames, n_bytes)
+            except Exception as e:  # one message must never take the I/O thread down
+                self.rejected += 1
+                via = _peer_text(kept[0]) if sock is self._router else self._dealer_peer.get(sock, "?")
+                self.log.emit("frame_rejected", reason="handler_error", detail=_describe(e), peer=via)
+
+    def _recv_bounded(self, sock: zmq.Socket, *, router: bool) -> tuple[list[zmq.Frame], str | None, int, int]:
+        """Take one multipart message off `sock`, keeping at most what a valid message can hold.
+
+        Returns (frames kept, why the message is over the limits or None, frames seen, bytes
+        seen). A ROUTER's first frame (the routing id) is kept and not counted. Frames past a
+        limit are received and released one by one, so an oversized message never sits whole
+        in this process's Python memory (libzmq's own buffering is in the module docstring).
+        """
+        first = sock.recv(zmq.NOBLOCK, copy=False)
+        kept = [first]
+        max_frames, limit = MAX_BUFFERS + 1, self.wan.max_frame_bytes
+        over: str | None = None
+        n_frames, n_bytes = (0, 0) if router else (1, len(first.buffer))
+        more = first.more
+        while more:
+            f = sock.recv(copy=False)  # the rest of a multipart message is already queued: no wait
+            more = f.more
+            n_frames += 1
+            n_bytes += len(f.buffer)
+            if over is not None:
+                continue  # released at once
+            if n_frames > max_frames:
+                over = f"too_many_frames: more than {max_frames} frames"
+            elif n_bytes > limit:
+                over = f"too_large: more than {limit} bytes"
+            if over is None:
+                kept.append(f)
             else:
-                self._on_frames(parts, via=self._dealer_peer[sock], from_router=False)
+                del kept[2 if router else 1:]  # keep the routing id and the first frame (its User-Id)
+        return kept, over, n_frames, n_bytes
 
-    def _rx_link(self, via: str, from_router: bool) -> tuple[str, str]:
+    def _on_received(self, sock: zmq.Socket, kept: list[zmq.Frame], over: str | None, n_frames: int,
+                     n_bytes: int) -> None:
+        if sock is self._router:
+            rid = kept[0].bytes
+            peer = self._router_peer(rid, kept[1] if len(kept) > 1 else None)
+            link, direction = self._rx_link(peer, from_router=True)
+            parts, via = kept[1:], _peer_text(rid)
+        else:
+            peer = self._dealer_peer[sock]
+            link, direction = self._rx_link(peer, from_router=False)
+            parts, via = kept, peer
+        if over is not None or not parts:
+            reason, detail = (over or "empty: no frames after the routing id").split(": ", 1)
+            self._reject_raw(reason, detail, via, link, direction, n_bytes, frames=n_frames)
+            return
+        self._on_frames(parts, peer=peer, via=via, link=link, direction=direction, rid=rid if sock is self._router else None)
+
+    def _router_peer(self, rid: bytes, frame: zmq.Frame | None) -> str:
+        """The member a ROUTER connection belongs to: its key's User-Id under CURVE, else the name in its id."""
+        if self.wan.curve and frame is not None:
+            try:
+                user = frame.get("User-Id")
+            except zmq.ZMQError:
+                user = None
+            if user:
+                return str(user)
+        return rid.decode("utf-8", "replace").rsplit(ROUTING_ID_SEP, 1)[0]
+
+    def _rx_link(self, peer: str, from_router: bool) -> tuple[str, str]:
         if from_router:
-            return self.server_links.get(via, f"{via}_to_{self.name}"), "up"
-        return self.routes[via].link, "down"
+            link = self.server_links.get(peer)
+            if link is None:
+                link = f"{peer}_to_{self.name}" if peer in self._fence.members else f"unknown_to_{self.name}"
+            return link, "up"
+        return self.routes[peer].link, "down"
 
-    def _on_frames(self, parts: list[Any], *, via: str, from_router: bool) -> None:
-        link, direction = self._rx_link(via, from_router)
+    def _reject_raw(self, reason: str, detail: str, via: str, link: str, direction: str, size: int,
+                    **extra: Any) -> None:
+        self.rejected += 1
+        self.counters.add("rx", link, direction, "control", size)
+        self.log.emit("frame_rejected", reason=reason, detail=detail, peer=via, link=link, bytes=size, **extra)
+
+    def _identity_error(self, msg: Message, peer: str, rid: bytes | None) -> str | None:
+        """Why msg may not come from this connection, or None (see the module docstring)."""
+        if rid is None:  # a DEALER: the server proved its key in the handshake
+            if msg.src != peer:
+                return f"identity_mismatch: the connection to {peer!r} delivered a message from {safe_repr(msg.src)}"
+            return None
+        claimed = rid.decode("utf-8", "replace").rsplit(ROUTING_ID_SEP, 1)[0]
+        if msg.src != peer or claimed != peer:
+            who = "key" if self.wan.curve else "routing id"
+            return (f"identity_mismatch: {who} of {peer!r}, routing id {safe_repr(_peer_text(rid))}, "
+                    f"message from {safe_repr(msg.src)}")
+        return None
+
+    def _on_frames(self, parts: list[Any], *, peer: str, via: str, link: str, direction: str,
+                   rid: bytes | None) -> None:
         try:
             msg = decode(parts, max_frame_bytes=self.wan.max_frame_bytes, max_header_bytes=self.wan.max_header_bytes)
         except FrameError as e:
-            self.rejected += 1
-            size = sum(len(p.buffer) for p in parts)
-            self.counters.add("rx", link, direction, "control", size)
-            self.log.emit("frame_rejected", reason=e.reason, detail=e.detail, peer=via, link=link, bytes=size)
+            self._reject_raw(e.reason, e.detail, via, link, direction, sum(len(p.buffer) for p in parts))
             return
-        ok, reason = check_fence(msg, self._fence)
-        if ok and from_router and msg.src != via:
-            ok, reason = False, f"identity_mismatch: routing id {via!r} claims to be {msg.src!r}"
         self.counters.add("rx", link, direction, msg.cls, msg.wire_bytes + wire_overhead(
             [len(p.buffer) for p in parts], self.wan.curve))
-        if not ok:
+        reason = self._identity_error(msg, peer, rid)
+        if reason is None:
+            ok, why = check_fence(msg, self._fence)
+            reason = None if ok else why
+        if reason is None and msg.kind != "ack" and msg.kind not in self._queues:
+            reason = f"unknown_kind: no inbox for kind {safe_repr(msg.kind)}"
+        if reason is None and msg.seq > 0 and not self._window(msg).in_window(msg.seq):
+            reason = f"seq_window: seq {msg.seq} is more than {SEQ_WINDOW} above {self._window(msg).low}"
+        if reason is not None:
             self.rejected += 1
             self.log.emit("frame_rejected", reason=reason.split(":")[0], detail=reason, peer=via, link=link,
                           kind=msg.kind, msg_epoch=msg.epoch, msg_run=msg.run, src=msg.src)
             return
+        if rid is not None:
+            self._learn_peer(msg.src, rid)
         if msg.kind == "ack":
             self._on_ack(msg)
             return
-        if msg.seq > 0:
-            ack = encode(kind="ack", cls="control", run=self.run_id, epoch=self.epoch, step=self.step,
-                         src=self.name, inc=self.inc, seq=0, body={"seq": msg.seq, "inc": msg.inc})
-            self._raw_send(via, ack, "control")
-            if self._seen[(msg.src, msg.inc)].seen_before(msg.seq):
-                self.duplicates += 1
-                return
-        self._queues.get(msg.kind, self.default_inbox).put(msg)
+        self._deliver(msg, peer)
+
+    def _deliver(self, msg: Message, peer: str) -> None:
+        """Ack a reliable message, drop a duplicate, queue the rest in its (bounded) inbox."""
+        window = self._window(msg) if msg.seq > 0 else None
+        if window is not None and window.is_seen(msg.seq):
+            self._send_ack(peer, msg)  # the first ack may have been lost
+            self.duplicates += 1
+            return
+        inbox = self._queues[msg.kind]
+        if not inbox.offer(msg):  # not delivered and not acked: a genuine sender resends it later
+            self.rejected += 1
+            self.log.emit("frame_rejected", reason="inbox_full", peer=peer, kind=msg.kind, src=msg.src,
+                          detail=f"inbox of {msg.kind!r} holds {inbox.qsize()} messages, {inbox.nbytes} bytes")
+            return
+        if window is not None:
+            window.mark(msg.seq)
+            self._send_ack(peer, msg)
+
+    def _send_ack(self, peer: str, msg: Message) -> None:
+        ack = encode(kind="ack", cls="control", run=self.run_id, epoch=self.epoch, step=self.step,
+                     src=self.name, inc=self.inc, seq=0, body={"seq": msg.seq, "inc": msg.inc})
+        self._raw_send(peer, ack, "control")
+
+    def _window(self, msg: Message) -> _SeqWindow:
+        """The sequence window of (msg.src, msg.inc); only the latest INCARNATIONS_KEPT per member are kept."""
+        per_src = self._seen[msg.src]
+        w = per_src.get(msg.inc)
+        if w is None:
+            w = per_src[msg.inc] = _SeqWindow()
+            while len(per_src) > INCARNATIONS_KEPT:
+                per_src.popitem(last=False)
+        return w
+
+    def _learn_peer(self, peer: str, rid: bytes) -> None:
+        """Route replies to `peer` through the connection that just proved to be it; flush what waited."""
+        old = self._peer_rid.get(peer)
+        if old == rid:
+            return
+        self._peer_rid[peer] = rid
+        self._resend_all(peer, "peer reconnected" if old is not None else "peer connected")
 
     def _on_ack(self, msg: Message) -> None:
         seq = msg.body.get("seq")
@@ -545,8 +792,8 @@ class WanNode:
             if peer == "server":
                 if name.startswith("handshake_failed"):
                     self.rejected += 1
-                    self.log.emit("frame_rejected", reason=name, detail=f"ZMTP/CURVE handshake failed (code {ev['value']})",
-                                  peer=endpoint, link="server")
+                    self.log.emit("frame_rejected", reason=name, code=ev["value"], peer=endpoint, link="server",
+                                  detail=f"ZMTP/CURVE handshake failed (code {ev['value']})")
                 continue
             if name == "disconnected":
                 self._down[peer] = True
@@ -576,6 +823,23 @@ class WanNode:
                 self.counters.add("doubt", link, "up", cls, wire)
                 total += wire
         return total
+
+
+def _describe(e: BaseException) -> str:
+    """'Type: message', bounded, even for an exception whose str() raises."""
+    try:
+        text = str(e)
+    except Exception:
+        text = "<unprintable>"
+    return f"{type(e).__name__}: {text[:300]}"
+
+
+def _peer_text(rid: Any) -> str:
+    try:
+        raw = rid.bytes if isinstance(rid, zmq.Frame) else bytes(rid)
+    except Exception:
+        return "?"
+    return raw[:64].decode("utf-8", "replace")
 
 
 def _wire(frames: list[Any], curve: bool) -> int:
