@@ -1,0 +1,63 @@
+"""Which membership epoch a site adopts next, from the plans it has received: pure logic.
+
+An epoch's plan takes effect at its `start_round`; the epoch before it governs every round
+before that. So epochs announced back to back ("b leaves from round 2", then "c leaves from
+round 3") are applied in order: round 2 is trained in the first, round 3 in the second. A plan
+is skipped only when it governs no round this site can train in:
+
+- a later plan takes effect no later than it (`start_round` <= its own): it never governs a round;
+- this site is not one of its members, or it is paused, and a later plan is already waiting.
+
+Everything else stays waiting until the round it starts at comes up (`interrupts`).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from site_agent.messages import Plan
+
+
+def interrupts(pending: Sequence[object], epoch: int, inflight: int | None) -> bool:
+    """True when a plan newer than `epoch` takes effect by the round in flight (None: between rounds)."""
+    return any(isinstance(p, Plan) and p.epoch > epoch and (inflight is None or p.start_round <= inflight)
+               for p in pending)
+
+
+def _superseded(p: Plan, later: Sequence[Plan], me: str) -> str | None:
+    """Why plan p governs no round this site could train in, given the plans after it; None if it does."""
+    first = next((q for q in later if q.start_round <= p.start_round), None)
+    if first is not None:
+        return (f"epoch {first.epoch} takes effect from round {first.start_round}, no later than epoch {p.epoch}'s "
+                f"round {p.start_round}: no round is trained in epoch {p.epoch}")
+    if me not in p.members:
+        return f"not a member of epoch {p.epoch}, and epoch {later[-1].epoch} is already announced"
+    if p.paused:
+        return f"epoch {p.epoch} is paused, and epoch {later[-1].epoch} is already announced"
+    return None
+
+
+def next_plan(pending: Sequence[Plan], epoch: int, me: str,
+              current: Plan | None) -> tuple[Plan | None, list[Plan], list[tuple[Plan, str]]]:
+    """The plan to adopt now, the plans that stay waiting, and the plans skipped (with why).
+
+    Plans of epochs at or below `epoch` are void, except the current epoch's plan sent again
+    to a site that is not one of its members (it is told again so that it asks to rejoin).
+    """
+    newer: dict[int, Plan] = {}
+    for p in pending:
+        if p.epoch > epoch:
+            newer[p.epoch] = p  # the same epoch sent twice: one plan
+    chain = [newer[e] for e in sorted(newer)]
+    if not chain:
+        again = [p for p in pending if p.epoch == epoch]
+        if again and (current is None or me not in current.members):
+            return again[-1], [], []
+        return None, [], []
+    skipped: list[tuple[Plan, str]] = []
+    for i, p in enumerate(chain[:-1]):
+        why = _superseded(p, chain[i + 1:], me)
+        if why is None:
+            return p, chain[i + 1:], skipped
+        skipped.append((p, why))
+    return chain[-1], [], skipped
