@@ -16,8 +16,15 @@ A chunk's error reply carries `req` = its `req`, else its upload id. Once an upl
 (gap, unknown upload, stale epoch, bad chunk), its later chunks are dropped without a reply until
 the writer restarts it at offset 0.
 
+Every body is checked against its typed request (`checkpoint_store/requests.py`) first; a bad
+one is answered "bad_request: <reason>" and logged. Nothing in a request stops the store.
+
 Fencing: the store durably remembers the highest epoch of any accepted write (chunk, finish,
-manifest). A write whose message epoch is lower is refused with reason "stale_epoch: ...".
+manifest). A write whose message epoch is lower is refused with reason "stale_epoch: ...". A
+write whose epoch the coordinator never announced (above the highest `epoch` record of its
+journal, RUN_DIR/coordinator/journal.jsonl, which the coordinator writes before any site hears
+of the epoch) is refused with reason "future_epoch: ..." and never raises the fence: a member
+that sends epoch 10**9 cannot lock every later writer out.
 
 This module must not import torch: the store only handles bytes.
 """
@@ -37,6 +44,9 @@ from typing import Any
 import numpy as np
 
 from checkpoint_store.blobstore import BlobStore, CorruptCheckpoint, StoreError
+from checkpoint_store.requests import PARSERS, BlobGet, Chunk, Finish, ManifestPut, request_id
+from coordinator.journal import AnnouncedEpochs
+from coordinator.messages import BadMessage
 from wan.frames import Message
 from wan.node import WanNode
 from xdc.config import config_from_json
@@ -50,8 +60,10 @@ REFUSED_MEMORY = 1024
 
 
 class StoreService:
-    def __init__(self, *, node: WanNode, store: BlobStore, log: EventLog, run_id: str) -> None:
+    def __init__(self, *, node: WanNode, store: BlobStore, log: EventLog, run_id: str,
+                 epochs: AnnouncedEpochs) -> None:
         self.node = node
+        self.epochs = epochs  # what the coordinator announced: the only epochs a write may raise the fence to
         self.store = store
         self.log = log
         self.run_id = run_id
@@ -72,13 +84,18 @@ class StoreService:
     def _fenced(self, msg: Message, req: Any) -> bool:
         """True if the write may proceed; otherwise refuse it (logged, error reply)."""
         current = self.store.fence_epoch()
+        reason = None
         if msg.epoch < current:
             reason = f"stale_epoch: request epoch {msg.epoch} < highest accepted write epoch {current}"
-            self.log.emit("write_rejected", kind=msg.kind, src=msg.src, req=req, msg_epoch=msg.epoch,
-                          fence_epoch=current, reason=reason)
-            self._reply(msg, "ckpt_error", {"req": req, "reason": reason})
-            return False
-        return True
+        elif msg.epoch > current and msg.epoch > (announced := self.epochs.highest_announced(msg.epoch)):
+            reason = (f"future_epoch: request epoch {msg.epoch} was never announced by the coordinator "
+                      f"(highest announced {announced})")
+        if reason is None:
+            return True
+        self.log.emit("write_rejected", kind=msg.kind, src=msg.src, req=req, msg_epoch=msg.epoch,
+                      fence_epoch=current, reason=reason)
+        self._reply(msg, "ckpt_error", {"req": req, "reason": reason})
+        return False
 
     def _accepted(self, msg: Message) -> None:
         if self.store.raise_fence_epoch(msg.epoch):
@@ -91,21 +108,21 @@ class StoreService:
 
     # ------------------------------------------------------------------ handlers
     def handle(self, msg: Message) -> None:
-        body = msg.body
-        req = body.get("req", body.get("upload") if msg.kind == "ckpt_chunk" else None)
+        req = request_id(msg.kind, msg.body)
         try:
-            if msg.kind == "ckpt_chunk":
-                self._on_chunk(msg, req)
-            elif msg.kind == "ckpt_finish":
-                self._on_finish(msg, req)
-            elif msg.kind == "ckpt_manifest":
-                self._on_manifest(msg, req)
-            elif msg.kind == "ckpt_frontier_get":
-                self._on_frontier(msg, req)
-            elif msg.kind == "ckpt_blob_get":
-                self._on_blob_get(msg, req)
-            else:
-                self._error(msg, req, f"bad_request: unknown kind {msg.kind!r}")
+            parse = PARSERS.get(msg.kind)
+            if parse is None:
+                self._error(msg, req, f"bad_request: unknown kind {msg.kind[:64]!r}")
+                return
+            typed = parse(msg.body)
+            handlers = {"ckpt_chunk": self._on_chunk, "ckpt_finish": self._on_finish,
+                        "ckpt_manifest": self._on_manifest, "ckpt_frontier_get": self._on_frontier,
+                        "ckpt_blob_get": self._on_blob_get}
+            handlers[msg.kind](msg, req, typed)
+        except BadMessage as e:
+            if msg.kind == "ckpt_chunk" and isinstance(req, str):
+                self._refuse_upload_id(req)
+            self._error(msg, req, f"bad_request: {e.reason}")
         except CorruptCheckpoint as e:
             self._error(msg, req, f"corrupt_checkpoint: {e}")
         except StoreError as e:
@@ -117,10 +134,13 @@ class StoreService:
         except Exception as e:  # a bug here must not take the store down; it is logged and answered
             self._error(msg, req, f"internal_error: {type(e).__name__}: {e}")
 
-    def _on_chunk(self, msg: Message, req: Any) -> None:
-        upload, offset = msg.body["upload"], msg.body["offset"]
-        if not isinstance(upload, str):
-            raise ValueError(f"upload id must be a string, got {upload!r}")
+    def _refuse_upload_id(self, upload: str) -> None:
+        """A malformed chunk: its upload (if the id is one) cannot complete."""
+        if isinstance(upload, str) and len(upload) <= 128:
+            self._refuse(upload)
+
+    def _on_chunk(self, msg: Message, req: Any, c: Chunk) -> None:
+        upload, offset = c.upload, c.offset
         if offset != 0 and upload in self._refused:
             # The writer was already told this upload failed; later chunks (in flight, or resent
             # by the transport after a reconnect) are dropped without a reply each.
@@ -155,8 +175,8 @@ class StoreService:
         while len(self._refused) > REFUSED_MEMORY:
             self._refused.popitem(last=False)
 
-    def _on_finish(self, msg: Message, req: Any) -> None:
-        upload, sha = msg.body["upload"], msg.body["sha256"]
+    def _on_finish(self, msg: Message, req: Any, f: Finish) -> None:
+        upload, sha = f.upload, f.sha256
         if not self._fenced(msg, req):
             self._drop_upload(upload)
             return
@@ -165,11 +185,11 @@ class StoreService:
         self._accepted(msg)
         self._reply(msg, "ckpt_blob_ok", {"req": req, "sha256": sha, "bytes": self.store.blob_size(sha)})
 
-    def _on_manifest(self, msg: Message, req: Any) -> None:
-        manifest = msg.body["manifest"]
+    def _on_manifest(self, msg: Message, req: Any, mp: ManifestPut) -> None:
+        manifest = mp.manifest
         if not self._fenced(msg, req):
             return
-        if isinstance(manifest, dict) and manifest.get("run_id") != self.run_id:
+        if manifest.get("run_id") != self.run_id:
             raise StoreError(f"manifest run_id {manifest.get('run_id')!r} is not this run ({self.run_id!r})")
         h = self.store.put_manifest(manifest)
         self._accepted(msg)
@@ -179,14 +199,14 @@ class StoreService:
                       blobs=manifest["blobs"], src=msg.src)
         self._reply(msg, "ckpt_durable", {"req": req, "manifest_hash": h, "round": manifest["round"]})
 
-    def _on_frontier(self, msg: Message, req: Any) -> None:
+    def _on_frontier(self, msg: Message, req: Any, _typed: Any) -> None:
         fr = self.store.frontier()
         h, manifest = fr if fr is not None else (None, None)
         self._reply(msg, "ckpt_frontier", {"req": req, "manifest_hash": h, "manifest": manifest})
 
-    def _on_blob_get(self, msg: Message, req: Any) -> None:
-        sha, offset, length = msg.body["sha256"], msg.body.get("offset", 0), msg.body.get("length")
-        if length is None or (isinstance(length, int) and length > self.max_part_bytes):
+    def _on_blob_get(self, msg: Message, req: Any, g: BlobGet) -> None:
+        sha, offset, length = g.sha256, g.offset, g.length
+        if length is None or length > self.max_part_bytes:
             length = self.max_part_bytes
         data = self.store.get_blob(sha, offset, length)
         total = self.store.blob_size(sha)
@@ -241,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         frontier_error = str(e)
     log.emit("store_started", removed=removed, frontier=frontier_hash, frontier_error=frontier_error,
              fence_epoch=store.fence_epoch(), bind=topo.bind_for(STORE), root=str(store.root))
-    svc = StoreService(node=node, store=store, log=log, run_id=cfg.run_id)
+    svc = StoreService(node=node, store=store, log=log, run_id=cfg.run_id,
+                       epochs=AnnouncedEpochs(run / "coordinator" / "journal.jsonl"))
     rc = 0
     last_counters = time.monotonic()
     try:

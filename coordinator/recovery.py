@@ -18,12 +18,27 @@ Policies (same failure, same target):
 
 Invariant: a freshly started site is never the source of truth. State comes from a donor
 that is a member of the current lineage, or from the durable frontier in the store.
+
+What the oracle guarantees. It sees only site faults (crash, preemption, hang, restart)
+triggered by useful tokens, i.e. by a cursor of the commit record (`drop_before`). For each
+such fault it drains the victim once, at the round boundary after the round in flight, as soon
+as the fault is less than two rounds ahead; the drain's plan names the fault (`Plan.drain`).
+So no round the victim takes part in is in flight when the fault fires, and the fault costs no
+work, provided that at that moment (1) a round has committed, (2) the victim is a member with
+at least one other member, (3) the cluster is not paused, and (4) the boundary is before the
+target. A fault drained for, or passed by the commit record, is spent (`OracleFaults`): a
+rollback below its cursor never makes the oracle anticipate it again. Hence, on a schedule of
+visible faults that meet (1)-(4), the oracle loses no work: never more than any policy on the
+same schedule. Faults it cannot see (wall-time triggers, links, the store, the coordinator) or
+cannot drain for are met as `elastic` meets them, and may cost work like any policy's.
+(`tests/test_oracle_guarantee.py` checks this on random multi-fault schedules.)
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 
 class Policy(str, enum.Enum):
@@ -59,8 +74,19 @@ class ClusterView:
     committed_cursor: int
     frontier: Frontier | None
     target_samples: int
-    drop_before: tuple[tuple[str, int], ...] = ()  # oracle only: (site, cursor at which its fault fires)
+    # oracle only: (site, cursor at which its fault fires) of every visible fault still ahead: not yet
+    # drained for, and not yet passed by the commit record (a fault fires once, the first time the
+    # commit record reaches its cursor; a later rollback below it does not make it fire again).
+    drop_before: tuple[tuple[str, int], ...] = ()
     round_samples: int = 0  # samples of one round with the current members (0 when paused)
+
+
+@dataclass(frozen=True)
+class Drain:
+    """The oracle drains `site` ahead of its fault, which fires when the commit record reaches `at_cursor`."""
+
+    site: str
+    at_cursor: int
 
 
 @dataclass(frozen=True)
@@ -74,6 +100,56 @@ class Plan:
     joiners: tuple[str, ...] = ()
     manifest_hash: str | None = None
     parent_commit: str | None = None  # the commit the next commit descends from (a branch point on restore)
+    drain: Drain | None = None  # oracle only: this epoch drains a site ahead of the fault it anticipates
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan as journaled and as sent to the sites (a site reads the fields it knows; `drain`
+        is a map {site, at_cursor} or null)."""
+        d = asdict(self)
+        d["restore"] = self.restore.value
+        d["members"], d["joiners"] = list(self.members), list(self.joiners)
+        return d
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> Plan:
+        """Inverse of to_json (a journal written before `drain` existed reads as drain=None)."""
+        drain = d.get("drain")
+        return Plan(members=tuple(d["members"]), paused=bool(d["paused"]), start_round=int(d["start_round"]),
+                    start_cursor=int(d["start_cursor"]), restore=Restore(d["restore"]), donor=d.get("donor"),
+                    joiners=tuple(d.get("joiners", ())), manifest_hash=d.get("manifest_hash"),
+                    parent_commit=d.get("parent_commit"),
+                    drain=Drain(str(drain["site"]), int(drain["at_cursor"])) if drain else None)
+
+
+@dataclass(frozen=True)
+class OracleFaults:
+    """The faults the oracle can see, and which of them are spent.
+
+    A fault is spent once the oracle drained its victim for it, or once the commit record reached
+    its cursor (it fired then, or would have: the chaos driver fires a progress trigger once).
+    Neither is undone by a rollback, a restart from the store or a coordinator restart (the
+    coordinator replays both from its journal), so each fault is anticipated at most once.
+    """
+
+    faults: tuple[tuple[str, int], ...] = ()  # (site, cursor at which its fault fires), scenario order
+    drained: frozenset[int] = frozenset()  # indices into `faults` the oracle drained for
+    passed_cursor: int = 0  # the highest cursor the commit record ever reached
+
+    def ahead(self) -> tuple[tuple[str, int], ...]:
+        """The faults still to come: what `ClusterView.drop_before` holds."""
+        return tuple(f for i, f in enumerate(self.faults) if i not in self.drained and f[1] > self.passed_cursor)
+
+    def after_commit(self, cursor_end: int) -> OracleFaults:
+        return replace(self, passed_cursor=max(self.passed_cursor, cursor_end))
+
+    def after_plan(self, plan: Plan) -> OracleFaults:
+        """Mark the fault a plan drains for as spent (the first unspent one it names)."""
+        if plan.drain is None:
+            return self
+        for i, f in enumerate(self.faults):
+            if i not in self.drained and f == (plan.drain.site, plan.drain.at_cursor):
+                return replace(self, drained=self.drained | {i})
+        return self
 
 
 def _resume(v: ClusterView) -> tuple[int, int]:
@@ -122,7 +198,7 @@ def decide_recovery(now_ns: int, v: ClusterView, policy: Policy) -> tuple[Plan |
                 if nxt is None:
                     continue
                 rest = tuple(m for m in v.members if m != site)
-                return (Plan(rest, False, nxt[0], nxt[1], Restore.NONE),
+                return (Plan(rest, False, nxt[0], nxt[1], Restore.NONE, drain=Drain(site, at_cursor)),
                         f"oracle: {site} will fail at cursor {at_cursor}; drained and dropped it from round {nxt[0]}")
 
     # 3. Restarted sites want in.

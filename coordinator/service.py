@@ -25,8 +25,10 @@ from typing import Any
 
 from coordinator import membership as mb
 from coordinator.journal import Journal
-from coordinator.recovery import (ClusterView, Frontier, Plan, Policy, Restore, checkpoint_before_waiting,
-                                  decide_recovery)
+from coordinator.messages import (BadMessage, CheckpointDurable, Heartbeat, Join, PeerUnreachable, PreemptNotice,
+                                  RoundDone, SiteDone, Telemetry, parse)
+from coordinator.recovery import (ClusterView, Frontier, OracleFaults, Plan, Policy, Restore,
+                                  checkpoint_before_waiting, decide_recovery)
 from wan.frames import Message, TrafficClass
 from wan.node import WanNode
 from site_agent.schedule import samples_per_round, target_samples
@@ -35,6 +37,8 @@ from xdc.eventlog import EventLog
 from xdc.topology import COORD, Topology
 
 CONTROL = TrafficClass.CONTROL.value
+# Members run at most about one round ahead of the commit record; a report further ahead is absurd.
+ROUND_WINDOW = 8
 
 
 class Coordinator:
@@ -55,7 +59,11 @@ class Coordinator:
         self.prev: tuple[int, tuple[str, ...]] | None = None  # (epoch, members) before the current epoch
         self.epoch_members: dict[int, tuple[str, ...]] = {}  # recent epochs, for reports of rounds in flight
         self.checkpoint_first_epoch = -1
-        self.oracle_applied: set[str] = set()  # sites the oracle already drained (once per scenario fault)
+        # The faults the oracle sees, and which are spent (drained for, or passed): each fires once.
+        self.oracle = OracleFaults(tuple((site, -(-tokens // cfg.model.seq_len))
+                                         for site, tokens in cfg.recovery.oracle_faults)
+                                   if self.policy == Policy.ORACLE else ())
+        self.replanned: set[tuple[str, int, int]] = set()  # (site, incarnation, epoch) re-sent its plan
         self.resync = False
         self.checkpoint_first = False  # the next pause asks the leader to checkpoint first (preemption)
         self.commits: list[dict[str, Any]] = []
@@ -63,8 +71,8 @@ class Coordinator:
         self.committed_round = -1
         self.committed_cursor = 0
         self.frontier: Frontier | None = None
-        self.oracle_dropped: set[tuple[str, int]] = set()
-        self.reports: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
+        self.oracle_dropped: set[tuple[str, int]] = set()  # (site, incarnation) drained ahead of its fault
+        self.reports: dict[tuple[int, int], dict[str, RoundDone]] = {}
         self.hb_stats: dict[str, dict[str, float]] = {}
         self.last_reason = ""
         self.last_recovery_reason = ""
@@ -85,9 +93,10 @@ class Coordinator:
                 self.commits.append(r)
                 self._advance(r)
             elif r["type"] == "epoch":
-                plan = Plan(**{**r["plan"], "members": tuple(r["plan"]["members"]),
-                               "joiners": tuple(r["plan"]["joiners"]), "restore": Restore(r["plan"]["restore"])})
+                plan = Plan.from_json(r["plan"])
                 self.plan = plan
+                self.oracle = self.oracle.after_plan(plan)
+                self.oracle_dropped |= {(str(s), int(i)) for s, i in r.get("held_out", [])}
                 sites = {s: mb.Site(s, mb.SiteState.ACTIVE if s in plan.members else mb.SiteState.FAILED, now)
                          for s in self.cfg.cluster.sites}
                 self.m = mb.Membership(epoch=r["epoch"], members=plan.members, sites=sites)
@@ -104,6 +113,7 @@ class Coordinator:
         self.tip = commit["commit_id"]
         self.committed_round = commit["round"]
         self.committed_cursor = commit["cursor_end"]
+        self.oracle = self.oracle.after_commit(commit["cursor_end"])
 
     def _apply_plan_lineage(self, plan: Plan) -> None:
         """A restore from the store branches the lineage at the frontier's commit."""
@@ -113,75 +123,134 @@ class Coordinator:
             self.committed_cursor = plan.start_cursor
 
     # ------------------------------------------------------------------ handlers
-    def on_message(self, msg: Message, now_ns: int) -> None:
-        kind = msg.kind
-        if kind == "join":
-            if (msg.src, msg.inc) in self.oracle_dropped:
-                self.log.emit("join_deferred", site=msg.src, reason="oracle dropped this incarnation before its fault")
-                return
-            before = self.m.sites.get(msg.src)
-            if msg.body.get("rejoin") and msg.src in self.m.members:
-                # A member lost its state (a restore failed): it leaves and comes back as a joiner.
-                self.m = mb.set_state(self.m, msg.src, "removed")
-            self.m = mb.on_join(self.m, msg.src, now_ns, msg.inc)
-            self.log.emit("site_joined", site=msg.src, incarnation=msg.inc, pid=msg.body.get("pid"),
-                          state=self.m.sites[msg.src].state.value,
-                          previous_state=before.state.value if before else None)
-            if self.m.epoch > 0 and msg.src in self.m.members and self.m.sites[msg.src].state == mb.SiteState.ACTIVE:
-                self.send_plan([msg.src])  # a lost reply: tell it again
-        elif kind == "heartbeat":
-            self.m = mb.on_heartbeat(self.m, msg.src, now_ns, 0)
-            st = self.hb_stats.setdefault(msg.src, {"n": 0, "max_delay_ms": 0.0, "max_gap_ms": 0.0, "last_ns": 0})
-            delay_ms = (now_ns - int(msg.body.get("sent_mono_ns", now_ns))) / 1e6
-            if st["last_ns"]:
-                st["max_gap_ms"] = max(st["max_gap_ms"], (now_ns - st["last_ns"]) / 1e6)
-            st["last_ns"] = now_ns
-            st["n"] += 1
-            st["max_delay_ms"] = max(st["max_delay_ms"], delay_ms)
-            # A member we removed is still alive (it hung, or was partitioned): tell it, so it rejoins.
-            site = self.m.sites.get(msg.src)
-            if site is not None and self.m.epoch > 0 and msg.src not in self.m.members \
-                    and int(msg.body.get("epoch", 0)) not in (0, self.m.epoch) and site.state == mb.SiteState.FAILED:
-                self.send_plan([msg.src])
-        elif kind == "round_done":
-            self.on_round_done(msg)
-        elif kind == "site_done":
-            if msg.epoch == self.m.epoch and msg.src in self.m.members:
-                self.m = mb.on_done(self.m, msg.src)
-                self.log.emit("site_done", site=msg.src, round=msg.body.get("round"))
-        elif kind == "telemetry":
-            self.log.emit("site_metrics", site=msg.src, **{k: v for k, v in msg.body.items() if k != "site"})
-        elif kind == "preempt_notice":
-            first, why = checkpoint_before_waiting(self.policy)
-            self.log.emit("preemption_notice", site=msg.src, grace_s=msg.body.get("grace_s"),
-                          checkpoint_first=first, reason=why)
-            self.checkpoint_first = first
-            self.m = mb.set_state(self.m, msg.src, "announced_failure")
-            self.log.emit("site_failed", site=msg.src, reason="announced its preemption")
-        elif kind == "checkpoint_durable":
-            if msg.epoch != self.m.epoch and msg.epoch not in self.epoch_members:
-                self.log.emit("report_rejected", site=msg.src, kind=kind, reason=f"stale epoch {msg.epoch}")
-                return
-            b = msg.body
-            commit = next((c["commit_id"] for c in reversed(self.commits)
-                           if c["round"] == b["round"] and c["cursor_end"] == b["cursor"]), None)
-            self.frontier = Frontier(int(b["round"]), int(b["cursor"]), str(b["manifest_hash"]), commit)
-            self.journal.append({"type": "frontier", **asdict(self.frontier)})
-            self.log.emit("frontier", **asdict(self.frontier))
-        elif kind == "peer_unreachable":
-            peer = str(msg.body.get("peer"))
-            if msg.epoch != self.m.epoch:
-                self.log.emit("report_rejected", site=msg.src, kind=kind, reason=f"stale epoch {msg.epoch}")
-                return
-            if msg.src in self.m.members and peer in self.m.members and self.m.sites[msg.src].state == mb.SiteState.ACTIVE:
-                # Tie-break for a partition reported from both sides: drop the larger name.
-                victim = max(peer, msg.src) if msg.body.get("mutual") else peer
-                self.m = mb.set_state(self.m, victim, "announced_failure")
-                self.log.emit("site_failed", site=victim, reason=f"{msg.src} cannot reach {peer}: {msg.body.get('detail')}")
+    def handle(self, msg: Message, now_ns: int) -> None:
+        """One received message: validated, then applied. Nothing in a message can stop the loop."""
+        try:
+            self.on_message(msg, now_ns)
+        except BadMessage as e:
+            self._reject(msg, f"bad_body: {e.reason}")
+        except Exception as e:  # a bug met by one message is logged; the coordinator goes on
+            self._reject(msg, f"internal_error: {type(e).__name__}: {str(e)[:500]}")
 
-    def on_round_done(self, msg: Message) -> None:
-        b = msg.body
-        rnd = int(b["round"])
+    def _reject(self, msg: Message, reason: str, **extra: Any) -> None:
+        self.log.emit("report_rejected", kind=str(msg.kind)[:64], src=msg.src, site=msg.src, msg_epoch=msg.epoch,
+                      reason=reason, **extra)
+
+    def on_message(self, msg: Message, now_ns: int) -> None:
+        """Check the epoch and the body against the kind's typed message, then dispatch (BadMessage if bad)."""
+        if msg.epoch < 0 or msg.epoch > self.m.epoch:
+            # Never announced: no site can be in a later epoch than the coordinator (it journals an
+            # epoch before anyone hears of it, and recovers it from the journal after a crash).
+            self._reject(msg, f"future_epoch: message epoch {msg.epoch} was never announced "
+                              f"(current epoch {self.m.epoch})")
+            return
+        typed = parse(msg.kind, msg.body)
+        handlers = {"join": self._on_join, "heartbeat": self._on_heartbeat, "round_done": self.on_round_done,
+                    "site_done": self._on_site_done, "telemetry": self._on_telemetry,
+                    "preempt_notice": self._on_preempt_notice, "checkpoint_durable": self._on_checkpoint_durable,
+                    "peer_unreachable": self._on_peer_unreachable}
+        handlers[msg.kind](msg, typed, now_ns)
+
+    def _on_join(self, msg: Message, j: Join, now_ns: int) -> None:
+        if (msg.src, msg.inc) in self.oracle_dropped:
+            self.log.emit("join_deferred", site=msg.src, reason="oracle dropped this incarnation before its fault")
+            return
+        before = self.m.sites.get(msg.src)
+        if j.rejoin and msg.src in self.m.members and self._answer_active_rejoin(msg, before):
+            return
+        if j.rejoin and msg.src in self.m.members:
+            # A member lost its state (a restore failed twice): it leaves and comes back as a joiner.
+            self.m = mb.set_state(self.m, msg.src, "removed")
+        self.m = mb.on_join(self.m, msg.src, now_ns, msg.inc)
+        self.log.emit("site_joined", site=msg.src, incarnation=msg.inc, pid=j.pid,
+                      state=self.m.sites[msg.src].state.value,
+                      previous_state=before.state.value if before else None)
+        if self.m.epoch > 0 and msg.src in self.m.members and self.m.sites[msg.src].state == mb.SiteState.ACTIVE:
+            self.send_plan([msg.src])  # a lost reply: tell it again
+
+    def _answer_active_rejoin(self, msg: Message, before: mb.Site | None) -> bool:
+        """A member asks to be admitted again although it is alive (same incarnation, heartbeating):
+        it could not apply a plan (e.g. it skipped an epoch). That is not its death: it gets the
+        current plan again. Once per (incarnation, epoch): asking twice in the same epoch means it
+        really lost its state, and it is readmitted as a joiner (False)."""
+        if before is None or before.incarnation != msg.inc or before.state not in (mb.SiteState.ACTIVE,
+                                                                                   mb.SiteState.SUSPECT):
+            return False
+        key = (msg.src, msg.inc, self.m.epoch)
+        if msg.epoch < self.m.epoch:
+            why = f"it asked in epoch {msg.epoch}, before it had epoch {self.m.epoch}: sent the current plan"
+        elif key not in self.replanned:
+            self.replanned.add(key)
+            why = (f"an active member (same incarnation) could not apply epoch {self.m.epoch}: it is alive, "
+                   f"not failed; sent the current plan again")
+        else:
+            return False
+        self.log.emit("rejoin_answered", site=msg.src, incarnation=msg.inc, msg_epoch=msg.epoch,
+                      state=before.state.value, reason=why)
+        self.send_plan([msg.src])
+        return True
+
+    def _on_heartbeat(self, msg: Message, hb: Heartbeat, now_ns: int) -> None:
+        if hb.epoch > self.m.epoch:
+            self._reject(msg, f"future_epoch: heartbeat says epoch {hb.epoch}, never announced "
+                              f"(current epoch {self.m.epoch})")
+            return
+        self.m = mb.on_heartbeat(self.m, msg.src, now_ns, 0)
+        st = self.hb_stats.setdefault(msg.src, {"n": 0, "max_delay_ms": 0.0, "max_gap_ms": 0.0, "last_ns": 0})
+        delay_ms = (now_ns - hb.sent_mono_ns) / 1e6 if hb.sent_mono_ns is not None else 0.0
+        if st["last_ns"]:
+            st["max_gap_ms"] = max(st["max_gap_ms"], (now_ns - st["last_ns"]) / 1e6)
+        st["last_ns"] = now_ns
+        st["n"] += 1
+        st["max_delay_ms"] = max(st["max_delay_ms"], delay_ms)
+        # A member we removed is still alive (it hung, or was partitioned): tell it, so it rejoins.
+        site = self.m.sites.get(msg.src)
+        if site is not None and self.m.epoch > 0 and msg.src not in self.m.members \
+                and hb.epoch not in (0, self.m.epoch) and site.state == mb.SiteState.FAILED:
+            self.send_plan([msg.src])
+
+    def _on_site_done(self, msg: Message, d: SiteDone, _now_ns: int) -> None:
+        if msg.epoch == self.m.epoch and msg.src in self.m.members:
+            self.m = mb.on_done(self.m, msg.src)
+            self.log.emit("site_done", site=msg.src, round=d.round)
+
+    def _on_telemetry(self, msg: Message, t: Telemetry, _now_ns: int) -> None:
+        self.log.emit("site_metrics", site=msg.src, metrics=dict(t.metrics))  # nested: no key can collide
+
+    def _on_preempt_notice(self, msg: Message, p: PreemptNotice, _now_ns: int) -> None:
+        first, why = checkpoint_before_waiting(self.policy)
+        self.log.emit("preemption_notice", site=msg.src, grace_s=p.grace_s, checkpoint_first=first, reason=why)
+        self.checkpoint_first = first
+        self.m = mb.set_state(self.m, msg.src, "announced_failure")
+        self.log.emit("site_failed", site=msg.src, reason="announced its preemption")
+
+    def _on_checkpoint_durable(self, msg: Message, c: CheckpointDurable, _now_ns: int) -> None:
+        if msg.epoch != self.m.epoch and msg.epoch not in self.epoch_members:
+            self._reject(msg, f"stale epoch {msg.epoch}")
+            return
+        commit = next((x["commit_id"] for x in reversed(self.commits)
+                       if x["round"] == c.round and x["cursor_end"] == c.cursor), None)
+        self.frontier = Frontier(c.round, c.cursor, c.manifest_hash, commit)
+        self.journal.append({"type": "frontier", **asdict(self.frontier)})
+        self.log.emit("frontier", **asdict(self.frontier))
+
+    def _on_peer_unreachable(self, msg: Message, p: PeerUnreachable, _now_ns: int) -> None:
+        if msg.epoch != self.m.epoch:
+            self._reject(msg, f"stale epoch {msg.epoch}")
+            return
+        if msg.src in self.m.members and p.peer in self.m.members \
+                and self.m.sites[msg.src].state == mb.SiteState.ACTIVE:
+            # Tie-break for a partition reported from both sides: drop the larger name.
+            victim = max(p.peer, msg.src) if p.mutual else p.peer
+            self.m = mb.set_state(self.m, victim, "announced_failure")
+            self.log.emit("site_failed", site=victim, reason=f"{msg.src} cannot reach {p.peer}: {p.detail}")
+
+    def on_round_done(self, msg: Message, r: RoundDone, _now_ns: int = 0) -> None:
+        rnd = r.round
+        if rnd > self.committed_round + ROUND_WINDOW:
+            self._reject(msg, f"round {rnd} is more than {ROUND_WINDOW} rounds past the commit record "
+                              f"({self.committed_round})", round=rnd)
+            return
         # The current epoch, or the previous one for the round it still had in flight when a
         # change was scheduled for the next boundary (nothing in flight is thrown away).
         if self.plan is not None and msg.epoch == self.m.epoch and msg.src in self.m.members:
@@ -190,24 +259,27 @@ class Coordinator:
               and self.plan is not None and rnd < self.plan.start_round and rnd == self.committed_round + 1):
             epoch, members = msg.epoch, self.epoch_members[msg.epoch]
         else:
-            self.log.emit("report_rejected", site=msg.src, round=rnd,
-                          reason=f"epoch {msg.epoch} is not current {self.m.epoch} or not a member")
+            self._reject(msg, f"epoch {msg.epoch} is not current {self.m.epoch} or not a member", round=rnd)
             return
         key = (epoch, rnd)
-        self.reports.setdefault(key, {})[msg.src] = b
+        self.reports.setdefault(key, {})[msg.src] = r
         got = self.reports[key]
         if set(got) != set(members):
             return
         del self.reports[key]
-        hashes = {s: r["param_hash"] for s, r in got.items()}
+        self._try_commit(epoch, rnd, members, got)
+
+    def _try_commit(self, epoch: int, rnd: int, members: tuple[str, ...], got: dict[str, RoundDone]) -> None:
+        hashes = {s: r.param_hash for s, r in got.items()}
         if len(set(hashes.values())) != 1:
             self.log.emit("commit_refused", round=rnd, reason="parameter hashes differ", hashes=hashes)
             return
-        starts = {int(r["cursor_start"]) for r in got.values()}
-        if starts != {self.committed_cursor}:
+        starts = {r.cursor_start for r in got.values()}
+        ends = {r.cursor_end for r in got.values()}
+        if starts != {self.committed_cursor} or len(ends) != 1:
             # The lineage must cover the samples without a gap or an overlap: resync everyone.
-            self.log.emit("commit_refused", round=rnd, reason=f"cursor {sorted(starts)} does not continue the "
-                                                              f"commit record at {self.committed_cursor}")
+            self.log.emit("commit_refused", round=rnd, reason=f"cursors {sorted(starts)}..{sorted(ends)} do not "
+                                                              f"continue the commit record at {self.committed_cursor}")
             self.resync = True
             return
         first = got[members[0]]
@@ -216,14 +288,14 @@ class Coordinator:
             "commit_id": f"e{epoch}r{rnd}",
             "parent": self.tip,
             "round": rnd,
-            "step": int(first["step"]),
+            "step": first.step,
             "epoch": epoch,
             "members": list(members),
-            "param_hash": next(iter(hashes.values())),
-            "cursor_start": int(first["cursor_start"]),
-            "cursor_end": int(first["cursor_end"]),
-            "tokens": {s: int(r["tokens"]) for s, r in got.items()},
-            "flops": {s: float(r["flops"]) for s, r in got.items()},
+            "param_hash": first.param_hash,
+            "cursor_start": first.cursor_start,
+            "cursor_end": first.cursor_end,
+            "tokens": {s: r.tokens for s, r in got.items()},
+            "flops": {s: r.flops for s, r in got.items()},
         }
         record["useful_tokens"] = record["cursor_end"] * self.cfg.model.seq_len
         self.journal.append(record)  # durable before anyone is told
@@ -235,13 +307,12 @@ class Coordinator:
     def send_plan(self, to: list[str]) -> None:
         if self.plan is None:
             return
-        body = {"epoch": self.m.epoch, **asdict(self.plan), "target_samples": self.target,
+        body = {"epoch": self.m.epoch, **self.plan.to_json(), "target_samples": self.target,
                 "frontier_manifest": self.frontier.manifest_hash if self.frontier else None}
-        body["restore"] = self.plan.restore.value
         # Checkpoint first: a preemption notice under restart (the paused survivors' leader), or the
         # oracle's drain before a fault (the continuing members' leader), for this epoch only.
         body["checkpoint_first"] = bool(self.checkpoint_first_epoch == self.m.epoch
-                                        and (self.plan.paused or self.policy == Policy.ORACLE))
+                                        and (self.plan.paused or self.plan.drain is not None))
         for s in to:
             self.node.send(s, "membership", CONTROL, body, epoch=self.m.epoch)
 
@@ -252,8 +323,7 @@ class Coordinator:
                        or (s in self.m.members and st.state == mb.SiteState.JOINING))
         joiners = tuple(sorted(s for s, st in self.m.sites.items()
                                if st.state == mb.SiteState.JOINING and s not in self.m.members))
-        drops = tuple((site, -(-tokens // self.cfg.model.seq_len)) for site, tokens in self.cfg.recovery.oracle_faults
-                      if site not in self.oracle_applied)
+        drops = self.oracle.ahead()
         paused = bool(self.plan and self.plan.paused)
         return ClusterView(expected=tuple(self.cfg.cluster.sites), epoch=self.m.epoch, members=self.m.members,
                            paused=paused, failed=failed, joiners=joiners,
@@ -267,17 +337,19 @@ class Coordinator:
         sites = dict(self.m.sites)
         for s in plan.members:
             sites[s] = replace(sites[s], state=mb.SiteState.ACTIVE)
-        for s in old_members - set(plan.members):
-            if self.policy == Policy.ORACLE and sites[s].state in (mb.SiteState.ACTIVE, mb.SiteState.SUSPECT):
-                # Dropped while alive, ahead of its fault: keep it out until a new incarnation joins.
-                self.oracle_dropped.add((s, sites[s].incarnation))
-                sites[s] = replace(sites[s], state=mb.SiteState.FAILED)
+        held_out: list[tuple[str, int]] = []
+        if plan.drain is not None and plan.drain.site in sites:
+            # Drained while alive, ahead of its fault: keep it out until a new incarnation joins.
+            s = plan.drain.site
+            held_out.append((s, sites[s].incarnation))
+            self.oracle_dropped.add(held_out[-1])
+            sites[s] = replace(sites[s], state=mb.SiteState.FAILED)
         self.prev = (self.m.epoch, self.m.members) if self.m.epoch > 0 else None
         if self.prev:
             self.epoch_members[self.prev[0]] = self.prev[1]
             self.epoch_members = {e: m for e, m in self.epoch_members.items() if e >= epoch - 4}
-        if self.policy == Policy.ORACLE and "drained and dropped" in reason:
-            self.oracle_applied |= set(old_members) - set(plan.members)
+        if plan.drain is not None:
+            self.oracle = self.oracle.after_plan(plan)
             self.checkpoint_first_epoch = epoch
         self.m = mb.Membership(epoch=epoch, members=plan.members, sites=sites)
         self.plan = plan
@@ -289,12 +361,13 @@ class Coordinator:
         # epoch was scheduled; on_round_done decides precisely which of those reports count.
         self.node.set_fence(min(self.epoch_members) if self.epoch_members else epoch)
         self.log.set_context(epoch=epoch)
-        self.journal.append({"type": "epoch", "epoch": epoch, "plan": {**asdict(plan), "restore": plan.restore.value},
-                             "reason": reason})
+        self.journal.append({"type": "epoch", "epoch": epoch, "plan": plan.to_json(), "reason": reason,
+                             "held_out": [list(h) for h in held_out]})
         self.log.emit("membership_epoch", members=list(plan.members), paused=plan.paused,
                       start_round=plan.start_round, start_cursor=plan.start_cursor, restore=plan.restore.value,
                       donor=plan.donor, joiners=list(plan.joiners), manifest_hash=plan.manifest_hash,
-                      parent_commit=plan.parent_commit, policy=self.policy.value, reason=reason)
+                      parent_commit=plan.parent_commit, drain=plan.to_json()["drain"], policy=self.policy.value,
+                      reason=reason)
         # Everyone who should know: the new members and the sites that were just removed.
         alive = {s for s, st in self.m.sites.items()}
         self.send_plan(sorted((set(plan.members) | old_members) & alive))
@@ -341,9 +414,9 @@ class Coordinator:
             self.node.check()
             try:
                 msg = self.q.get(timeout=0.05)
-                self.on_message(msg, time.monotonic_ns())
+                self.handle(msg, time.monotonic_ns())
                 while True:  # drain what else is queued before deciding
-                    self.on_message(self.q.get_nowait(), time.monotonic_ns())
+                    self.handle(self.q.get_nowait(), time.monotonic_ns())
             except queue.Empty:
                 pass
             self.step_membership(time.monotonic_ns())

@@ -25,6 +25,7 @@ import torch
 
 from checkpoint_store.blobstore import BlobStore, CorruptCheckpoint, StoreError, canonical_json, manifest_hash
 from checkpoint_store.client import StoreClient
+from coordinator.journal import AnnouncedEpochs, Journal
 from wan.keys import generate_cluster_keys
 from wan.node import WanNode
 from wan.toxiproxy import ToxiproxyClient, ToxiproxyServer, apply_link_spec, free_port
@@ -267,6 +268,25 @@ class Cluster:
     def client(self, chunk_bytes: int = 32 * 1024) -> StoreClient:
         return StoreClient(self.node, self.inbox, self.log, chunk_bytes)
 
+    def announce(self, epoch: int) -> None:
+        """What the coordinator does before any site hears of an epoch: journal it."""
+        j = Journal(self.run / "coordinator" / "journal.jsonl")
+        j.append({"type": "epoch", "epoch": epoch, "plan": {}, "reason": "test"})
+        j.close()
+
+    def request(self, kind: str, body: dict, req: str, timeout_s: float = 20) -> dict:
+        """Send one raw request to the store and wait for the reply that echoes `req`."""
+        self.node.send("store", kind, "checkpoint", body)
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            try:
+                msg = self.inbox.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if msg.body.get("req") == req:
+                return {"kind": msg.kind, "epoch": msg.epoch, **msg.body}
+        raise AssertionError(f"no reply to {kind} {req}")
+
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
@@ -405,6 +425,7 @@ def test_save_and_load_in_ranges_over_the_wan(cluster: Cluster) -> None:
 def test_stale_epoch_manifest_is_refused_and_frontier_unchanged(cluster: Cluster) -> None:
     store = cluster.start_store()
     node = cluster.node
+    cluster.announce(5)
     node.set_fence(5)
     client = cluster.client()
     fields = {"run_id": "t1", "ckpt_id": "c1", "round": 1, "step": 8, "epoch": 5, "parent": None, "samples": 64}
@@ -448,3 +469,80 @@ def test_stale_epoch_manifest_is_refused_and_frontier_unchanged(cluster: Cluster
     node.set_fence(5)
     assert client.frontier(timeout_s=20) == (h1, m1)
     assert json.loads((cluster.run / "store" / "manifests" / f"{h1}.json").read_text()) == m1
+
+
+def test_announced_epochs_follow_the_coordinators_journal_as_it_grows(tmp_path: Path) -> None:
+    path = tmp_path / "coordinator" / "journal.jsonl"
+    epochs = AnnouncedEpochs(path)
+    assert epochs.highest_announced(3) == 0  # no journal yet: nothing announced
+    j = Journal(path)
+    j.append({"type": "epoch", "epoch": 1, "plan": {}})
+    j.append({"type": "commit", "epoch": 7, "round": 0})  # a commit record announces nothing
+    assert epochs.highest_announced(7) == 1
+    with open(path, "a") as f:
+        f.write('{"type": "epoch", "epoch": 2')  # a record being written: not read yet
+    assert epochs.highest_announced(2) == 1
+    with open(path, "a") as f:
+        f.write(', "plan": {}}\n')
+    assert epochs.highest_announced(2) == 2
+    j.close()
+
+
+@pytest.mark.integration
+def test_future_epoch_write_is_refused_and_never_raises_the_fence(cluster: Cluster) -> None:
+    """An insider sends writes in epoch 10**9: refused with a logged reason; later writes still work."""
+    store = cluster.start_store()
+    node, client = cluster.node, cluster.client()
+    cluster.announce(1)
+    node.set_fence(10**9)
+    fields = {"run_id": "t1", "ckpt_id": "f1", "round": 1, "step": 8, "epoch": 10**9, "parent": None, "samples": 64}
+    with pytest.raises(StoreError, match="future_epoch"):
+        client.save({"model": {"w": torch.randn(256)}}, fields, timeout_s=20)
+    reply = cluster.request("ckpt_manifest", {"req": "future-m", "manifest": {"run_id": "t1"}}, "future-m")
+    assert reply["kind"] == "ckpt_error" and reply["reason"].startswith("future_epoch: request epoch 1000000000 "
+                                                                        "was never announced"), reply
+    rejected = [e for e in cluster.events("write_rejected", store.pid) if e["reason"].startswith("future_epoch")]
+    assert rejected and all(e["fence_epoch"] == 0 for e in rejected)
+    assert not cluster.events("store_fence_raised", store.pid)
+    assert not (cluster.run / "store" / "FENCE_EPOCH").exists()
+    # The real writer of the announced epoch is not locked out.
+    node.set_fence(1)
+    h, _m = client.save({"model": {"w": torch.randn(256)}}, dict(fields, epoch=1), timeout_s=20)
+    assert client.frontier(timeout_s=20)[0] == h
+    # An epoch announced later is admitted as soon as the coordinator journaled it.
+    cluster.announce(2)
+    node.set_fence(2)
+    h2, _ = client.save({"model": {"w": torch.randn(256)}}, dict(fields, ckpt_id="f2", epoch=2, parent=h), timeout_s=20)
+    assert (cluster.run / "store" / "FENCE_EPOCH").read_text().strip() == "2"
+    assert client.frontier(timeout_s=20)[0] == h2
+
+
+BAD_REQUESTS = [
+    ("ckpt_chunk", {"req": "b1", "upload": "u1", "offset": "x", "sha256": "0" * 64}, "field 'offset' must be an integer"),
+    ("ckpt_chunk", {"req": "b2", "upload": "u2", "sha256": "0" * 64}, "missing field 'offset'"),
+    ("ckpt_chunk", {"req": "b3", "upload": "../etc", "offset": 0}, "field 'upload'"),
+    ("ckpt_finish", {"req": "b4", "upload": "u4", "sha256": "XYZ"}, "field 'sha256'"),
+    ("ckpt_manifest", {"req": "b5", "manifest": [1, 2]}, "field 'manifest' must be a map"),
+    ("ckpt_manifest", {"req": "b6", "manifest": {"run_id": "t1", "ckpt_id": "x", "round": float("nan"), "step": 0,
+                                                 "epoch": 0, "parent": None, "samples": 1, "blobs": {},
+                                                 "created_wall_ns": 1}}, "field 'round' must be a non-negative"),
+    ("ckpt_blob_get", {"req": "b7", "sha256": "0" * 64, "offset": -1}, "field 'offset' = -1 is outside"),
+    ("ckpt_blob_get", {"req": "b8", "sha256": "0" * 64, "length": 2 ** 63}, "field 'length'"),
+    ("ckpt_blob_get", {"req": "b9", "sha256": ["0"], "event": "x"}, "field 'sha256' must be a string"),
+]
+
+
+@pytest.mark.integration
+def test_malformed_requests_are_answered_with_a_precise_reason_and_the_store_serves_on(cluster: Cluster) -> None:
+    store = cluster.start_store()
+    for kind, body, want in BAD_REQUESTS:
+        reply = cluster.request(kind, body, body["req"])
+        assert reply["kind"] == "ckpt_error" and want in reply["reason"], (kind, body, reply)
+        assert reply["reason"].startswith(("bad_request:", "store_error:")), reply
+    failed = cluster.events("ckpt_request_failed", store.pid)
+    assert {e["req"] for e in failed} >= {b["req"] for _k, b, _w in BAD_REQUESTS}
+    assert store.poll() is None
+    client = cluster.client()
+    fields = {"run_id": "t1", "ckpt_id": "ok", "round": 1, "step": 8, "epoch": 0, "parent": None, "samples": 64}
+    h, _m = client.save({"model": {"w": torch.randn(256)}}, fields, timeout_s=20)
+    assert client.frontier(timeout_s=20)[0] == h

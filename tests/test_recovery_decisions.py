@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from coordinator.recovery import (ClusterView, Frontier, Plan, Policy, Restore, checkpoint_before_waiting,
+from coordinator.recovery import (ClusterView, Drain, Frontier, Plan, Policy, Restore, checkpoint_before_waiting,
                                   decide_recovery)
 
 BASE = ClusterView(expected=("a", "b", "c"), epoch=1, members=("a", "b", "c"), paused=False, failed=(),
@@ -57,7 +57,7 @@ def test_lone_fresh_member_never_becomes_the_source_of_truth():
 def test_oracle_drops_the_victim_at_the_boundary_before_its_fault():
     v = replace(BASE, drop_before=(("b", 600),))
     plan, why = decide_recovery(0, v, Policy.ORACLE)
-    assert plan == Plan(("a", "c"), False, 6, 576, Restore.NONE)
+    assert plan == Plan(("a", "c"), False, 6, 576, Restore.NONE, drain=Drain("b", 600))
     assert why.startswith("oracle: b will fail at cursor 600")
     far = replace(BASE, drop_before=(("b", 900),))
     assert decide_recovery(0, far, Policy.ORACLE) == (None, "no change")
