@@ -1,7 +1,12 @@
 """Bad input against a live cluster: every frame is rejected with a logged reason, the site trains on.
 
 A real `xdc run` (real processes, real Toxiproxy); the test connects its own ZeroMQ sockets
-straight to site a's listening port, as an intruder on the network would.
+straight to site a's listening port, as an intruder on the network would. The insider holds
+the coordinator's key pair (a cluster key whose owner never connects to a site); the outsiders
+have no key (a plain ZMTP socket) or a key the cluster does not know. Each outsider's refusal
+is told apart by the monitor event libzmq reports for it: a CURVE server meeting a NULL client
+fails with a protocol error, an unknown CURVE key with the ZAP handler's status 400
+(HANDSHAKE_FAILED_AUTH).
 """
 
 from __future__ import annotations
@@ -30,6 +35,16 @@ def _dealer(ctx: zmq.Context, addr: str, *, identity: bytes, keys: tuple[bytes, 
     return s
 
 
+def _reasons(run_dir) -> list[dict]:
+    return [e for e in events(run_dir, "a") if e["event"] == "frame_rejected"]
+
+
+def _wait_for(pred, timeout_s: float = 30.0) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s and not pred():
+        time.sleep(0.25)
+
+
 def test_malformed_oversized_stale_and_unauthenticated_frames_are_rejected_and_site_keeps_training(background_run):
     run = background_run(["train.mode=sync", "train.target_useful_tokens=98304", "train.threads_per_site=1",
                           "train.device=cpu", "wan.max_frame_bytes=2097152", "train.checkpoint_every_rounds=100"])
@@ -54,30 +69,37 @@ def test_malformed_oversized_stale_and_unauthenticated_frames_are_rejected_and_s
 
         s.send_multipart(msg(epoch=0))  # stale epoch (the cluster is in epoch 1)
         s.send_multipart(msg(run="someone-elses-run"))  # wrong run id
-        s.send_multipart(msg(src="mallory"))  # not a member
+        s.send_multipart(msg(src="mallory"))  # the coordinator's key claiming another name
+        s.send_multipart(msg(kind="no_such_kind"))  # nobody registered this kind
         s.send_multipart([b"\xc1 this is not msgpack"])  # malformed header
         big = np.zeros(1_500_000, dtype=np.uint8)
         s.send_multipart(msg(arrays=[big, big]))  # 3 MB message, limit is 2 MiB
-        # No CURVE at all, and CURVE with a key the cluster does not know.
+        want = {"stale_epoch", "wrong_run", "identity_mismatch", "unknown_kind", "malformed_header", "too_large"}
+        _wait_for(lambda: want <= {e["reason"] for e in _reasons(run_dir)})
+        # No CURVE at all: a protocol failure, never an authentication failure.
         plain = _dealer(ctx, addr, identity=b"plain", keys=None, server_key=None)
         plain.send_multipart([b"hello"])
+        _wait_for(lambda: any(e["reason"].startswith("handshake_failed") for e in _reasons(run_dir)))
+        time.sleep(1.0)
+        plain_failures = [e for e in _reasons(run_dir) if e["reason"].startswith("handshake_failed")]
+        assert plain_failures, "the plain socket's handshake failure was not logged"
+        assert not [e for e in plain_failures if e["reason"] == "handshake_failed_auth"], plain_failures
+        assert any(e["code"] == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH for e in plain_failures), plain_failures
+        plain.close(0)
+        # CURVE with a key the cluster does not know: the ZAP handler refuses it (status 400).
         stranger_pub, stranger_sec = zmq.curve_keypair()
         stranger = _dealer(ctx, addr, identity=b"stranger", keys=(stranger_pub, stranger_sec), server_key=a_pub)
         stranger.send_multipart(msg(src="stranger"))
-        t0 = time.monotonic()
-        want = {"stale_epoch", "wrong_run", "unknown_member", "malformed_header", "too_large"}
-        while time.monotonic() - t0 < 30:
-            reasons = {e["reason"] for e in events(run_dir, "a") if e["event"] == "frame_rejected"}
-            if want <= reasons and any(r.startswith("handshake_failed") for r in reasons) >= 1:
-                break
-            time.sleep(0.5)
+        _wait_for(lambda: any(e["reason"] == "handshake_failed_auth" for e in _reasons(run_dir)))
     finally:
         ctx.destroy(linger=0)
-    rejected = [e for e in events(run_dir, "a") if e["event"] == "frame_rejected"]
+    rejected = _reasons(run_dir)
     reasons = {e["reason"] for e in rejected}
     assert want <= reasons, reasons
-    handshakes = [e for e in rejected if e["reason"].startswith("handshake_failed")]
-    assert len(handshakes) >= 2, rejected  # the plain socket and the unknown key
+    auth = [e for e in rejected if e["reason"] == "handshake_failed_auth"]
+    assert auth and all(e["code"] == 400 for e in auth), auth
+    mismatch = next(e for e in rejected if e["reason"] == "identity_mismatch")
+    assert "key of 'coord'" in mismatch["detail"] and mismatch["src"] == "mallory"
     stale = next(e for e in rejected if e["reason"] == "stale_epoch")
     assert "message epoch 0 < current epoch 1" in stale["detail"]
     # The site kept training after the attacks and the run ended cleanly.

@@ -86,6 +86,9 @@ from xdc.eventlog import EventLog
 
 _EVENT_NAMES = {getattr(zmq, n): n[len("EVENT_"):].lower() for n in dir(zmq) if n.startswith("EVENT_")
                 and n not in ("EVENT_ALL", "EVENT_ALL_V1", "EVENT_ALL_V2")}
+# The value of a HANDSHAKE_FAILED_PROTOCOL event (e.g. "zmtp_mechanism_mismatch": a peer without CURVE).
+_PROTOCOL_ERRORS = {getattr(zmq, n): n[len("PROTOCOL_ERROR_"):].lower() for n in dir(zmq)
+                    if n.startswith("PROTOCOL_ERROR_")}
 
 
 @dataclass(frozen=True)
@@ -792,8 +795,9 @@ class WanNode:
             if peer == "server":
                 if name.startswith("handshake_failed"):
                     self.rejected += 1
+                    what = _PROTOCOL_ERRORS.get(ev["value"], "") if name == "handshake_failed_protocol" else ""
                     self.log.emit("frame_rejected", reason=name, code=ev["value"], peer=endpoint, link="server",
-                                  detail=f"ZMTP/CURVE handshake failed (code {ev['value']})")
+                                  detail=f"ZMTP/CURVE handshake failed (code {ev['value']}{', ' + what if what else ''})")
                 continue
             if name == "disconnected":
                 self._down[peer] = True
