@@ -230,13 +230,16 @@ def _ledger_agreement(h: RunHistory, viol: list[str]) -> None:
     if len(retained) != len(flat):  # only then count which (the common case stays one pass in C)
         twice = [s for s, n in Counter(flat).items() if n > 1]
         viol.append(f"{lab}: {len(twice)} canonical samples retained more than once (e.g. {sorted(twice)[:5]})")
+    absent = {s for s in expected_sites(h) if not h.logs.get(s)}  # their share cannot be compared: unknown
     for c in chain:
         for site, tok in (c.get("tokens") or {}).items():
+            if site in absent:
+                continue
             got = by_round_site.get((c["epoch"], c["round"], site), 0)
             if got != int(tok):
                 viol.append(f"{lab} commit {c.get('commit_id')} ({c['id']}): coordinator records {tok} tokens "
                             f"from {site}, {site}'s log has {got}")
-    if chain:
+    if chain and not absent:
         end = int(chain[-1].get("cursor_end", 0))
         if len(retained) != end:
             viol.append(f"{lab}: the lineage ends at cursor {end} but {len(retained)} distinct samples are retained")
@@ -406,10 +409,11 @@ def check_same_frontier(runs: list[RunHistory], ctx: dict[str, Any]) -> CheckRes
                        "recomputed from each run's commit lineage and its sites' work logs", lines)
 
 
-def _genesis_loads(h: RunHistory, ann: dict[int, Announcement], missing: list[str]) -> dict[str, tuple[bool, str]]:
-    """restore event id -> (accepted, why) for every restore from the initial weights: accepted only in a
-    verified genesis epoch (the plan restores everyone from the initial weights and every member did)."""
-    out: dict[str, tuple[bool, str]] = {}
+def _genesis_loads(h: RunHistory, ann: dict[int, Announcement], missing: list[str]) -> dict[str, tuple[str, str]]:
+    """restore event id -> (verdict, why) for every restore from the initial weights: "ok" only in a
+    verified genesis epoch (the plan restores everyone from the initial weights and every member did),
+    "unknown" when a member's log needed to verify it is missing, else "bad"."""
+    out: dict[str, tuple[str, str]] = {}
     checks: dict[int, Any] = {}
     for site in expected_sites(h):
         starts = initial_hashes(h, site)
@@ -418,19 +422,21 @@ def _genesis_loads(h: RunHistory, ann: dict[int, Announcement], missing: list[st
                 continue
             a = ann.get(int(e.get("epoch", -1)))
             if a is None:
-                out[e["id"]] = (False, f"epoch {e.get('epoch')} was never announced")
+                out[e["id"]] = ("bad", f"epoch {e.get('epoch')} was never announced")
                 continue
             chk = checks.setdefault(a.epoch, verify_genesis(h, a))
             missing += list(chk.missing)
             if site not in a.members or e.get("params_hash") != starts.get(int(e.get("pid", 0))):
-                out[e["id"]] = (False, f"not a member of epoch {a.epoch}, or not its initial params hash")
+                out[e["id"]] = ("bad", f"not a member of epoch {a.epoch}, or not its initial params hash")
+            elif chk.problems or not a.is_genesis:
+                out[e["id"]] = ("bad", "; ".join(chk.problems))
             else:
-                out[e["id"]] = (chk.verified, "; ".join(chk.problems) or "a verified genesis restart")
+                out[e["id"]] = ("ok" if chk.verified else "unknown", "a verified genesis restart")
     return out
 
 
 def _fresh_violations(h: RunHistory, site: str, pevs: list[dict[str, Any]],
-                      genesis: dict[str, tuple[bool, str]]) -> list[str]:
+                      genesis: dict[str, tuple[str, str]]) -> list[str]:
     lab = _label(h)
     pid = int(pevs[0].get("pid", 0))
     out, loaded = [], False
@@ -439,9 +445,9 @@ def _fresh_violations(h: RunHistory, site: str, pevs: list[dict[str, Any]],
         if ev == "restore" and e.get("source") in ("donor", "store") and "error" not in e:
             loaded = True
         elif ev == "restore" and e["id"] in genesis:
-            ok, why = genesis[e["id"]]
-            loaded = loaded or ok
-            if not ok:
+            verdict, why = genesis[e["id"]]
+            loaded = loaded or verdict != "bad"  # "unknown": the checker says unknown (its evidence is missing)
+            if verdict == "bad":
                 out.append(f"{lab} {e['id']}: {site} (pid {pid}) restored the initial weights, which is not the "
                            f"cluster's state here: {why}")
         elif ev == "state_received":
@@ -482,7 +488,7 @@ def check_no_fresh_overwrite(runs: list[RunHistory], ctx: dict[str, Any]) -> Che
                     continue  # the epoch resumes from round 0, whose state is the initial weights
                 viol.append(f"{lab} {e['id']}: {site} sent state {str(e.get('params_hash'))[:12]} that no commit "
                             "produced" + (" (the initial weights)" if e.get("params_hash") in initial else ""))
-        n_gen = sum(1 for ok, _ in genesis.values() if ok)
+        n_gen = sum(1 for verdict, _ in genesis.values() if verdict == "ok")
         notes.append(f"{lab}: {fresh} freshly started site process(es); each loaded state before acting"
                      + (f" ({n_gen} restore(s) from the initial weights in verified genesis restarts)" if n_gen else ""))
     return _result("no_fresh_overwrite", viol, "no fresh member ever became a source of truth",

@@ -115,7 +115,11 @@ def _lede(art: dict[str, Any]) -> str:
     scen = art.get("scenario") or {}
     faults = runs[0].get("faults", [])
     what = (", ".join(f"{f['kind']} of {f['target']} at t≈{f['t_s']:.1f} s" for f in faults[:3])
-            if faults else "no injected fault")
+            if faults else "no fault fired")
+    missed = _not_fired(art)
+    if missed:
+        what += ("; scheduled but did not fire: "
+                 + "; ".join(f"{pol}: {f['description']} ({f['reason']})" for pol, f in missed[:4]))
     same = art["comparison"]["matched_frontier"]
     fr = runs[0]["frontier"]
     lost = " · ".join(f"{r['policy']} {r['metrics']['lost_tokens']['value']:,}" for r in runs)
@@ -132,8 +136,39 @@ def _lede(art: dict[str, Any]) -> str:
             + escape(tail) + "</p>")
 
 
+NUMBER_WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+
+
+def _not_fired(art: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(policy, fault) for every scheduled fault that did not fire, over all runs."""
+    return [(r["policy"], f) for r in art["runs"] for f in (r.get("fault_schedule") or {}).get("not_fired", [])]
+
+
+def recovery_title(art: dict[str, Any]) -> tuple[str, str]:
+    """The timeline section's title and a warning: it speaks of "the same failure" only when a fault
+    fired in every run and no scheduled fault failed to fire."""
+    runs = art["runs"]
+    fired = [len((r.get("fault_schedule") or {}).get("fired", [])) for r in runs]
+    missed = _not_fired(art)
+    warn = ""
+    if missed:
+        warn = ("<p class='fail' id='faults-not-fired'>Scheduled faults that did not fire: "
+                + "; ".join(f"{escape(pol)}: {escape(f['description'])} ({escape(f['reason'])})" for pol, f in missed)
+                + ".</p>")
+    if all(fired) and not missed:
+        n = len(runs)
+        word = NUMBER_WORDS[n] if n < len(NUMBER_WORDS) else str(n)
+        return (f"The same failure, {word} ways to recover" if n > 1 else "The failure and its recovery"), warn
+    if not any(fired):
+        if not warn:
+            warn = "<p class='unknown' id='faults-not-fired'>No fault was scheduled: these runs had no failure.</p>"
+        return "Recovery timeline: no fault fired", warn
+    return "Recovery timeline: a scheduled fault did not fire in every run", warn
+
+
 def _recovery_section(art: dict[str, Any]) -> str:
     runs = art["runs"]
+    title, warn = recovery_title(art)
     rows = []
     for r in runs:
         t0 = r["t0_wall_ns"]
@@ -143,7 +178,7 @@ def _recovery_section(art: dict[str, Any]) -> str:
                         f"<td><code>{escape(m['event_id'])}</code></td>{num(m['start_ns'], fmt='d')}"
                         f"{num(m['end_ns'], fmt='d')}<td>{escape(m['label'])}</td></tr>")
     return (
-        "<section id='recovery' data-section='recovery'><h2>The same failure, four ways to recover</h2>"
+        f"<section id='recovery' data-section='recovery'><h2>{escape(title)}</h2>{warn}"
         "<p>One track per policy on one shared time axis (seconds since each run's start). Bars are the phases "
         "each site logged — compute, collective, state transfer, checkpoint, recovery, eval, waiting; marks are "
         "failure, preemption, restore, replay and rejoin events. Hover a mark for its event id and nanosecond "
@@ -183,7 +218,8 @@ def _work_section(art: dict[str, Any]) -> str:
         "<section id='work' data-section='work'><h2>Where the work went</h2>"
         "<p>Work is counted in canonical samples and FLOPs. Retained work is in the durable lineage of the final "
         "model; lost work was computed and then discarded; replayed work is lost work attempted again. "
-        f"attempted = retained + lost, exactly. {ev('measured')}</p>"
+        f"attempted = retained + lost, exactly. {ev('measured')} FLOPs are derived, not read from a counter: "
+        f"the FLOP/token measured once by torch's FlopCounterMode times the tokens counted {ev('modeled')}.</p>"
         f"<div class='chart' data-chart='work'>{_fig_html(figures.work_figure(runs), 'chart-work')}</div>"
         f"<table><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>"
         "<details><summary>Per site</summary><table><thead><tr><th>Policy</th><th>Site</th><th>Attempted</th>"
@@ -223,13 +259,28 @@ def _bytes_section(art: dict[str, Any]) -> str:
         + "</section>")
 
 
+_PROOF_CLASS = {"proven": "pass", "mismatch": "fail", "unknown": "unknown"}
+
+
+def _proof_text(pr: dict[str, Any]) -> str:
+    if pr.get("status") == "proven":
+        return "proven: the retained samples are the logged hash and the canonical prefix"
+    if pr.get("status") == "mismatch":
+        return "MISMATCH: " + "; ".join(pr.get("problems", [])[:2])
+    return "unknown: " + "; ".join(pr.get("missing", [])[:2])
+
+
 def _completion_section(art: dict[str, Any]) -> str:
     runs = art["runs"]
     rows = []
     for r in runs:
         f = r["frontier"]
+        pr = f.get("proof") or {}
         rows.append(f"<tr><td>{escape(r['policy'])}</td>{num(f['round'])}{num(f['useful_tokens'])}"
-                    f"<td class='hash'>{escape(str(f['hash']))}</td><td class='hash'>{escape(str(f['manifest_hash']))}</td>"
+                    f"<td class='hash'>{escape(str(f['hash']))}</td>"
+                    f"<td class='hash'>{escape(str(pr.get('retained_sha256')))}</td>"
+                    f"<td class='{_PROOF_CLASS.get(pr.get('status'), 'unknown')}'>{escape(_proof_text(pr))}</td>"
+                    f"<td class='hash'>{escape(str(f['manifest_hash']))}</td>"
                     f"<td><code>{escape(str(f.get('event_id')))}</code></td></tr>")
     tree_rows = []
     for r in runs:
@@ -246,10 +297,14 @@ def _completion_section(art: dict[str, Any]) -> str:
     return (
         "<section id='completion' data-section='completion'><h2>Mechanical completion</h2>"
         "<p>The durable frontier is the last checkpoint the store acknowledged as safely written. Its hash covers "
-        f"the canonical samples it contains, so equal hashes mean the same useful work. {ev('measured')}</p>"
+        "the samples it contains, so equal hashes mean the same useful work. The analysis does not take the "
+        "writer's word for it: it recomputes the samples from the coordinator's commit lineage and the sites' own "
+        "work logs, and checks them against the logged hash and the canonical prefix. "
+        f"{ev('measured')}</p>"
         f"{verdict}<div class='chart' data-chart='completion'>"
         f"{_fig_html(figures.frontier_figure(runs), 'chart-completion')}</div>"
         "<table><thead><tr><th>Policy</th><th>Frontier round</th><th>Useful tokens</th><th>Matched-frontier hash</th>"
+        "<th>Recomputed from the lineage</th><th>Proof</th>"
         f"<th>Manifest hash</th><th>Event</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
         "<details><summary>Checkpoint lineage (abandoned branches kept)</summary><table><thead><tr><th>Policy</th>"
         "<th>Checkpoint</th><th>Round</th><th>Manifest</th><th>Parent</th><th>Branch</th></tr></thead><tbody>"
