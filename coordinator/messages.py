@@ -51,6 +51,13 @@ def _show(v: Any) -> str:
     return repr(v)[:60]
 
 
+def _typed(v: Any) -> str:
+    """What a value of the wrong type was, for a reason: "str 'x'", "a dict of 2 item(s)"."""
+    if isinstance(v, (dict, list, tuple)):
+        return _show(v)
+    return f"{type(v).__name__} {_show(v)}"
+
+
 def body_of(kind: str, body: Any) -> Mapping[str, Any]:
     if not isinstance(body, dict):
         raise BadMessage(kind, f"body is {type(body).__name__}, expected a map")
@@ -74,7 +81,7 @@ def get_int(kind: str, body: Mapping[str, Any], name: str, *, lo: int = 0, hi: i
     if not present or (v is None and default is None):
         return v
     if isinstance(v, bool) or not isinstance(v, int):
-        raise BadMessage(kind, f"field {name!r} must be an integer, got {type(v).__name__} {_show(v)}")
+        raise BadMessage(kind, f"field {name!r} must be an integer, got {_typed(v)}")
     if not lo <= v <= hi:
         raise BadMessage(kind, f"field {name!r} = {_show(v)} is outside [{lo}, {hi}]")
     return v
@@ -87,7 +94,7 @@ def get_float(kind: str, body: Mapping[str, Any], name: str, *, lo: float = 0.0,
     if not present or (v is None and default is None):
         return v
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise BadMessage(kind, f"field {name!r} must be a number, got {type(v).__name__} {_show(v)}")
+        raise BadMessage(kind, f"field {name!r} must be a number, got {_typed(v)}")
     try:
         f = float(v)
     except OverflowError:
@@ -105,7 +112,7 @@ def get_str(kind: str, body: Mapping[str, Any], name: str, *, pattern: re.Patter
     if not present or (v is None and default is None):
         return v
     if not isinstance(v, str):
-        raise BadMessage(kind, f"field {name!r} must be a string, got {type(v).__name__} {_show(v)}")
+        raise BadMessage(kind, f"field {name!r} must be a string, got {_typed(v)}")
     if len(v) > max_len:
         raise BadMessage(kind, f"field {name!r} is {len(v)} characters, limit {max_len}")
     if pattern is not None and not pattern.match(v):
@@ -118,7 +125,7 @@ def get_bool(kind: str, body: Mapping[str, Any], name: str, *, default: Any = _M
     if not present or (v is None and default is None):
         return v
     if not isinstance(v, bool):
-        raise BadMessage(kind, f"field {name!r} must be true or false, got {type(v).__name__} {_show(v)}")
+        raise BadMessage(kind, f"field {name!r} must be true or false, got {_typed(v)}")
     return v
 
 
@@ -128,7 +135,7 @@ def get_int_list(kind: str, body: Mapping[str, Any], name: str, *, max_len: int,
     if not present or (v is None and default is None):
         return v
     if not isinstance(v, list):
-        raise BadMessage(kind, f"field {name!r} must be a list of integers, got {type(v).__name__} {_show(v)}")
+        raise BadMessage(kind, f"field {name!r} must be a list of integers, got {_typed(v)}")
     if len(v) > max_len:
         raise BadMessage(kind, f"field {name!r} has {len(v)} items, limit {max_len}")
     for i, x in enumerate(v):

@@ -128,7 +128,7 @@ class Coordinator:
         try:
             self.on_message(msg, now_ns)
         except BadMessage as e:
-            self._reject(msg, f"bad_body: {e.reason}")
+            self._reject(msg, f"bad_body: {e}")
         except Exception as e:  # a bug met by one message is logged; the coordinator goes on
             self._reject(msg, f"internal_error: {type(e).__name__}: {str(e)[:500]}")
 

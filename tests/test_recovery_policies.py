@@ -93,7 +93,8 @@ def test_a_fresh_member_never_becomes_the_source_of_truth(compared):
 def test_oracle_checkpoints_and_drains_just_before_the_fault(compared):
     run_dir, s = compared["oracle"]
     coord = events(run_dir, "coord")
-    drain = next(e for e in coord if e["event"] == "membership_epoch" and "drained and dropped" in e["reason"])
+    drain = next(e for e in coord if e["event"] == "membership_epoch" and e.get("drain"))
+    assert drain["drain"]["site"] == "b" and "drained and dropped" in drain["reason"], drain
     assert "b" not in drain["members"] and drain["start_round"] > 0, drain
     leader = drain["members"][0]
     fault = next(e for e in events(run_dir, "chaos") if e["event"] == "fault_injected")
