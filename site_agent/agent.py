@@ -23,7 +23,6 @@ ranks hold the same parameters (`intra_site_check`). With W = 1 none of that run
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import queue
 import signal
@@ -38,9 +37,12 @@ import torch
 from checkpoint_store.blobstore import StoreError
 from site_agent.collective import AllReduce, CollectiveAborted, CollectiveInterrupted, PeerUnreachable
 from site_agent.data import batch_for, evaluate_nll, heldout_batch, load_corpus, sample_order
+from site_agent.epochs import interrupts, next_plan
+from site_agent.messages import Plan, Rejected, Shutdown, parse_plan, parse_shutdown
 from site_agent.model import count_params, pick_device
 from site_agent.schedule import ids_at, round_span, site_positions, steps_per_round, target_samples
-from site_agent.state import Snapshot, load_blobs, restore_snapshot, take_snapshot
+from site_agent.state import (Snapshot, load_blobs, merge_retained, restore_snapshot, retained_of, samples_sha256,
+                              take_snapshot, with_lineage)
 from site_agent.state_transfer import StateTransferError, pack_state, receive_state, send_state, unpack_state
 from site_agent.trainer import IntraSiteError, SiteTrainer
 from site_agent.worker import WorkerPool, check_workers, rank_slice, threads_per_worker
@@ -157,28 +159,41 @@ class Site:
         self.status: dict[str, Any] = {"round": -1, "epoch": 0}
         node.every(cfg.wan.heartbeat_interval_ms, lambda: node.send(
             COORD, "heartbeat", CONTROL, {"sent_mono_ns": time.monotonic_ns(), **self.status}, reliable=False))
-        self.allreduce = AllReduce(node, self.coll_q, me, cfg.wan.chunk_bytes, cfg.train.compression)
-        self.allreduce.interrupted = self.newer_plan_waiting
-        self.allreduce.stall_timeout_s = cfg.wan.collective_stall_ms / 1000
-        self.pending: list[Any] = []  # control messages read early (while checking for interruptions)
-        self.plan: dict[str, Any] | None = None
-        self.epoch = 0
-        self.next_round: int | None = 0  # the round whose start state the trainer holds; None = mid-round
-        self.snapshots: dict[int, Snapshot] = {}
-        self.initial = take_snapshot(trainer, 0)  # the deterministic initial weights
+        self.sites = frozenset(cfg.cluster.sites)
         self.target = target_samples(cfg)
         self.spr = steps_per_round(cfg)
+        self.allreduce = _reducer(cfg, node, self.coll_q, me, trainer.global_params.numel(), order.size)
+        self.allreduce.interrupted = self.newer_plan_waiting
+        self.allreduce.stall_timeout_s = cfg.wan.collective_stall_ms / 1000
+        self.pending: list[Plan | Shutdown] = []  # control messages read early (while checking for interruptions)
+        self.plan: Plan | None = None
+        self.epoch = 0
+        self.next_round: int | None = 0  # the round whose start state the trainer holds; None = mid-round
+        # The samples the lineage of the trainer's state retained: every member's ids of every
+        # round applied (sorted int64, a multiset); they roll back, travel and restore with the state.
+        self.retained = np.empty(0, dtype=np.int64)
+        self.snapshots: dict[int, Snapshot] = {}
+        self.initial = take_snapshot(trainer, 0)  # the deterministic initial weights
         self.done_epoch = -1  # the epoch in which we reached the target and said so
         self.leader = False
         self.inflight: int | None = None  # the round being computed / reduced now
 
     # ------------------------------------------------------------------ control
     def _poll_ctl(self) -> None:
+        """Move control messages off the inbox into `pending`, each parsed into its type; a body
+        that does not fit is logged as message_rejected (with why) and dropped."""
         while True:
             try:
-                self.pending.append(self.ctl_q.get_nowait())
+                msg = self.ctl_q.get_nowait()
             except queue.Empty:
                 return
+            try:
+                typed = parse_shutdown(msg, COORD) if msg.kind == "shutdown" else parse_plan(msg, self.sites, COORD)
+            except Rejected as e:
+                self.log.emit("message_rejected", kind=msg.kind, src=msg.src, msg_epoch=msg.epoch, reason=e.reason,
+                              detail=e.detail)
+                continue
+            self.pending.append(typed)
 
     def newer_plan_waiting(self) -> bool:
         """True when a stop, a shutdown, or a newer epoch that takes effect by the round in flight waits.
@@ -189,31 +204,32 @@ class Site:
         if self.stopping["flag"]:
             return True
         self._poll_ctl()
-        for m in self.pending:
-            if m.kind == "shutdown":
-                return True
-            if int(m.body.get("epoch", 0)) > self.epoch and (
-                    self.inflight is None or int(m.body.get("start_round", 0)) <= self.inflight):
-                return True
-        return False
+        return any(isinstance(m, Shutdown) for m in self.pending) or interrupts(self.pending, self.epoch,
+                                                                                 self.inflight)
 
-    def next_control(self) -> Any:
-        """Block until the next control message (membership or shutdown); None on a stop signal."""
+    def next_control(self) -> Plan | Shutdown | None:
+        """Block until the next control message to act on (a plan or a shutdown); None on a stop signal.
+
+        A shutdown wins. Plans are taken in epoch order (`site_agent.epochs.next_plan`): a plan
+        that governs a round this site can train is adopted; the later ones wait for their round.
+        """
         while True:
             if self.stopping["flag"]:
                 return None
             self.node.check()
             self._poll_ctl()
             if self.pending:
-                # A shutdown wins; among memberships only the newest epoch matters.
-                shut = [m for m in self.pending if m.kind == "shutdown"]
+                shut = [m for m in self.pending if isinstance(m, Shutdown)]
                 if shut:
                     self.pending.clear()
                     return shut[0]
-                newest = max(self.pending, key=lambda m: int(m.body["epoch"]))
-                self.pending.clear()
-                if int(newest.body["epoch"]) > self.epoch or self.plan is None or self.me not in self.plan["members"]:
-                    return newest
+                plans = [m for m in self.pending if isinstance(m, Plan)]
+                plan, waiting, skipped = next_plan(plans, self.epoch, self.me, self.plan)
+                self.pending = list(waiting)
+                for p, why in skipped:
+                    self.log.emit("membership_skipped", skipped_epoch=p.epoch, start_round=p.start_round, reason=why)
+                if plan is not None:
+                    return plan
                 continue
             time.sleep(0.05)
 
@@ -229,11 +245,11 @@ class Site:
                 msg = self.next_control()
                 if msg is None:
                     raise Stop()
-                if msg.kind == "shutdown":
-                    reason = "completed" if self.done_epoch >= 0 else f"shutdown: {msg.body.get('reason')}"
+                if isinstance(msg, Shutdown):
+                    reason = "completed" if self.done_epoch >= 0 else f"shutdown: {msg.reason}"
                     break
                 try:
-                    if not self.adopt(msg.body):
+                    if not self.adopt(msg):
                         continue
                 except Interrupted as e:  # a newer epoch arrived while we restored: adopt that one
                     log.emit("restore_abandoned", epoch=self.epoch, reason=str(e))
@@ -246,7 +262,7 @@ class Site:
                     self.next_round = None
                     node.send(COORD, "join", CONTROL, {"pid": os.getpid(), "rejoin": True})
                     continue
-                if self.leader and not evaluated_initial and self.plan["start_round"] == 0:
+                if self.leader and not evaluated_initial and msg.start_round == 0:
                     evaluated_initial = True  # the starting point of the learning curve
                     with log.span("eval", round=-1) as sp:
                         sp["heldout_nll"] = evaluate_nll(self.trainer.model, self.hx, self.hy, self.device)
@@ -263,7 +279,7 @@ class Site:
                     log.emit("collective_aborted", reason=str(e))
                     self.wait_for_newer_epoch()
         except Stop:
-            if self.plan is not None and self.me in self.plan.get("members", []) and self.done_epoch < 0:
+            if self.plan is not None and self.me in self.plan.members and self.done_epoch < 0:
                 # Preemption with notice: tell the coordinator before we go (it need not wait for a timeout).
                 node.send(COORD, "preempt_notice", CONTROL, {"grace_s": None, "round": self.status["round"]})
                 log.emit("preemption_announced", round=self.status["round"])
@@ -281,70 +297,76 @@ class Site:
             time.sleep(0.05)
 
     # ------------------------------------------------------------------ epochs
-    def adopt(self, plan: dict[str, Any]) -> bool:
+    def adopt(self, plan: Plan) -> bool:
         """Take a new epoch's plan; restore the state it names. True if we should train now."""
         log = self.log
         self.plan = plan
-        self.epoch = int(plan["epoch"])
+        self.epoch = plan.epoch
         self.status["epoch"] = self.epoch
         self.node.set_fence(self.epoch)
         self.allreduce.reset(self.epoch)
         log.set_context(epoch=self.epoch)
-        members = sorted(plan["members"])
-        log.emit("membership", members=members, paused=plan["paused"], start_round=plan["start_round"],
-                 start_cursor=plan["start_cursor"], restore=plan["restore"], donor=plan.get("donor"),
-                 joiners=plan.get("joiners", []))
+        members = list(plan.members)
+        log.emit("membership", members=members, paused=plan.paused, start_round=plan.start_round,
+                 start_cursor=plan.start_cursor, restore=plan.restore, donor=plan.donor, joiners=list(plan.joiners))
         if self.me not in members:
             # Removed (we failed, hung, or were partitioned away) but alive: ask to come back in.
             log.emit("not_a_member", epoch=self.epoch)
             self.node.send(COORD, "join", CONTROL, {"pid": os.getpid(), "rejoin": True})
             return False
-        if plan["paused"]:
+        start = plan.start_round
+        if plan.paused:
             log.emit("paused", reason="the coordinator is waiting for failed sites")
-            start = int(plan["start_round"])
-            if plan.get("checkpoint_first") and members[0] == self.me and start > 0:
+            if plan.checkpoint_first and members[0] == self.me and start > 0:
                 # Preemption with notice under `restart`: make the committed state durable first.
                 with log.span("restore", kind="rollback_for_checkpoint", start_round=start) as sp:
                     self.rollback_to(start, sp)
                 self.next_round = start
-                self.checkpoint(start - 1, int(plan["start_cursor"]))
+                self.checkpoint(start - 1, plan.start_cursor)
             return False
         self.leader = members[0] == self.me
-        start = int(plan["start_round"])
-        restore = plan["restore"]
-        with log.span("restore", kind=restore, start_round=start) as sp:
-            if restore == "store":
+        with log.span("restore", kind=plan.restore, start_round=start) as sp:
+            if plan.restore == "store":
                 self.restore_from_store(plan, sp)
-            elif restore == "donor" and self.me in plan.get("joiners", []):
+            elif plan.restore == "donor" and self.me in plan.joiners:
                 self.receive_from_donor(plan, sp)
             else:
                 self.rollback_to(start, sp)
-                if restore == "donor" and plan.get("donor") == self.me:
+                if plan.restore == "donor" and plan.donor == self.me:
                     self.send_to_joiners(plan, sp)
+            sp.update(retained_samples=int(self.retained.size), samples_sha256=samples_sha256(self.retained))
         self.next_round = start
         self.snapshots = {k: v for k, v in self.snapshots.items() if k <= start}
         if self.pool is not None:
             self.pool.load_state(pack_state(self.trainer.state_tensors()))
-        if plan.get("checkpoint_first") and self.leader and start > 0:
+        if plan.checkpoint_first and self.leader and start > 0:
             # The oracle drains a site just before its fault: make the committed state durable first.
-            self.checkpoint(start - 1, int(plan["start_cursor"]))
+            self.checkpoint(start - 1, plan.start_cursor)
         return True
 
     def rollback_to(self, start: int, sp: dict[str, Any]) -> None:
+        """Make the trainer hold the state at the start of round `start` (our own snapshot)."""
         if self.next_round == start:
             sp["rolled_back"] = False
             return
         snap = self.snapshots.get(start)
         if snap is None:
-            raise RuntimeError(f"no snapshot of round {start} (holding round {self.next_round}, "
-                               f"snapshots {sorted(self.snapshots)})")
+            if self.next_round is not None and start > self.next_round:
+                raise RuntimeError(
+                    f"epoch {self.epoch} resumes at round {start}, but this site holds the state at the start of "
+                    f"round {self.next_round} and no epoch it received covers rounds {self.next_round}.."
+                    f"{start - 1} (snapshots {sorted(self.snapshots)})")
+            held = "mid-round" if self.next_round is None else f"round {self.next_round}"
+            raise RuntimeError(f"no snapshot of round {start} (holding {held}, snapshots {sorted(self.snapshots)})")
         restore_snapshot(self.trainer, snap)
+        self.retained = snap.retained.copy()
         sp.update(rolled_back=True, from_round=self.next_round, params_hash=snap.params_hash)
 
-    def restore_from_store(self, plan: dict[str, Any], sp: dict[str, Any]) -> None:
-        want = plan.get("manifest_hash")
+    def restore_from_store(self, plan: Plan, sp: dict[str, Any]) -> None:
+        want = plan.manifest_hash
         if want is None:  # nothing durable yet: everyone restarts from the initial weights
             restore_snapshot(self.trainer, self.initial)
+            self.retained = self.initial.retained.copy()
             sp.update(source="initial weights", params_hash=self.initial.params_hash)
             return
         if self.store is None:
@@ -354,33 +376,52 @@ class Site:
             raise RuntimeError(f"the store's frontier {got[0] if got else None} is not the planned {want}")
         manifest = got[1]
         blobs = self.store.load(manifest, timeout_s=120.0)
+        retained = retained_of(blobs, f"checkpoint {want}", manifest.get("samples_sha256"))
         load_blobs(self.trainer, blobs)
         if self.trainer.params_hash() != manifest["params_hash"]:
             raise RuntimeError(f"checkpoint {want}: loaded parameters do not match the manifest's hash")
+        self.retained = retained
         sp.update(source="store", manifest_hash=want, params_hash=manifest["params_hash"], round=manifest["round"])
 
-    def receive_from_donor(self, plan: dict[str, Any], sp: dict[str, Any]) -> None:
-        donor = plan["donor"]
+    def receive_from_donor(self, plan: Plan, sp: dict[str, Any]) -> None:
+        donor = plan.donor
+        assert donor is not None  # parse_plan: a donor restore names one
         try:
             data, meta = receive_state(self.state_q, donor, self.epoch, timeout_s=120.0,
-                                       interrupted=self.newer_plan_waiting)
+                                       interrupted=self.newer_plan_waiting, max_total=self.max_state_bytes(),
+                                       reject=self._reject_state_chunk)
         except StateTransferError as e:
             sp["error_detail"] = str(e)
             raise Interrupted(f"state transfer from {donor} failed: {e}") from e
-        load_blobs(self.trainer, unpack_state(data))
+        blobs = unpack_state(data)
+        retained = retained_of(blobs, f"state from {donor}", meta["samples_sha256"])
+        load_blobs(self.trainer, blobs)
         got = self.trainer.params_hash()
         if got != meta["params_hash"]:
             raise RuntimeError(f"state from {donor}: parameters hash {got} != announced {meta['params_hash']}")
-        self.log.emit("state_received", donor=donor, bytes=len(data), params_hash=got, round=meta["round"])
+        self.retained = retained
+        self.log.emit("state_received", donor=donor, bytes=len(data), params_hash=got, round=meta["round"],
+                      samples_sha256=meta["samples_sha256"])
         sp.update(source="donor", donor=donor, bytes=len(data), params_hash=got)
 
-    def send_to_joiners(self, plan: dict[str, Any], sp: dict[str, Any]) -> None:
-        data = pack_state(self.trainer.state_tensors())
-        meta = {"round": int(plan["start_round"]), "params_hash": self.trainer.params_hash()}
-        for j in plan.get("joiners", []):
+    def max_state_bytes(self) -> int:
+        """The most bytes a donor's packed state may announce: generously above our own state's size."""
+        own = sum(t.numel() * t.element_size() for g in self.trainer.state_tensors().values() for t in g.values())
+        return 4 * own + 8 * self.target + (1 << 20)
+
+    def _reject_state_chunk(self, msg: Any, e: Rejected) -> None:
+        self.log.emit("message_rejected", kind=msg.kind, src=msg.src, msg_epoch=msg.epoch, reason=e.reason,
+                      detail=e.detail)
+
+    def send_to_joiners(self, plan: Plan, sp: dict[str, Any]) -> None:
+        data = pack_state(with_lineage(self.trainer.state_tensors(), self.retained))
+        meta = {"round": plan.start_round, "params_hash": self.trainer.params_hash(),
+                "samples_sha256": samples_sha256(self.retained)}
+        for j in plan.joiners:
             n = send_state(self.node, j, data, meta, self.cfg.wan.chunk_bytes, self.epoch)
-            self.log.emit("state_sent", joiner=j, bytes=n, params_hash=meta["params_hash"], round=meta["round"])
-        sp.update(sent_to=list(plan.get("joiners", [])), bytes=len(data))
+            self.log.emit("state_sent", joiner=j, bytes=n, params_hash=meta["params_hash"], round=meta["round"],
+                          samples_sha256=meta["samples_sha256"])
+        sp.update(sent_to=list(plan.joiners), bytes=len(data))
 
     # ------------------------------------------------------------------ rounds
     def train(self) -> None:
@@ -393,11 +434,11 @@ class Site:
     def _train(self) -> None:
         cfg, log, plan = self.cfg, self.log, self.plan
         assert plan is not None
-        members = sorted(plan["members"])
+        members = list(plan.members)
         n, idx = len(members), members.index(self.me)
-        rnd = int(plan["start_round"])
+        rnd = plan.start_round
         while True:
-            cs, ce = round_span(cfg, n, int(plan["start_round"]), int(plan["start_cursor"]), rnd, self.target)
+            cs, ce = round_span(cfg, n, plan.start_round, plan.start_cursor, rnd, self.target)
             if cs >= self.target:
                 break
             self.inflight = rnd
@@ -405,23 +446,26 @@ class Site:
                 raise Interrupted("a newer epoch takes effect at this round")
             self.status["round"] = rnd
             log.set_context(step=(rnd + 1) * self.spr)
-            self.snapshots[rnd] = take_snapshot(self.trainer, rnd)
+            self.snapshots[rnd] = take_snapshot(self.trainer, rnd, self.retained)
             self.snapshots = {k: v for k, v in self.snapshots.items() if k >= rnd - 3}
             self.next_round = None  # mid-round: the state is neither this round's start nor its end
             payload, ids_round, losses = self.compute(rnd, n, idx, cs, ce)
             with log.span("collective", round=rnd, payload_values=int(payload.size)) as sp:
                 try:
                     avg, stats = self.allreduce.allreduce_mean(payload, rnd, members,
-                                                               cfg.wan.collective_timeout_ms / 1000)
+                                                               cfg.wan.collective_timeout_ms / 1000, ids_round)
                 finally:
-                    sp.update(payload_bytes_sent=self.allreduce.last_stats.payload_bytes_sent,
-                              messages_sent=self.allreduce.last_stats.messages_sent)
+                    last = self.allreduce.last_stats
+                    sp.update(payload_bytes_sent=last.payload_bytes_sent, messages_sent=last.messages_sent,
+                              rejected=last.rejected)
+            round_ids = _round_samples(stats, members)
             if self.pool is not None:  # every rank applies the same vector
                 self.pool.share(rnd, avg)
             if cfg.train.mode == "sync":
                 self.trainer.apply_grads(avg)
             else:
                 self.trainer.apply_outer(avg)
+            self.retained = merge_retained(self.retained, round_ids)
             self.next_round = rnd + 1
             phash = self.trainer.params_hash()
             if self.pool is not None:
@@ -434,7 +478,8 @@ class Site:
             if losses:
                 self.node.send(COORD, "telemetry", TELEMETRY, {"round": rnd, "loss": float(np.mean(losses))},
                                reliable=False)
-            log.emit("round_done", round=rnd, param_hash=phash, cursor_start=cs, cursor_end=ce)
+            log.emit("round_done", round=rnd, param_hash=phash, cursor_start=cs, cursor_end=ce,
+                     retained_samples=int(self.retained.size), samples_sha256=samples_sha256(self.retained))
             last = ce >= self.target
             if self.leader and ((rnd + 1) % cfg.train.eval_every_rounds == 0 or last):
                 with log.span("eval", round=rnd) as sp:
@@ -504,13 +549,11 @@ class Site:
         """Leader: write the state after round `rnd` (samples [0, cursor)) to the store; tell the coordinator."""
         if self.store is None:
             return
-        ids = sorted(ids_at(self.order, range(0, cursor)))
-        samples_sha = hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()
-        parent = (self.plan or {}).get("frontier_manifest")
+        parent = self.plan.frontier_manifest if self.plan is not None else None
         if getattr(self, "last_manifest", None) and getattr(self, "last_manifest_epoch", -1) == self.epoch:
             parent = self.last_manifest
         try:
-            mhash = self._write_checkpoint(rnd, cursor, ids, samples_sha, parent)
+            mhash = self._write_checkpoint(rnd, cursor, parent)
         except StoreError as e:
             # Refused (a newer epoch fenced the store while we wrote: we are being replaced) or the
             # store was out of reach: this checkpoint is not durable and nothing else is lost. Train
@@ -520,18 +563,45 @@ class Site:
         self.last_manifest, self.last_manifest_epoch = mhash, self.epoch
         self.node.send(COORD, "checkpoint_durable", CONTROL, {"manifest_hash": mhash, "round": rnd, "cursor": cursor})
 
-    def _write_checkpoint(self, rnd: int, cursor: int, ids: list[int], samples_sha: str, parent: str | None) -> str:
+    def _write_checkpoint(self, rnd: int, cursor: int, parent: str | None) -> str:
+        """Write the state and the retained samples; the span logs both the retained samples' hash
+        (`samples_sha256`, the matched-frontier hash) and the canonical prefix's (`canonical_sha256`,
+        the first `cursor` positions of the canonical order), which agree in a correct run."""
         cfg = self.cfg
+        ids = self.retained
+        samples_sha = samples_sha256(ids)
+        canonical_sha = samples_sha256(np.asarray(ids_at(self.order, range(0, cursor)), dtype=np.int64))
+        assert self.store is not None
         with self.log.span("checkpoint_write", round=rnd) as sp:
-            mhash, _manifest = self.store.save(self.trainer.state_tensors(), {
+            sp.update(samples_sha256=samples_sha, canonical_sha256=canonical_sha, samples=int(ids.size), cursor=cursor)
+            mhash, _manifest = self.store.save(with_lineage(self.trainer.state_tensors(), ids), {
                 "run_id": cfg.run_id, "ckpt_id": f"e{self.epoch}r{rnd}", "round": rnd, "step": (rnd + 1) * self.spr,
-                "epoch": self.epoch, "parent": parent, "samples": len(ids), "samples_sha256": samples_sha,
-                "cursor": cursor, "useful_tokens": len(ids) * cfg.model.seq_len,
+                "epoch": self.epoch, "parent": parent, "samples": int(ids.size), "samples_sha256": samples_sha,
+                "canonical_sha256": canonical_sha, "cursor": cursor, "useful_tokens": int(ids.size) * cfg.model.seq_len,
                 "params_hash": self.trainer.params_hash(), "dataset_id": self.corpus.dataset_id,
                 "config": to_dict(cfg)}, timeout_s=120.0)
-            sp.update(manifest_hash=mhash, samples_sha256=samples_sha, useful_tokens=len(ids) * cfg.model.seq_len,
-                      cursor=cursor)
+            sp.update(manifest_hash=mhash, useful_tokens=int(ids.size) * cfg.model.seq_len)
         return mhash
+
+
+def _reducer(cfg: RunConfig, node: WanNode, inbox: Any, me: str, n_params: int, n_samples: int) -> AllReduce:
+    """The site's collective: parts validated against the model's size and the schedule; ids attested;
+    the buffer of early parts bounded at about four rounds' worth of one site's incoming values."""
+    part_elems = max(1, cfg.wan.chunk_bytes // 4)
+    n_sites = len(cfg.cluster.sites)
+    return AllReduce(node, inbox, me, cfg.wan.chunk_bytes, cfg.train.compression, max_total=n_params, attest=True,
+                     max_samples=cfg.train.per_site_batch * steps_per_round(cfg), sample_id_limit=n_samples,
+                     early_max_bytes=16 * n_params + (1 << 20),
+                     early_max_parts=4 * n_sites * (-(-n_params // part_elems) + 1) + 64,
+                     sites=frozenset(cfg.cluster.sites))
+
+
+def _round_samples(stats: Any, members: list[str]) -> np.ndarray:
+    """Every member's sample ids of a finished round, as the members themselves sent them."""
+    missing = [m for m in members if m not in stats.samples]
+    if missing:  # parse_coll_part requires them, so a finished round always has them
+        raise CollectiveAborted(f"round {stats.round}: no sample ids from {missing}")
+    return np.concatenate([np.asarray(stats.samples[m], dtype=np.int64) for m in members])
 
 
 def _exit_early(log: EventLog, pool: WorkerPool, rc: int, reason: str) -> int:

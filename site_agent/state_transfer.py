@@ -4,7 +4,9 @@ The state (model parameters, inner AdamW state, DiLoCo outer state) is packed in
 safetensors blob (no pickle), cut into `state_chunk` messages of traffic class
 `state_transfer`, and re-assembled by the joiner, which checks the blob's sha256 and, after
 loading, the parameter hash the donor announced. Anything that does not match is refused,
-so a joiner never trains from a state it could not verify.
+so a joiner never trains from a state it could not verify. Chunks are parsed before use
+(`site_agent.messages.parse_state_chunk`): a bad one is rejected with its reason, never trusted
+with a length to allocate.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from site_agent.messages import Rejected, StateChunk, parse_state_chunk
 from wan.frames import Message, TrafficClass
 from wan.node import WanNode
 
@@ -54,12 +57,19 @@ def send_state(node: WanNode, dest: str, data: bytes, meta: dict[str, Any], chun
 
 
 def receive_state(inbox: queue.Queue[Message], donor: str, epoch: int, timeout_s: float,
-                  interrupted: Callable[[], bool] = lambda: False) -> tuple[bytes, dict[str, Any]]:
-    """Assemble the state sent by `donor` in `epoch`; raise StateTransferError on timeout or a bad hash."""
+                  interrupted: Callable[[], bool] = lambda: False, max_total: int = 1 << 34,
+                  reject: Callable[[Message, Rejected], None] | None = None) -> tuple[bytes, dict[str, Any]]:
+    """Assemble the state sent by `donor` in `epoch`; raise StateTransferError on timeout or a bad hash.
+
+    Every chunk is parsed first (`parse_state_chunk`: a total of at most `max_total` bytes, an
+    offset inside it, a byte buffer); a chunk that does not fit, or disagrees with the first
+    chunk on the total, hashes or round, is passed to `reject` (logged) and ignored.
+    """
     deadline = time.monotonic() + timeout_s
     buf: np.ndarray | None = None
+    first: StateChunk | None = None
+    seen: set[int] = set()
     got = 0
-    meta: dict[str, Any] = {}
     while buf is None or got < buf.size:
         if interrupted():
             raise StateTransferError("interrupted by a newer membership epoch")
@@ -72,16 +82,29 @@ def receive_state(inbox: queue.Queue[Message], donor: str, epoch: int, timeout_s
             continue
         if msg.src != donor or msg.epoch != epoch:
             continue  # a transfer of an older epoch: ignore
-        b = msg.body
-        if buf is None:
-            buf = np.empty(int(b["total"]), dtype=np.uint8)
-            meta = {k: v for k, v in b.items() if k not in ("offset", "total")}
-        part = msg.array(0)
-        off = int(b["offset"])
-        buf[off:off + part.size] = part
-        got += part.size
+        try:
+            c = parse_state_chunk(msg, max_total)
+            if first is not None and (c.total, c.sha256, c.params_hash, c.round, c.samples_sha256) != (
+                    first.total, first.sha256, first.params_hash, first.round, first.samples_sha256):
+                raise Rejected("inconsistent_chunk", f"chunk at offset {c.offset} announces total {c.total}, "
+                                                     f"sha256 {c.sha256[:12]}, round {c.round}; the first chunk "
+                                                     f"announced {first.total}, {first.sha256[:12]}, {first.round}")
+        except Rejected as e:
+            if reject is not None:
+                reject(msg, e)
+            continue
+        if first is None:
+            first, buf = c, np.empty(c.total, dtype=np.uint8)
+        if c.offset in seen:
+            continue
+        seen.add(c.offset)
+        buf[c.offset:c.offset + c.data.size] = c.data
+        got += c.data.size
+    assert first is not None
     data = buf.tobytes()
     actual = hashlib.sha256(data).hexdigest()
-    if actual != meta["sha256"]:
-        raise StateTransferError(f"state from {donor}: sha256 {actual} != announced {meta['sha256']}")
+    if actual != first.sha256:
+        raise StateTransferError(f"state from {donor}: sha256 {actual} != announced {first.sha256}")
+    meta = {"round": first.round, "params_hash": first.params_hash, "sha256": first.sha256,
+            "samples_sha256": first.samples_sha256}
     return data, meta
