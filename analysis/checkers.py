@@ -73,8 +73,9 @@ def _result(name: str, violations: list[str], ok_summary: str, fail_summary: str
         return CheckResult(name, FAIL, fail_summary.format(n=len(violations)), violations[:MAX_EVIDENCE],
                            len(violations))
     if missing:
+        missing = list(dict.fromkeys(missing))
         return CheckResult(name, UNKNOWN, f"cannot tell: {len(missing)} piece(s) of evidence missing "
-                           f"(first: {missing[0]})", list(dict.fromkeys(missing))[:MAX_EVIDENCE])
+                           f"(first: {missing[0]})", missing[:MAX_EVIDENCE])
     return CheckResult(name, PASS, ok_summary, (notes or [])[:MAX_EVIDENCE], 0)
 
 
