@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from bench.common import ROOT, env_info, write_result
 
 SITES = ("a", "b", "c")
@@ -94,6 +96,12 @@ def synth_run(run_dir: Path, target_events: int) -> int:
         logs[s].emit("membership", t, pid[s], 1, members=members)
     counters: dict[str, dict[tuple[str, str], int]] = {p: {} for p in (*SITES, "coord", "store")}
     cursor, parent, last_ckpt, commit_hash = 0, None, None, init_hash
+    # The synthetic canonical order is the identity, so the retained set after a commit is range(0, cursor):
+    # its hash (sorted ids as int64 little-endian, the sites' samples_sha256) grows with each commit.
+    retained_hasher, hashed_to = hashlib.sha256(), 0
+    # The schedule the chaos log announces: one crash of b, the one fault_injected below (fault 0).
+    logs["chaos"].emit("scenario_started", t, 5, 1, scenario="bench-synthetic", seed=0, n_faults=1,
+                       faults=[{"kind": "site_crash", "target": "b", "at_step": fail_at * H, "params": {}}])
     fence = 1
 
     link_total: dict[str, int] = {}  # what Toxiproxy will have seen per link, over every incarnation
@@ -185,8 +193,11 @@ def synth_run(run_dir: Path, target_events: int) -> int:
         parent, cursor = cid, end
         if r % CKPT_EVERY == CKPT_EVERY - 1:
             mh = _h("ckpt", r)
+            retained_hasher.update(np.arange(hashed_to, end, dtype="<i8").tobytes())
+            hashed_to = end
+            retained_sha = retained_hasher.copy().hexdigest()
             logs["a"].span("checkpoint_write", t0 + 960_000_000, t0 + 990_000_000, pid["a"], epoch, round=r,
-                           manifest_hash=mh, samples_sha256=_h("samples", end))
+                           manifest_hash=mh, samples_sha256=retained_sha, canonical_sha256=retained_sha, cursor=end)
             count("a", "a_to_store", "checkpoint", 16_000_000)
             S.emit("checkpoint_durable", t0 + 985_000_000, pid["store"], max(epoch, fence), manifest_hash=mh,
                    ckpt_id=cid, round=r, parent=last_ckpt, bytes=16_000_000)
