@@ -224,6 +224,40 @@ class Scenario:
         return self.add("noop", target, **kw)
 
 
+# ------------------------------------------------------------------------------ reachability
+
+
+@dataclass(frozen=True)
+class UnreachableTrigger:
+    """A fault whose progress trigger lies beyond the end of the run: it can never fire."""
+
+    index: int
+    fault: Fault
+    key: str  # "at_step" | "at_useful_tokens"
+    value: int
+    end: int  # where a fault-free run ends, in the same unit
+
+    def __str__(self) -> str:
+        unit = "useful tokens" if self.key == "at_useful_tokens" else "step"
+        where = f"{self.end:,} {unit}" if unit != "step" else f"step {self.end:,}"
+        return (f"faults[{self.index}] ({self.fault.kind} {self.fault.target or '-'}) triggers at "
+                f"{self.key}={self.value:,}, but the run ends at {where}: it would never fire")
+
+
+def unreachable_triggers(scenario: Scenario, *, end_useful_tokens: int, end_step: int) -> list[UnreachableTrigger]:
+    """Faults whose injection trigger is a progress point past the run's end (a fault-free run
+    ends at `end_useful_tokens` / `end_step`; the last commit is the last point a trigger sees).
+    Wall-time triggers (`at_s`) cannot be judged before the run: they are reported if unfired."""
+    out = []
+    for i, f in enumerate(scenario.faults):
+        t = f.trigger
+        if t.at_useful_tokens is not None and t.at_useful_tokens > end_useful_tokens:
+            out.append(UnreachableTrigger(i, f, "at_useful_tokens", t.at_useful_tokens, end_useful_tokens))
+        elif t.at_step is not None and t.at_step > end_step:
+            out.append(UnreachableTrigger(i, f, "at_step", t.at_step, end_step))
+    return out
+
+
 # ------------------------------------------------------------------------------ kinds
 
 

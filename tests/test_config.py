@@ -251,3 +251,23 @@ def test_non_mapping_file_raises_config_error_naming_the_file(tmp_path: Path) ->
     with pytest.raises(ConfigError) as ei:
         read_config_file(p)
     assert str(ei.value) == f"{p}: top level must be a mapping"
+
+
+# ---------------------------------------------------------------- the command line
+
+
+def test_xdc_config_into_a_closed_pipe_exits_quietly() -> None:
+    """`xdc config | head`: the reader is gone before xdc writes; no BrokenPipe traceback."""
+    import os
+    import subprocess
+    import sys
+
+    r, w = os.pipe()
+    os.close(r)  # the reader has already gone: every write gets EPIPE
+    try:
+        p = subprocess.run([sys.executable, "-m", "xdc.cli", "config"], stdout=w, stderr=subprocess.PIPE,
+                           timeout=60, cwd=Path(__file__).resolve().parent.parent)
+    finally:
+        os.close(w)
+    assert p.stderr.decode() == ""
+    assert p.returncode == 141  # 128 + SIGPIPE, as a shell reports a filter killed by the pipe

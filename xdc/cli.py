@@ -1,10 +1,14 @@
 """The `xdc` command line.
 
-  xdc run  [--config FILE] [--set KEY=VALUE ...] [--scenario FILE] [--quiet]   one run as local processes
+  xdc run  [--config FILE] [--set KEY=VALUE ...] [--scenario FILE [--allow-unfired]] [--quiet]
+                                                               one run as local processes
   xdc demo [--set KEY=VALUE ...]                               the embedded default: one outage, four
                                                                policies, then the report
   xdc chaos SCENARIO --run RUN_DIR                             drive a scenario against a live run
-  xdc compare SCENARIO [--out DIR] [--set ...]                 the same scenario under all four policies
+  xdc compare SCENARIO [--out DIR] [--set ...] [--allow-unfired]  the same scenario under all four policies
+
+A scenario whose at_step / at_useful_tokens trigger lies past the run's target is refused (the
+fault could never fire) unless --allow-unfired; a fault that did not fire is reported at the end.
   xdc config [--config FILE] [--set ...]                       print the resolved config
   xdc analyze RUN_DIR... [--out DIR]                           artifact.json + report/index.html from the logs
   xdc sql RUN_DIR... "SELECT ..."                              query the logs with DuckDB
@@ -56,6 +60,20 @@ def _print_summary(run_dir: Path, s: dict) -> None:
               f"framing overhead {rec['overhead_bytes']:,} B ({100 * rec['overhead_fraction']:.2f}%)")
     print(f"  frontier: round {s['frontier_round']}  hash {s['frontier_hash']}")
     print(f"  exit codes: {s['exit_codes']}  clean={s['clean_exit']}")
+    _print_chaos(s.get("chaos"))
+
+
+def _print_chaos(chaos: dict | None) -> None:
+    """The scenario's outcome: how many faults fired; every fault that did not, loudly (stderr too)."""
+    if not chaos:
+        return
+    print(f"  faults: {len(chaos['fired'])} of {chaos['n_faults']} fired (scenario {chaos['scenario']})")
+    for f in chaos["never_fired"] + chaos["failed"]:
+        trig = ", ".join(f"{k}={v}" for k, v in f["trigger"].items())
+        what = "NEVER FIRED" if f in chaos["never_fired"] else "FAILED TO INJECT"
+        line = f"  {what}: faults[{f['index']}] {f['kind']} {f['target'] or '-'} (trigger {trig})"
+        print(line)
+        print(f"warning: {line.strip()}", file=sys.stderr)
 
 
 from xdc.compare import POLICIES, with_policy as _with_policy  # noqa: E402  (re-exported for scripts)
@@ -65,6 +83,20 @@ def _load_scenario(path: str, cfg: Any) -> Any:
     from chaos.scenario import load_scenario
 
     return load_scenario(path, sites=list(cfg.cluster.sites))
+
+
+def _fits(cfg: Any, scenario: Any, args: argparse.Namespace) -> bool:
+    """False (with the reason on stderr) when a fault's progress trigger lies past the target and
+    the user did not pass --allow-unfired; with it, the same lines are printed as warnings."""
+    from xdc.compare import ScenarioBeyondRun, check_scenario_fits
+
+    try:
+        for line in check_scenario_fits(cfg, scenario, allow_unfired=bool(getattr(args, "allow_unfired", False))):
+            print(f"warning: {line}", file=sys.stderr)
+    except ScenarioBeyondRun as e:
+        print(f"scenario error: {e}", file=sys.stderr)
+        return False
+    return True
 
 
 def cmd_run(args: argparse.Namespace, base: dict | None = None) -> int:
@@ -81,6 +113,8 @@ def cmd_run(args: argparse.Namespace, base: dict | None = None) -> int:
         print(f"scenario error: {e}", file=sys.stderr)
         return 2
     if scenario is not None:
+        if not _fits(cfg, scenario, args):
+            return 2
         cfg = _with_policy(cfg, cfg.recovery.policy, scenario)
     run_dir, summary = launch(cfg, quiet=args.quiet, scenario=scenario)
     if not summary:
@@ -116,6 +150,8 @@ def cmd_compare(args: argparse.Namespace, base: dict | None = None, scenario_pat
     except (ConfigError, ScenarioError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if not _fits(cfg, scenario, args):
+        return 2
     out = Path(getattr(args, "out", None) or Path(cfg.runs_dir) / f"compare-{new_run_id()}")
 
     def on_run(policy: str, run_dir: Path | None = None, summary: dict | None = None) -> None:
@@ -125,7 +161,7 @@ def cmd_compare(args: argparse.Namespace, base: dict | None = None, scenario_pat
             _print_summary(run_dir, summary)
 
     index = run_comparison(cfg, scenario, out, tuple(getattr(args, "policies", None) or POLICIES),
-                           quiet=args.quiet, on_run=on_run)
+                           quiet=args.quiet, on_run=on_run, allow_unfired=True)  # checked above
     print(f"\ncomparison: {out / 'index.json'}  matched frontier: {index['matched_frontier']}")
     if index["interrupted"]:
         print("interrupted: the comparison stopped early", file=sys.stderr)
@@ -337,7 +373,27 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+ALLOW_UNFIRED_HELP = ("run a scenario even if a fault's at_step / at_useful_tokens trigger lies past the run's "
+                      "target (that fault cannot fire; it is reported as never fired)")
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; output cut short by the reader (`xdc config | head`) ends quietly."""
+    try:
+        rc = _main(argv)
+        sys.stdout.flush()
+        return rc
+    except BrokenPipeError:
+        # The reader went away: send what is left of stdout to /dev/null so the interpreter's final
+        # flush does not raise again, and exit like a well-behaved Unix filter (128 + SIGPIPE).
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+
+
+def _main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="xdc", description="A cross-datacenter training emulator.")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
@@ -350,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     common(p_run)
     p_run.add_argument("--quiet", action="store_true", help="no live display")
     p_run.add_argument("--scenario", help="a chaos scenario file (scenarios/*.yaml) to run against the cluster")
+    p_run.add_argument("--allow-unfired", action="store_true", help=ALLOW_UNFIRED_HELP)
     p_demo = sub.add_parser("demo", help="the embedded default: one outage under all four recovery policies, "
                                          "then the report")
     common(p_demo)
@@ -373,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     p_cmp.add_argument("--demo", action="store_true", help="start from the demo preset")
     p_cmp.add_argument("--quiet", action="store_true")
     p_cmp.add_argument("--no-analyze", action="store_true", help="skip `xdc analyze` of the comparison")
+    p_cmp.add_argument("--allow-unfired", action="store_true", help=ALLOW_UNFIRED_HELP)
     p_cfg = sub.add_parser("config", help="print the resolved config")
     common(p_cfg)
     p_prep = sub.add_parser("prepare", help="prepare a run directory and the proxies for separately started processes")

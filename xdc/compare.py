@@ -16,6 +16,37 @@ from xdc.config import RunConfig
 POLICIES = ("stall", "restart", "elastic", "oracle")
 
 
+class ScenarioBeyondRun(ValueError):
+    """A scenario has faults whose progress trigger lies past the run's target (they cannot fire)."""
+
+
+def run_end(cfg: RunConfig) -> tuple[int, int]:
+    """(useful tokens, step) of the last commit of a fault-free run with every site."""
+    from site_agent.schedule import rounds_for_target, steps_per_round, target_samples
+
+    tokens = target_samples(cfg) * cfg.model.seq_len
+    step = rounds_for_target(cfg, len(cfg.cluster.sites)) * steps_per_round(cfg)
+    return tokens, step
+
+
+def check_scenario_fits(cfg: RunConfig, scenario: Any, *, allow_unfired: bool = False) -> list[str]:
+    """Raise ScenarioBeyondRun naming every fault whose trigger lies past the run's end (and the
+    target), unless allow_unfired; then the same lines come back as warnings."""
+    from chaos.scenario import unreachable_triggers
+
+    tokens, step = run_end(cfg)
+    bad = unreachable_triggers(scenario, end_useful_tokens=tokens, end_step=step)
+    if not bad:
+        return []
+    lines = [f"scenario {scenario.name!r}: {b}" for b in bad]
+    target = (f"train.target_useful_tokens={cfg.train.target_useful_tokens} ({tokens:,} useful tokens, "
+              f"step {step:,} with all {len(cfg.cluster.sites)} sites)")
+    if allow_unfired:
+        return [*lines, f"(--allow-unfired: running anyway; the run's target is {target})"]
+    raise ScenarioBeyondRun("\n".join([*lines, f"the run's target is {target}; raise it (e.g. --set "
+                                        f"train.target_useful_tokens=...), or pass --allow-unfired to run it anyway"]))
+
+
 def oracle_faults(scenario: Any) -> list[list[Any]]:
     """(site, useful tokens) of every site fault the oracle can see coming (progress triggers only)."""
     out = []
@@ -33,10 +64,12 @@ def with_policy(cfg: RunConfig, policy: str, scenario: Any) -> RunConfig:
 
 def run_comparison(cfg: RunConfig, scenario: Any, out: Path, policies: tuple[str, ...] | list[str] = POLICIES, *,
                    quiet: bool = True, timeout_s: float | None = None,
-                   on_run: Any = None) -> dict[str, Any]:
-    """Run every policy in turn; write out/index.json. Stops early (index["interrupted"]) on Ctrl-C."""
+                   on_run: Any = None, allow_unfired: bool = False) -> dict[str, Any]:
+    """Run every policy in turn; write out/index.json. Stops early (index["interrupted"]) on Ctrl-C.
+    A scenario with a progress trigger past the target raises ScenarioBeyondRun unless allow_unfired."""
     from xdc.launcher import launch, new_run_id
 
+    check_scenario_fits(cfg, scenario, allow_unfired=allow_unfired)
     out.mkdir(parents=True, exist_ok=True)
     index: dict[str, Any] = {"scenario": scenario.to_dict(), "runs": [], "interrupted": False}
     for policy in policies:
@@ -53,7 +86,8 @@ def run_comparison(cfg: RunConfig, scenario: Any, out: Path, policies: tuple[str
         index["runs"].append({"policy": policy, "run_dir": str(Path(run_dir).resolve()),
                               **{k: summary.get(k) for k in ("useful_tokens", "attempted_tokens", "retained_tokens",
                                                              "lost_tokens", "frontier_hash", "final_heldout_nll",
-                                                             "work_balanced")}})
+                                                             "work_balanced")},
+                              "never_fired": (summary.get("chaos") or {}).get("never_fired", [])})
     hashes = {r["frontier_hash"] for r in index["runs"]}
     index["matched_frontier"] = bool(index["runs"]) and len(hashes) == 1 and None not in hashes
     (out / "index.json").write_text(json.dumps(index, indent=2, sort_keys=True))

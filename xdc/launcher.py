@@ -32,6 +32,7 @@ from xdc.progress import Progress
 from xdc.topology import COORD, STORE, Link, Topology, plan_topology
 
 _PR_SET_PDEATHSIG = 1
+SITES_FINISH_S = 30.0  # after the coordinator finished a run, how long the sites may take to exit
 
 
 def _die_with_parent() -> None:
@@ -178,6 +179,23 @@ class Launcher:
             if self.log is not None:
                 self.log.emit("chaos_finish_failed", error=f"{type(e).__name__}: {e}")
 
+    def chaos_outcome(self) -> dict[str, Any] | None:
+        """What the scenario did, fault by fault, from the driver: fired (injected; an instant or
+        healed fault included), never_fired (its trigger never came), failed (the injection raised).
+        None without a scenario. Indices are the faults' positions in scenario.json."""
+        if self.scenario is None:
+            return None
+        from chaos.driver import FAILED, PENDING
+
+        status = {st.index: st.status for st in self.chaos.states} if self.chaos is not None else {}
+        faults = [{"index": i, "kind": f.kind, "target": f.target, "trigger": f.trigger.to_dict(),
+                   "status": status.get(i, PENDING)} for i, f in enumerate(self.scenario.faults)]
+        return {"scenario": self.scenario.name, "n_faults": len(self.scenario.faults),
+                "started": bool(self.chaos is not None and self.chaos.started), "faults": faults,
+                "fired": [f["index"] for f in faults if f["status"] not in (PENDING, FAILED)],
+                "never_fired": [f for f in faults if f["status"] == PENDING],
+                "failed": [f for f in faults if f["status"] == FAILED]}
+
     # -------------------------------------------------------------------- run
     def run(self) -> dict:
         prev = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -217,6 +235,9 @@ class Launcher:
             if (self.run_dir / "config.json").exists():
                 summary = summarize(self.run_dir, proxy_bytes=proxy_bytes, exit_codes=self.exit_codes,
                                     interrupted=self.interrupted)
+                outcome = self.chaos_outcome()
+                if outcome is not None:
+                    summary["chaos"] = outcome
                 (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
             for s, h in prev.items():
                 signal.signal(s, h)
@@ -226,6 +247,7 @@ class Launcher:
         prog = Progress(self.run_dir, self.cfg, quiet=self.quiet)
         deadline = time.monotonic() + self.timeout_s
         workers = [COORD, *self.cfg.cluster.sites]
+        finished_at: float | None = None  # when the coordinator finished the run (under a scenario)
         with prog:
             while True:
                 if self.chaos is not None:
@@ -238,8 +260,15 @@ class Launcher:
                 taken = set(self.chaos.taken_down()) if self.chaos is not None else set()
                 if self.chaos is not None:
                     # Under a scenario processes die on purpose; the run ends when the coordinator
-                    # finishes it (or when the coordinator dies and chaos will not bring it back).
-                    if done[COORD] == 0 or (done[COORD] is not None and COORD not in taken):
+                    # finishes it and the sites have finished too (their last checkpoint, their
+                    # counters), or when the coordinator dies and chaos will not bring it back.
+                    if done[COORD] == 0:
+                        finished_at = finished_at or time.monotonic()
+                        sites_done = all(done[s] is not None for s in self.cfg.cluster.sites)
+                        if sites_done or time.monotonic() - finished_at > SITES_FINISH_S:
+                            prog.update()
+                            return
+                    elif done[COORD] is not None and COORD not in taken:
                         prog.update()
                         time.sleep(0.5)
                         return

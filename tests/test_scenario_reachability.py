@@ -1,0 +1,115 @@
+"""A scenario says when its faults cannot fire: refused up front when a progress trigger lies past
+the run's target, reported at the end of the run when a fault did not fire."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from chaos.scenario import Scenario, load_scenario, unreachable_triggers
+from tests.conftest import events
+from xdc.cli import DEMO, main as xdc_main
+from xdc.compare import ScenarioBeyondRun, check_scenario_fits, run_comparison, run_end
+from xdc.config import load_config, merge
+
+ROOT = Path(__file__).resolve().parent.parent
+ROUND = 12_288  # 3 sites x 8 samples x 4 inner steps x 128 tokens
+SMALL = {"train": {"mode": "local", "per_site_batch": 8, "inner_steps_h": 4, "target_useful_tokens": 3 * ROUND,
+                   "eval_every_rounds": 3, "checkpoint_every_rounds": 2, "threads_per_site": 1, "device": "cpu"},
+         "wan": {"site_link": {"up": {"latency_ms": 5}, "down": {"latency_ms": 5}}}}
+
+
+def test_run_end_is_the_last_commit_of_a_fault_free_run() -> None:
+    cfg = load_config(SMALL)
+    assert run_end(cfg) == (3 * ROUND, 3 * 4)
+    # The target is rounded up to whole site batches, and the last round is cut there.
+    cfg = load_config(merge(SMALL, {"train": {"target_useful_tokens": 3 * ROUND + 1}}))
+    assert run_end(cfg) == (3 * ROUND + 8 * 128, 4 * 4)
+
+
+def test_progress_triggers_past_the_end_are_found_and_wall_time_ones_are_not() -> None:
+    sc = (Scenario.build("x").crash("b", at_useful_tokens=3 * ROUND, restart_after_s=1)  # the last commit: fires
+          .hang("a", at_useful_tokens=3 * ROUND + 1, duration_s=1)                      # past it
+          .reset("a<->b", at_step=13, duration_s=1)                                      # past step 12
+          .blackhole("c", at_step=12, duration_s=1)
+          .degrade("a->c", at_s=10_000, duration_s=1, latency_ms=5))                     # judged only at the end
+    bad = unreachable_triggers(sc, end_useful_tokens=3 * ROUND, end_step=12)
+    assert [(b.index, b.key, b.value, b.end) for b in bad] == [(1, "at_useful_tokens", 3 * ROUND + 1, 3 * ROUND),
+                                                                (2, "at_step", 13, 12)]
+    assert str(bad[0]) == ("faults[1] (site_hang a) triggers at at_useful_tokens=36,865, but the run ends at "
+                           "36,864 useful tokens: it would never fire")
+
+
+def test_refusal_names_the_fault_its_trigger_and_the_target() -> None:
+    cfg = load_config({})  # the default target: 65,536 useful tokens
+    sc = load_scenario(ROOT / "scenarios" / "one-outage.yaml")
+    with pytest.raises(ScenarioBeyondRun) as e:
+        check_scenario_fits(cfg, sc)
+    msg = str(e.value)
+    assert "faults[0] (site_crash b)" in msg and "at_useful_tokens=90,000" in msg
+    assert "train.target_useful_tokens=65536" in msg and "--allow-unfired" in msg
+    warnings = check_scenario_fits(cfg, sc, allow_unfired=True)
+    assert any("faults[0]" in w for w in warnings)
+
+
+def test_run_comparison_refuses_before_starting_anything(tmp_path: Path) -> None:
+    cfg = load_config(merge(SMALL, {"runs_dir": str(tmp_path)}))
+    sc = Scenario.build("late").crash("b", at_useful_tokens=10 * ROUND, restart_after_s=1)
+    with pytest.raises(ScenarioBeyondRun, match=r"faults\[0\] \(site_crash b\)"):
+        run_comparison(cfg, sc, tmp_path / "cmp")
+    assert not (tmp_path / "cmp").exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "--scenario", "scenarios/one-outage.yaml", "--set", "recovery.policy=elastic"],
+    ["compare", "scenarios/one-outage.yaml"],
+])
+def test_cli_refuses_the_outage_on_the_default_target(argv: list[str], tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [argv[0], "--runs-dir", str(tmp_path), *argv[1:]]
+    argv = [a if not a.startswith("scenarios/") else str(ROOT / a) for a in argv]
+    assert xdc_main(argv) == 2
+    err = capsys.readouterr().err
+    assert "scenario error:" in err and "site_crash b" in err and "at_useful_tokens=90,000" in err
+    assert "65,536 useful tokens" in err and "--allow-unfired" in err
+    assert not any(tmp_path.iterdir()), "nothing may start for a refused scenario"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "scenarios").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_scenario_fits_the_demo_preset(path: Path) -> None:
+    """`xdc compare scenarios/X.yaml --demo` (and the README's `xdc run` example, which sets the
+    demo's target) can fire every progress-triggered fault."""
+    cfg = load_config(DEMO)
+    assert check_scenario_fits(cfg, load_scenario(path, sites=cfg.cluster.sites)) == []
+
+
+def test_a_fault_that_did_not_fire_is_reported_at_the_end_of_the_run(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Real processes: with --allow-unfired the run goes ahead; the fault past the target and the
+    one after the run (wall time) are reported in the output and in summary.json, the fault that
+    fired is in chaos.jsonl under its index."""
+    scen = tmp_path / "late.yaml"
+    scen.write_text(json.dumps({"name": "late", "faults": [
+        {"kind": "link_degrade", "target": "a<->b", "at_useful_tokens": ROUND, "duration_s": 1,
+         "params": {"latency_ms": 10}},
+        {"kind": "site_crash", "target": "b", "at_useful_tokens": 10 * ROUND, "duration_s": 1},
+        {"kind": "site_hang", "target": "c", "at_s": 3600, "duration_s": 1}]}))
+    conf = tmp_path / "small.json"
+    conf.write_text(json.dumps(SMALL))
+    rc = xdc_main(["run", "--config", str(conf), "--runs-dir", str(tmp_path / "runs"), "--quiet",
+                   "--scenario", str(scen), "--allow-unfired"])
+    out, err = capsys.readouterr()
+    assert rc == 0, out + err
+    assert "faults: 1 of 3 fired" in out
+    assert "NEVER FIRED: faults[1] site_crash b (trigger at_useful_tokens=122880)" in out
+    assert "NEVER FIRED: faults[2] site_hang c (trigger at_s=3600.0)" in out
+    assert "warning:" in err and "faults[1] (site_crash b)" in err
+    run_dir = (tmp_path / "runs" / "latest").resolve()
+    chaos = json.loads((run_dir / "summary.json").read_text())["chaos"]
+    assert chaos["fired"] == [0] and [f["index"] for f in chaos["never_fired"]] == [1, 2]
+    injected = [e for e in events(run_dir, "chaos") if e["event"] == "fault_injected"]
+    assert [(e["fault"], e["kind"], e["target"]) for e in injected] == [(0, "link_degrade", "a<->b")]
+    scenario = json.loads((run_dir / "scenario.json").read_text())
+    assert scenario["faults"][0]["kind"] == "link_degrade"  # the index in chaos.jsonl is the position here
