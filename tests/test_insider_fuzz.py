@@ -8,11 +8,19 @@ wrong-type, oversized, too-many-frame, wrong-run, unknown-kind, future-epoch and
 messages, spread over the whole run. Outsiders without a key open plain TCP connections that
 send garbage, forged ZMTP greetings, and NULL-mechanism ZeroMQ sockets.
 
-Every keyed message here is one the WAN layer itself must refuse (identity, fencing, decoding,
+Most keyed messages are ones the WAN layer itself must refuse (identity, fencing, decoding,
 limits, kinds), so each must appear as a `frame_rejected` event with a reason at its target.
+One in eight messages to site a passes the WAN layer on purpose and attacks the bodies, with
+the store's own identity (membership, shutdown, collective, state and checkpoint replies with
+wrong types, infinite floats, future epochs); the site's own validation must reject those.
+(The coordinator and the store hear only from sites, so the store's key cannot reach their
+bodies. Sending them body attacks with a site's key straight to their ports would also be
+accounted to that site's Toxiproxy link: the node attributes bytes by authenticated
+identity, not by the TCP path, so byte_classes could not reconcile. Those bodies are covered
+by the coordinator's and store's own tests.)
 Asserted: the run reaches its target, every process exits 0, no `wan_thread_crashed`, every
-message sent well before its target stopped is logged as rejected, and `xdc analyze`'s
-checkers pass.
+WAN-level message sent well before its target stopped is logged as rejected, body attacks are
+rejected by each target, and `xdc analyze`'s checkers pass.
 """
 
 from __future__ import annotations
@@ -56,7 +64,8 @@ class Fuzzer:
         self.addrs = {t: topo["binds"][t] for t in ("a", "coord", "store")}
         self.keys = run_dir / "keys"
         self.ctx = zmq.Context()
-        self.sent: dict[str, list[int]] = {t: [] for t in self.addrs}  # target -> mono_ns of each keyed send
+        self.sent: dict[str, list[int]] = {t: [] for t in self.addrs}  # target -> mono_ns of each WAN-level send
+        self.body_sent: Counter[str] = Counter()  # target -> body attacks sent (site a only)
         self.kinds: Counter[str] = Counter()
         self.outside: Counter[str] = Counter()
         self.rids: set[str] = set()
@@ -70,6 +79,9 @@ class Fuzzer:
             ids = [b"mallory#1", b"a", b"coord", b"b#00000000000000ff", b"store#fuzz"]
             self.socks[t] = [self._dealer(addr, rid, (me.public, me.secret), server) for rid in ids]
             self.rids |= {rid.decode() for rid in ids}
+        # Body attacks: the store's own identity towards a.
+        self.body_sock = self._dealer(self.addrs["a"], b"store#body", (me.public, me.secret), load_public(self.keys, "a"))
+        self.body_seq = 0
 
     def _dealer(self, addr: str, rid: bytes, keys: tuple[bytes, bytes], server: bytes) -> zmq.Socket:
         s = self.ctx.socket(zmq.DEALER)
@@ -127,6 +139,22 @@ class Fuzzer:
                             epoch=10**9, step=0, src=r.choice(["a", "coord", "c"]), inc=1, seq=1,
                             body={"epoch": 10**9, "members": ["a"]})
 
+    def body_attack(self) -> tuple[str, list[Any]]:
+        """(what, frames): a message to site a that passes the WAN layer but whose body or epoch is invalid."""
+        r = self.rng
+        inf = float("inf")
+        self.body_seq += 1
+        kind, body = r.choice([
+            ("membership", {"epoch": "zz", "members": ["a"]}), ("membership", {"epoch": 2, "members": 5}),
+            ("membership", {"epoch": 10**9, "members": ["a", "b", "c"]}), ("shutdown", {"reason": ["x"]}),
+            ("coll", {"round": "x"}), ("coll", {"round": 0, "phase": "rs", "shard": 0, "offset": 0, "total": 1,
+                                                "scale": inf}),
+            ("state_chunk", {"offset": "x", "total": -1}), ("ckpt_error", {"reason": 1}),
+            ("ckpt_blob_part", {"req": "x", "offset": inf}), ("ckpt_durable", {"req": [], "round": "r"})])
+        cls = "checkpoint" if kind.startswith("ckpt") else "collective" if kind == "coll" else "control"
+        return f"body_{kind}", encode(kind=kind, cls=cls, run=self.run_id, epoch=r.choice([1, 1, 10**9]), step=0,
+                                      src="store", inc=4242, seq=self.body_seq, body=body)
+
     # ------------------------------------------------------------ outsiders (no key)
     def outsider(self) -> None:
         r = self.rng
@@ -163,11 +191,15 @@ class Fuzzer:
             t0 = time.monotonic()
             while not self.stop.is_set():
                 target = targets[i % len(targets)]
-                what, frames = self.message(target)
-                sock = self.socks[target][i % len(self.socks[target])]
+                body = target == "a" and i % 8 == 0
+                what, frames = self.body_attack() if body else self.message(target)
+                sock = self.body_sock if body else self.socks[target][i % len(self.socks[target])]
                 try:
                     sock.send_multipart(frames, zmq.NOBLOCK)
-                    self.sent[target].append(time.monotonic_ns())
+                    if body:
+                        self.body_sent[target] += 1
+                    else:
+                        self.sent[target].append(time.monotonic_ns())
                     self.kinds[what] += 1
                 except zmq.Again:
                     pass
@@ -208,6 +240,7 @@ def test_insider_and_outsider_fuzz_of_a_training_cluster_crashes_nothing(backgro
     wall_s = time.monotonic() - t_start
     run_dir = run.run_dir
     n_keyed = sum(len(v) for v in fuzzer.sent.values())
+    n_keyed += sum(fuzzer.body_sent.values())
     print(f"fuzz: {n_keyed} keyed messages ({dict(fuzzer.kinds)}), outsiders {dict(fuzzer.outside)}, "
           f"run took {wall_s:.1f} s after the fuzzer started")
     assert fuzzer.error is None, fuzzer.error
@@ -238,6 +271,10 @@ def test_insider_and_outsider_fuzz_of_a_training_cluster_crashes_nothing(backgro
                          if e["event"] == "frame_rejected" and e["reason"].startswith("handshake_failed"))
     print(f"outsider handshake failures: {dict(handshakes)}")
     assert handshakes, "no outsider connection was refused"
+    # Body attacks passed the WAN layer and were refused by site a itself.
+    body_rej = Counter(e.get("reason") for e in events(run_dir, "a") if e["event"] == "message_rejected")
+    print(f"a: {fuzzer.body_sent['a']} body attacks, message_rejected by reason {dict(body_rej)}")
+    assert fuzzer.body_sent["a"] > 100 and body_rej
     # The analysis of this run passes its checkers.
     from analysis.analyze import analyze
 
