@@ -14,7 +14,8 @@ threshold (named in the event's `fired_by`) even when several commits are read a
 Within one step the order is fixed: due heals (in fault order), follow-ups (`tick`), then due
 injections (in fault order). Events, to the handle's log (RUN/logs/chaos.jsonl, process "chaos"):
 `scenario_started`, `fault_injected`, `fault_followup`, `fault_healed`, `fault_failed` (an
-inject or heal raised: the error is logged and the driver carries on), `scenario_finished`.
+inject or heal raised: the error is logged and the driver carries on; a failed heal is tried
+again every HEAL_RETRY_S, its `fault_healed` then has reason "retry"), `scenario_finished`.
 Each fault event has `fault` (index), `kind`, `target`, `result` (what the nemesis returned),
 `t_s` (scenario seconds), the progress, and the real wall/monotonic ns bounds of the action
 (`start_wall_ns` .. `end_mono_ns`) besides the log's own `wall_ns`/`mono_ns` stamps.
@@ -37,6 +38,7 @@ from chaos.scenario import Fault, Scenario, Trigger
 from xdc.eventlog import LogTail
 
 PENDING, ACTIVE, HEALED, FAILED, HEAL_FAILED = "pending", "active", "healed", "failed", "heal_failed"
+HEAL_RETRY_S = 2.0  # a heal that failed (e.g. Toxiproxy's API stalled flushing a toxic) is tried again this often
 
 
 @dataclass
@@ -47,6 +49,7 @@ class FaultState:
     status: str = PENDING
     injected_at: float | None = None  # driver clock
     healed_at: float | None = None
+    heal_failed_at: float | None = None  # the last failed heal (retried HEAL_RETRY_S later)
 
 
 def _takes_down(n: Nemesis) -> bool:
@@ -183,6 +186,9 @@ class ChaosDriver:
                 self._heal(st, now, "duration")
             elif f.heal is not None and self._met(f.heal, now):
                 self._heal(st, now, "heal_trigger", fired_by=commit if f.heal.by_progress else None)
+        for st in self.states:  # a failed heal is retried while the run goes on, not only at its end
+            if st.status == HEAL_FAILED and st.heal_failed_at is not None and now - st.heal_failed_at >= HEAL_RETRY_S:
+                self._heal(st, now, "retry")
         for st in self.states:
             if st.status == ACTIVE and st.injected_at is not None:
                 since = now - st.injected_at
@@ -227,7 +233,7 @@ class ChaosDriver:
         if fired_by is not None:
             extra["fired_by"] = fired_by
         if error is not None:
-            st.status = HEAL_FAILED
+            st.status, st.heal_failed_at = HEAL_FAILED, now
             self._emit("fault_failed", phase="heal", error=error, **extra, **self._fault_fields(st, now), **bounds)
             return
         st.status, st.healed_at = HEALED, now

@@ -283,6 +283,27 @@ def test_a_failing_nemesis_is_logged_and_the_rest_still_run(rig) -> None:
         assert e["start_mono_ns"] <= e["end_mono_ns"] and e["start_wall_ns"] <= e["end_wall_ns"]
 
 
+def test_a_failing_heal_is_retried_during_the_run(rig) -> None:
+    """Toxiproxy's API can stall removing a toxic (seen in the soak): the fault must not stay on
+    until the end of the run; the driver tries again every HEAL_RETRY_S."""
+    from chaos.driver import HEAL_RETRY_S
+
+    clock, coord, handle, make = rig
+    d = make(Scenario.build("hr").blackhole("a->b", at_s=0, duration_s=1))
+    coord.epoch_formed()
+    d.poll()
+    real_remove = handle.toxiproxy.remove_toxic
+    handle.toxiproxy.remove_toxic = lambda p, n: (_ for _ in ()).throw(ChaosError("api hangs"))  # type: ignore
+    clock.t += 1
+    d.poll()
+    assert d.states[0].status == "heal_failed"
+    handle.toxiproxy.remove_toxic = real_remove  # type: ignore
+    clock.t += HEAL_RETRY_S
+    d.poll()
+    healed = handle.log.named("fault_healed")
+    assert d.states[0].status == "healed" and [e["reason"] for e in healed] == ["retry"]
+
+
 def test_a_failing_heal_is_logged_and_retried_by_heal_all(rig) -> None:
     clock, coord, handle, make = rig
     d = make(Scenario.build("hf").blackhole("a->b", at_s=0, duration_s=1))
