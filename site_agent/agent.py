@@ -13,6 +13,15 @@ Every phase is a span in the site's JSON-lines log; the work of every inner step
 sample ids, tokens, FLOPs) is logged as `work_attempted`, and the coordinator's `commit`
 records say which of it was retained.
 
+No body is trusted: control messages are parsed into typed plans (`site_agent.messages`), a bad
+one is logged as `message_rejected` and dropped. Epochs are applied in order, each governing
+the rounds from its start to the next one's (`site_agent.epochs`), so epochs announced back to
+back while a round is in flight are all honoured. The site attests what it trained: every
+member's sample ids of a round travel with its collective parts, and the site accumulates
+the ids of every round it applies as the samples its state retained (`self.retained`; rolled
+back with snapshots, carried by checkpoints and state transfers); a checkpoint's
+`samples_sha256` (the matched-frontier hash) is their hash, logged beside `canonical_sha256`.
+
 With `train.workers_per_site` W > 1 this process is rank 0 of the site's W worker processes
 (see site_agent/worker.py): it spawns ranks 1..W-1, joins their gloo group, trains on its
 1/W slice of every step's batch with grads averaged over the group, does the WAN collective
@@ -193,6 +202,8 @@ class Site:
                 self.log.emit("message_rejected", kind=msg.kind, src=msg.src, msg_epoch=msg.epoch, reason=e.reason,
                               detail=e.detail)
                 continue
+            if isinstance(typed, Plan):  # the same epoch sent again replaces the copy that waits
+                self.pending = [m for m in self.pending if not (isinstance(m, Plan) and m.epoch == typed.epoch)]
             self.pending.append(typed)
 
     def newer_plan_waiting(self) -> bool:

@@ -38,9 +38,16 @@ def pack_state(blobs: dict[str, dict[str, torch.Tensor]]) -> bytes:
 
 
 def unpack_state(data: bytes) -> dict[str, dict[str, torch.Tensor]]:
+    """The tensor groups of a packed state; ValueError (never anything else) if it is not one."""
+    try:
+        flat = st_load(data)
+    except Exception as e:  # safetensors raises its own error type on a bad header or bad offsets
+        raise ValueError(f"state is not a valid safetensors blob: {type(e).__name__}: {str(e)[:200]}") from None
     out: dict[str, dict[str, torch.Tensor]] = {}
-    for key, t in st_load(data).items():
-        group, name = key.split("/", 1)
+    for key, t in flat.items():
+        group, sep, name = key.partition("/")
+        if not sep or not group or not name:
+            raise ValueError(f"state tensor name {key[:80]!r} is not '<group>/<name>'")
         out.setdefault(group, {})[name] = t
     return out
 

@@ -111,3 +111,14 @@ def test_rolling_back_to_a_round_start_snapshot_rolls_back_the_retained_samples(
     before[0] = 77  # the snapshot holds its own copy
     assert snap.retained.tolist() == [5, 9]
     assert take_snapshot(t, 0).retained.size == 0
+
+
+def test_a_donor_state_that_is_not_a_packed_state_is_refused_with_a_value_error():
+    import safetensors.torch as st
+
+    good = pack_state({"model": {"w": torch.zeros(3)}})
+    for data, words in [(b"garbage", "not a valid safetensors blob"),
+                        (good[:-2], "not a valid safetensors blob"),
+                        (st.save({"noslash": torch.zeros(1)}), "'noslash' is not '<group>/<name>'")]:
+        with pytest.raises(ValueError, match=words):
+            unpack_state(data)
