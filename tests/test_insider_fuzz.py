@@ -46,7 +46,7 @@ pytestmark = pytest.mark.integration
 
 TARGET_TOKENS = 98_304
 MIN_KEYED = 10_000
-RATE_PER_S = 400  # keyed messages per second, all targets together
+RATE_PER_S = 600  # keyed messages per second, all targets together
 U64 = 2**64 - 1
 
 
@@ -104,8 +104,10 @@ class Fuzzer:
         """(what, frames): one message the WAN layer of `target` must reject."""
         r = self.rng
         src = "store" if target == "a" else r.choice(["store", "a", "b", "mallory"])
-        what = r.choice(["garbage", "truncated", "nested", "huge_shape", "huge_int", "wrong_type", "oversized",
-                         "many_frames", "wrong_run", "unknown_kind", "impersonate", "future_epoch_impersonate"])
+        what = r.choice(["garbage", "truncated", "nested", "huge_shape", "huge_int", "wrong_type", "many_frames",
+                         "wrong_run", "unknown_kind", "impersonate", "future_epoch_impersonate"])
+        if r.random() < 0.03:  # 2.8 MB each: rare, or pushing them through CURVE dominates the run's CPU
+            what = "oversized"
         if what == "garbage":
             return what, [bytes(r.randrange(256) for _ in range(r.randrange(1, 80)))]
         if what == "truncated":
