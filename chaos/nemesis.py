@@ -27,6 +27,9 @@ from chaos.scenario import Fault, Trigger
 from wan.toxiproxy import ToxiproxyError
 
 EXIT_WAIT_S = 10.0  # how long a SIGKILLed process may take to be gone before a restart
+# Tries per toxic removal within one heal (each may wait out the control client's 5 s timeout);
+# the driver tries a failed heal again later, so one heal never holds the driver for long.
+REMOVE_ATTEMPTS = 2
 
 
 class Nemesis:
@@ -228,7 +231,7 @@ def _remove_toxics(handle: ClusterHandle, toxics: list[tuple[str, str, str]]) ->
         # Toxiproxy's API can stall while a toxic with queued data is removed under load (it
         # flushes first): a timed-out DELETE may still complete, so retry and accept a 404.
         last: ToxiproxyError | None = None
-        for attempt in range(4):
+        for attempt in range(REMOVE_ATTEMPTS):
             try:
                 handle.toxiproxy.remove_toxic(proxy, name)
                 removed.append(f"{proxy}/{name}")
@@ -246,6 +249,14 @@ def _remove_toxics(handle: ClusterHandle, toxics: list[tuple[str, str, str]]) ->
     if errors:
         raise ChaosError(f"could not remove {len(errors)} toxic(s): " + "; ".join(errors))
     return {"removed": removed, "missing": missing}
+
+
+def _last_first(toxics: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """The toxics in removal order: stream by stream (as added), each stream's chain last-first."""
+    chains: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
+    for t in toxics:
+        chains.setdefault((t[0], t[1]), []).append(t)
+    return [t for chain in chains.values() for t in reversed(chain)]
 
 
 class _ToxicNemesis(Nemesis):
@@ -275,7 +286,7 @@ class _ToxicNemesis(Nemesis):
         except Exception:
             added, self.added = self.added, []
             try:
-                _remove_toxics(handle, added)
+                _remove_toxics(handle, _last_first(added))
             except ChaosError:
                 pass  # the original error is the one worth reporting
             raise
@@ -283,7 +294,10 @@ class _ToxicNemesis(Nemesis):
                 "types": [t for _s, t, _a in self.toxics()]}
 
     def heal(self, handle: ClusterHandle, *, final: bool = False) -> dict[str, Any]:
-        out = _remove_toxics(handle, self.added)
+        # Last added, first removed: Toxiproxy flushes a removed toxic's queued data into the next
+        # toxic of the chain, so removing `latency` while `bandwidth` (after it) still throttles
+        # blocks the API at the throttled rate (a soak run saw a heal block the driver for 55 s).
+        out = _remove_toxics(handle, _last_first(self.added))
         self.added = []
         return {"link": self.target, **out}
 

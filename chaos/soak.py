@@ -296,9 +296,10 @@ def main(argv: list[str] | None = None) -> int:
             if r["interrupted"]:  # Ctrl-C / SIGTERM stops the soak, not just the run in flight
                 print(f"interrupted during {policy} seed {r['seed']}: the soak stops here (tally so far in "
                       f"{out_path})", flush=True)
-                _write(out_path, results, policies, args, root)
+                _write(out_path, results + group, policies, args, root)
                 return 130
             group.append(r)
+            _write(out_path, results + group, policies, args, root)  # an interrupted soak keeps its tally
             fired = sum(f["fired"] for f in r["faults"])
             print(f"{policy:8s} seed {r['seed']}: {'ok  ' if r['passed'] else 'FAIL'} {fired}/{len(r['faults'])} "
                   f"faults fired, lost={r['lost_tokens']} {r['wall_s']} s {'; '.join(r['reasons'])[:300]}",

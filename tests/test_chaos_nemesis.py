@@ -584,3 +584,39 @@ def test_noop_touches_nothing(net: dict[str, Any], procs: Procs) -> None:
         assert isinstance(n, NoOp) and n.inject(handle)["noop"] and n.heal(handle) == {"noop": True}
     assert p.poll() is None and chaos_toxics(net["client"]) == []
     assert all(pr.enabled for pr in net["client"].list_proxies().values())
+
+
+def test_healing_a_throttled_link_with_queued_data_does_not_stall(net: dict[str, Any]) -> None:
+    """latency then bandwidth on a->b with megabytes queued: the heal removes bandwidth first, so
+    Toxiproxy's flush of the removed toxics is not throttled (latency first blocked its API for
+    tens of seconds in a soak run, past the control client's timeout; this test with the old
+    order fails the same way: DELETE .../chaos_latency_f7_up timed out after 5 s)."""
+    handle = net["handle"]
+    ab = dial(net, "a_to_b")
+    n = LinkDegrade(Fault("link_degrade", "a->b", Trigger(at_s=0), params={"latency_ms": 80, "bandwidth_kbps": 100}),
+                    index=7)
+    n.inject(handle)
+    stop = threading.Event()
+
+    def drain() -> None:  # read the echo so the server keeps reading what the proxy delivers
+        ab.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                if not ab.recv(1 << 16):
+                    return
+            except (TimeoutError, OSError):
+                continue
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    sender = threading.Thread(target=lambda: ab.sendall(b"x" * 4_000_000), daemon=True)
+    sender.start()
+    time.sleep(1.5)  # about 150 KB through, megabytes queued in the proxy's chain
+    t0 = time.monotonic()
+    out = n.heal(handle)
+    took = time.monotonic() - t0
+    stop.set()
+    ab.close()
+    assert out["removed"] == ["a_to_b/chaos_bandwidth_f7_up", "a_to_b/chaos_latency_f7_up",
+                              "b_to_a/chaos_bandwidth_f7_down", "b_to_a/chaos_latency_f7_down"]
+    assert took < 3.0, f"heal took {took:.1f} s"
