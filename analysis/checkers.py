@@ -85,7 +85,7 @@ APPLY_EVENTS = frozenset({"membership", "restore", "round_done", "work_attempted
                           "checkpoint_durable", "checkpoint_write", "state_received", "state_sent",
                           "membership_epoch", "frontier"})
 ACTS = APPLY_EVENTS - {"commit"}
-REJECTIONS = frozenset({"frame_rejected", "report_rejected", "write_rejected", "commit_refused"})
+REJECTIONS = frozenset({"frame_rejected", "report_rejected", "write_rejected", "commit_refused", "message_rejected"})
 _label = label
 
 

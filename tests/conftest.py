@@ -136,3 +136,38 @@ def background_run(tmp_path: Path) -> Iterator[Any]:
     yield start
     for r in runs:
         r.stop()
+
+
+def independent_ledger(run_dir: Path) -> dict[str, tuple[int, int, int]]:
+    """site -> (tokens its own log says it attempted, tokens the coordinator's commit lineage records
+    it contributed, tokens of its logged attempts whose round the lineage did not commit with it).
+
+    Three numbers from two independent sources (the site's `work_attempted` events and the
+    coordinator's `commit` record), so `attempted == retained + lost` is a real check, unlike a
+    summary that derives one of them from the others."""
+    commits = [e for e in events(run_dir, "coord") if e["event"] == "commit"]
+    assert commits, f"{run_dir}: the coordinator logged no commit"
+    by_id = {c["commit_id"]: c for c in commits}
+    chain, cur = [], commits[-1]
+    while cur is not None:
+        chain.append(cur)
+        cur = by_id.get(cur["parent"]) if cur["parent"] else None
+    out = {}
+    for site in json.loads((run_dir / "config.json").read_text())["cluster"]["sites"]:
+        work = [e for e in events(run_dir, site) if e["event"] == "work_attempted"]
+        kept = {(c["epoch"], c["round"]) for c in chain if site in c["members"]}
+        out[site] = (sum(e["tokens"] for e in work), sum(int(c["tokens"].get(site, 0)) for c in chain),
+                     sum(e["tokens"] for e in work if (e["epoch"], e["round"]) not in kept))
+    return out
+
+
+def assert_ledger_balanced(run_dir: Path, summary: dict | None = None) -> dict[str, tuple[int, int, int]]:
+    """attempted = retained + lost per site across independent sources; the summary agrees with them."""
+    ledger = independent_ledger(run_dir)
+    for site, (attempted, retained, lost) in ledger.items():
+        assert attempted == retained + lost, (run_dir.name, site, attempted, retained, lost)
+    if summary is not None:
+        assert summary["attempted_tokens"] == sum(v[0] for v in ledger.values()), (summary["attempted_tokens"], ledger)
+        assert summary["retained_tokens"] == sum(v[1] for v in ledger.values()), (summary["retained_tokens"], ledger)
+        assert summary["lost_tokens"] == sum(v[2] for v in ledger.values()), (summary["lost_tokens"], ledger)
+    return ledger

@@ -18,7 +18,7 @@ import numpy as np
 import zmq
 import zmq.auth
 
-from tests.conftest import events
+from tests.conftest import assert_ledger_balanced, events
 from wan.frames import encode
 from wan.keys import load_keypair, load_public
 
@@ -108,5 +108,6 @@ def test_malformed_oversized_stale_and_unauthenticated_frames_are_rejected_and_s
     later = [e for e in events(run_dir, "a") if e["event"] == "round_done" and e["mono_ns"] > attack_ns]
     assert later, "site a did not train after the bad frames"
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["clean_exit"] and summary["work_balanced"]
+    assert summary["clean_exit"]
+    assert_ledger_balanced(run_dir, summary)
     assert summary["useful_tokens"] >= 98304

@@ -13,7 +13,7 @@ from site_agent.collective import reduce_in_order
 from site_agent.data import batch_for, load_corpus, sample_order
 from site_agent.schedule import rounds_for_target, site_samples
 from site_agent.trainer import SiteTrainer
-from tests.conftest import events
+from tests.conftest import assert_ledger_balanced, events
 from wan.frames import TRAFFIC_CLASSES
 from xdc.config import config_from_json
 
@@ -35,8 +35,7 @@ def test_three_sites_train_through_toxiproxy_with_latency(local_run):
     assert all(rc == 0 for rc in s["exit_codes"].values())
     assert s["useful_tokens"] >= s["target_useful_tokens"] == 36_864
     # The work ledger balances exactly and nothing was lost in a fault-free run.
-    assert s["work_balanced"]
-    assert s["attempted_tokens"] == s["retained_tokens"] + s["lost_tokens"]
+    assert_ledger_balanced(run_dir, s)  # site logs against the commit record, and the summary agrees
     assert s["lost_tokens"] == 0 and s["retained_tokens"] == s["useful_tokens"]
     # Held-out NLL falls.
     curve = [p["heldout_nll"] for p in s["heldout_nll_curve"]]
