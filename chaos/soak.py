@@ -53,6 +53,7 @@ ALL_KINDS = tuple(k for k in KINDS if k != "noop")
 N_FAULTS = 6  # per schedule: 20 schedules x 6 = 120 scheduled faults per policy
 WALL_WINDOW_S = (3.0, 20.0)  # at_s triggers: within the first ~half of a small run
 TARGET_FAULTS_PER_POLICY = 100
+RUN_TIMEOUT_S = 360.0  # a healthy soak run takes under 2 min on 2 cores; past this it is stuck (and fails)
 RECOVERY_GRACE_S = 10.0  # + both thresholds: how long after its heal a recovery still belongs to a fault
 
 
@@ -178,7 +179,7 @@ def soak_one(seed: int, policy: str, root: Path, n_faults: int = N_FAULTS) -> di
     cfg = with_policy(base, policy, sc)
     target, _step = run_end(cfg)
     t0 = time.monotonic()
-    run_dir, s = launch(cfg, quiet=True, timeout_s=900, scenario=sc)
+    run_dir, s = launch(cfg, quiet=True, timeout_s=RUN_TIMEOUT_S, scenario=sc)
     wall = round(time.monotonic() - t0, 1)
     j = judge_run(run_dir, s, sc, target)
     th = Thresholds.of(cfg)

@@ -5,7 +5,8 @@ Every check reads the run directory (logs, store, summary) after the run, never 
   reached_target      the run's useful tokens equal the target (in whole site batches)
   checkers            every checker of `xdc analyze` passes on the run (`unknown` is not a pass);
                       `same_frontier` needs several runs, so the soak judges it per schedule
-  clean_exit          every process the launcher ran last exited 0 and nothing was interrupted
+  clean_exit          every process the launcher ran last exited 0, nothing was interrupted, and
+                      the run ended by itself (not stopped by the launcher's timeout)
   checkpoints         every manifest and blob in the store re-verifies by hash, and every durable
                       checkpoint, reloaded from the store into a fresh model, hashes to the
                       parameters its manifest names
@@ -70,9 +71,10 @@ def reached_target(summary: dict[str, Any], target_tokens: int) -> Verdict:
 
 
 def clean_exit(summary: dict[str, Any]) -> Verdict:
-    ok = bool(summary.get("clean_exit")) and not summary.get("interrupted")
+    ok = bool(summary.get("clean_exit")) and not summary.get("interrupted") and not summary.get("timed_out")
     return Verdict("clean_exit", ok, f"exit codes {summary.get('exit_codes')}, interrupted "
-                                     f"{bool(summary.get('interrupted'))}")
+                                     f"{bool(summary.get('interrupted'))}, stopped by the launcher's timeout "
+                                     f"{bool(summary.get('timed_out'))}")
 
 
 def analysis_checks(run_dir: Path) -> tuple[Verdict, dict[str, str]]:

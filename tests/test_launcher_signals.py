@@ -45,3 +45,17 @@ def test_sigterm_mid_run_stops_every_process_without_orphans(background_run):
     for site in ("a", "b", "c"):
         stops = [e for e in events(run_dir, site) if e["event"] == "site_stopped"]
         assert stops and stops[-1]["reason"] == "signal"
+
+
+def test_a_run_stopped_by_the_launchers_timeout_is_not_a_clean_exit(tmp_path):
+    """Every process exits 0 on the launcher's SIGTERM, yet the run did not end by itself (a soak
+    run stuck for 900 s once summarised as clean): summary.json says timed_out and clean_exit False."""
+    from xdc.config import load_config
+    from xdc.launcher import launch
+
+    cfg = load_config({"runs_dir": str(tmp_path), "train": {"target_useful_tokens": 10_000_000, "threads_per_site": 1,
+                                                             "device": "cpu"}})
+    run_dir, s = launch(cfg, quiet=True, timeout_s=8)
+    assert s["timed_out"] is True and s["clean_exit"] is False, {k: s[k] for k in ("exit_codes", "timed_out")}
+    finished = [e for e in events(run_dir, "launcher") if e["event"] == "run_finished"]
+    assert finished and finished[-1]["timed_out"] is True

@@ -150,3 +150,4 @@ def test_short_of_the_target_or_an_unclean_exit_fails_the_run(short_soak: list[d
     assert reached_target(summary, target).ok and clean_exit(summary).ok
     assert not reached_target({**summary, "useful_tokens": target - 1024}, target).ok
     assert not clean_exit({**summary, "exit_codes": {**summary["exit_codes"], "b": -9}, "clean_exit": False}).ok
+    assert not clean_exit({**summary, "timed_out": True}).ok  # stopped by the launcher: not a clean end

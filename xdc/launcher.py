@@ -97,6 +97,7 @@ class Launcher:
         self.exit_codes: dict[str, int | None] = {}
         self.toxi: ToxiproxyServer | None = None
         self.interrupted = False
+        self.timed_out = False  # the launcher stopped the run after timeout_s: not a clean end
         self.log: EventLog | None = None
         self.scenario = scenario  # chaos.scenario.Scenario or None
         self.chaos: Any = None
@@ -230,11 +231,15 @@ class Launcher:
                 # reconcile the six classes against them from the logs alone.
                 self.log.emit("proxy_counters", proxies=proxy_bytes, source="toxiproxy /metrics "
                               "toxiproxy_proxy_received_bytes_total")
-                self.log.emit("run_finished", exit_codes=self.exit_codes, interrupted=self.interrupted)
+                self.log.emit("run_finished", exit_codes=self.exit_codes, interrupted=self.interrupted,
+                              timed_out=self.timed_out)
                 self.log.close()
             if (self.run_dir / "config.json").exists():
                 summary = summarize(self.run_dir, proxy_bytes=proxy_bytes, exit_codes=self.exit_codes,
                                     interrupted=self.interrupted)
+                summary["timed_out"] = self.timed_out
+                if self.timed_out:  # every process may exit 0 on SIGTERM, but the run did not end by itself
+                    summary["clean_exit"] = False
                 outcome = self.chaos_outcome()
                 if outcome is not None:
                     summary["chaos"] = outcome
@@ -283,6 +288,7 @@ class Launcher:
                         return
                 if time.monotonic() > deadline:
                     prog.note(f"run exceeded {self.timeout_s:.0f} s; stopping it")
+                    self.timed_out = True
                     return
                 time.sleep(0.25)
 
