@@ -83,6 +83,35 @@ def _in_doubt(h: RunHistory) -> dict[str, int]:
     return dict(out)
 
 
+def _killed_in_flight(h: RunHistory) -> dict[str, int]:
+    """Bytes per link that a killed sender may have had in flight when it died.
+
+    An incarnation (pid) that never logged its `final` counters was killed. A message it was
+    handing over at that moment may have partly entered the proxy, so Toxiproxy counts bytes
+    that neither its last counters nor any receiver (who never got a whole message) hold. That
+    is at most the collective round it was sending: per link it sends on, the largest
+    `payload_bytes_sent` of its `collective` events (all peers together, so an upper bound).
+    """
+    links = {e["proxy"] for p in ("launcher", "prepare") for e in h.logs.get(p, []) if e["event"] == "proxy_created"}
+    out: dict[str, int] = defaultdict(int)
+    for proc, evs in h.logs.items():
+        final = {e.get("pid") for e in evs if e["event"] == "wan_counters" and e.get("final")}
+        largest: dict[Any, int] = defaultdict(int)
+        pids = set()
+        for e in evs:
+            pids.add(e.get("pid"))
+            if e["event"] == "collective" and "payload_bytes_sent" in e:
+                largest[e.get("pid")] = max(largest[e.get("pid")], int(e["payload_bytes_sent"]))
+        killed = pids - final
+        allowance = sum(largest[p] for p in killed)
+        if not allowance:
+            continue
+        for link in links:
+            if link.startswith(f"{proc}_to_") or link.endswith(f"_to_{proc}"):
+                out[link] += allowance
+    return dict(out)
+
+
 def _retransmitted(h: RunHistory) -> dict[str, int]:
     """Wire bytes each link carried again after a reconnect or a stall (`retransmit` events).
 
@@ -267,7 +296,8 @@ def analyse_run(h: RunHistory) -> tuple[dict[str, Any], dict[str, Any]]:
                                                 else "unavailable")
     derived = {"work": work, "bytes": nbytes, "reconciliation": rec, "frontier": frontier,
                "duration_s": (t1 - t0) / 1e9, "connections": _connections(h), "faulted_links": _faulted_links(h),
-               "retransmitted": _retransmitted(h), "in_doubt": _in_doubt(h), "proof": proof, "faults": faults}
+               "retransmitted": _retransmitted(h), "in_doubt": _in_doubt(h),
+               "killed_in_flight": _killed_in_flight(h), "proof": proof, "faults": faults}
     return section, derived
 
 
@@ -276,7 +306,8 @@ def build_artifact(run_dirs: list[Path], index: dict[str, Any] | None = None,
     t_start = time.perf_counter()
     hs = histories if histories is not None else [load_run(p) for p in run_dirs]
     sections, ctx = [], {k: {} for k in ("work", "bytes", "reconciliation", "frontier", "duration_s", "connections",
-                                         "faulted_links", "retransmitted", "in_doubt", "proof", "faults")}
+                                         "faulted_links", "retransmitted", "in_doubt", "killed_in_flight", "proof",
+                                         "faults")}
     for h in hs:
         sec, derived = analyse_run(h)
         sections.append(sec)

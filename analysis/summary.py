@@ -100,29 +100,62 @@ def work_ledger(logs: dict[str, list[dict[str, Any]]], sites: list[str], seq_len
             "commits": len(commits), "lineage_length": len(kept)}
 
 
+def _sender(link: str, direction: str) -> str:
+    """The process that sends on `link` in `direction`: links are `<client>_to_<server>`, "up" is
+    client to server (Toxiproxy's upstream), "down" is server to client."""
+    client, _, server = link.partition("_to_")
+    return client if direction == "up" else server
+
+
 def byte_ledger(logs: dict[str, list[dict[str, Any]]], committed_rounds: set[tuple[int, int]]) -> dict[str, Any]:
+    """Bytes per class and link, each counted once, by its sender.
+
+    Counters are cumulative per process incarnation (pid) and logged every round and once more,
+    `final`, after the endpoint closed. An incarnation that was killed never logs its final
+    counters, so what it sent after its last snapshot is missing from its own count; those bytes
+    did reach the receivers, whose `rx` counters hold them. So for every (link, direction, class)
+    whose sender has an incarnation without final counters, the count is the larger of what the
+    senders logged and what the receivers logged (never their sum: no byte is counted twice).
+    `rx_filled` says where and by how much that raised a count.
+    """
     by_class = {c: 0 for c in TRAFFIC_CLASSES}
     by_link: dict[str, int] = defaultdict(int)
     by_link_class: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    missing = []
+    tx: dict[tuple[str, str, str], int] = defaultdict(int)
+    rx: dict[tuple[str, str, str], int] = defaultdict(int)
+    missing, incomplete = [], set()
     for proc, events in logs.items():
         snaps = [e for e in events if e["event"] == "wan_counters"]
         if not snaps:
             if proc not in ("launcher", "chaos") and ".w" not in proc:
                 missing.append(proc)
             continue
-        # Counters are cumulative per process incarnation: a restarted process starts from zero,
-        # so take the last snapshot of every incarnation (pid) and add them up.
+        # A restarted process starts from zero: take the last snapshot of every incarnation and add them.
         last_by_pid: dict[int, dict[str, Any]] = {}
         for e in snaps:
             last_by_pid[e.get("pid", 0)] = e
-        rows = [row for e in last_by_pid.values() for row in e["counters"]]
-        for row in rows:
-            if row["side"] != "tx":
-                continue
-            by_class[row["cls"]] += row["bytes"]
-            by_link[row["link"]] += row["bytes"]
-            by_link_class[row["link"]][row["cls"]] += row["bytes"]
+        pids = {e.get("pid", 0) for e in events}
+        if any(not last_by_pid.get(pid, {}).get("final") for pid in pids):
+            incomplete.add(proc)  # an incarnation ended without its final counters (killed)
+        for e in last_by_pid.values():
+            for row in e["counters"]:
+                key = (row["link"], row["direction"], row["cls"])
+                if row["side"] == "tx":
+                    tx[key] += row["bytes"]
+                elif row["side"] == "rx":
+                    rx[key] += row["bytes"]
+    rx_filled: dict[str, int] = defaultdict(int)
+    for key in sorted(set(tx) | set(rx)):
+        link, direction, cls = key
+        n = tx.get(key, 0)
+        if _sender(link, direction) in incomplete and rx.get(key, 0) > n:
+            rx_filled[link] += rx[key] - n
+            n = rx[key]
+        if cls not in by_class:
+            by_class[cls] = 0  # an unknown class stays visible (the byte_classes checker fails on it)
+        by_class[cls] += n
+        by_link[link] += n
+        by_link_class[link][cls] += n
     # Collective payload of rounds that did not commit -> aborted_collective (payload share of wire bytes).
     aborted_payload = 0
     coll_payload = 0
@@ -137,7 +170,8 @@ def byte_ledger(logs: dict[str, list[dict[str, Any]]], committed_rounds: set[tup
         by_class["collective"] -= moved
         by_class["aborted_collective"] += moved
     return {"by_class": by_class, "by_link": dict(by_link),
-            "by_link_class": {k: dict(v) for k, v in by_link_class.items()}, "processes_without_counters": missing}
+            "by_link_class": {k: dict(v) for k, v in by_link_class.items()}, "processes_without_counters": missing,
+            "rx_filled": dict(rx_filled), "killed_senders": sorted(incomplete)}
 
 
 def reconcile(counted_by_link: dict[str, int], proxy_bytes: dict[str, Any]) -> dict[str, Any]:
