@@ -79,6 +79,10 @@ class ClusterView:
     # commit record reaches its cursor; a later rollback below it does not make it fire again).
     drop_before: tuple[tuple[str, int], ...] = ()
     round_samples: int = 0  # samples of one round with the current members (0 when paused)
+    # Members whose state came from elsewhere (a donor transfer or the store) and who have not yet
+    # taken part in a commit since: they may hold no state at all (a transfer cut short by a newer
+    # epoch), so they are never a donor nor a member that resumes from its own snapshot.
+    unproven: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -176,13 +180,23 @@ def decide_recovery(now_ns: int, v: ClusterView, policy: Policy) -> tuple[Plan |
     del now_ns  # decisions depend on the view only; the clock is kept for the signature's sake
     lost = tuple(m for m in v.members if m in v.failed)
     survivors = tuple(m for m in v.members if m not in v.failed)
+    proven = tuple(m for m in survivors if m not in v.unproven)  # hold the lineage's state for sure
+    unproven = tuple(m for m in survivors if m in v.unproven)
     start_round, start_cursor = _resume(v)
 
     # 1. A current member failed.
     if lost:
         if policy in (Policy.ELASTIC, Policy.ORACLE) and survivors:
-            return (Plan(survivors, False, start_round, start_cursor, Restore.NONE),
-                    f"{policy.value}: {list(lost)} failed; {list(survivors)} continue from round {start_round}")
+            if not unproven:
+                return (Plan(survivors, False, start_round, start_cursor, Restore.NONE),
+                        f"{policy.value}: {list(lost)} failed; {list(survivors)} continue from round {start_round}")
+            if proven and v.committed_round >= 0:
+                # A survivor still joining (its transfer may have been cut short) gets state again.
+                return (Plan(survivors, False, start_round, start_cursor, Restore.DONOR, donor=proven[0],
+                             joiners=unproven),
+                        f"{policy.value}: {list(lost)} failed; {list(survivors)} continue from round {start_round}; "
+                        f"{list(unproven)} hold no proven state: state from {proven[0]}")
+            return _from_store(v, survivors, policy, f"{list(lost)} failed and no survivor holds proven state")
         return (Plan(survivors, True, start_round, start_cursor, Restore.NONE),
                 f"{policy.value}: {list(lost)} failed; {list(survivors)} wait")
 
@@ -201,10 +215,11 @@ def decide_recovery(now_ns: int, v: ClusterView, policy: Policy) -> tuple[Plan |
                 return (Plan(rest, False, nxt[0], nxt[1], Restore.NONE, drain=Drain(site, at_cursor)),
                         f"oracle: {site} will fail at cursor {at_cursor}; drained and dropped it from round {nxt[0]}")
 
-    # 3. Restarted sites want in.
+    # 3. Restarted sites want in (with them, members whose state is not proven get state again).
     if v.joiners:
         everyone_back = set(v.members) | set(v.joiners) >= set(v.expected)
-        donor = survivors[0] if survivors and v.committed_round >= 0 else None
+        donor = proven[0] if proven and v.committed_round >= 0 else None
+        v = replace(v, joiners=tuple(sorted(set(v.joiners) | set(unproven))))
         if policy in (Policy.ELASTIC, Policy.ORACLE):
             if v.committed_round < 0 and not v.members:
                 return None, "no committed state yet and no members: wait for the first epoch"

@@ -72,6 +72,11 @@ class Coordinator:
         self.committed_cursor = 0
         self.frontier: Frontier | None = None
         self.oracle_dropped: set[tuple[str, int]] = set()  # (site, incarnation) drained ahead of its fault
+        # Sites given state from a donor or the store and not yet in a commit since (ClusterView.unproven).
+        self.unproven: set[str] = set()
+        # After a restart from the journal: no new epoch until the members have had time to resend
+        # the round reports they sent while we were down (monotonic ns; 0 = not settling).
+        self.settle_until_ns = 0
         self.reports: dict[tuple[int, int], dict[str, RoundDone]] = {}
         self.hb_stats: dict[str, dict[str, float]] = {}
         self.last_reason = ""
@@ -104,6 +109,10 @@ class Coordinator:
             elif r["type"] == "frontier":
                 self.frontier = Frontier(r["round"], r["cursor"], r["manifest_hash"], r.get("commit_id"))
         if records:
+            # Members kept training while we were down; their reports of those rounds come again
+            # (reliable messages are resent on reconnect). A decision taken before they arrive
+            # would roll the members back past rounds they no longer hold snapshots of.
+            self.settle_until_ns = now + self.mcfg.heartbeat_timeout_ms * 1_000_000
             self.log.set_context(epoch=self.m.epoch)
             self.log.emit("coordinator_recovered", records=len(records), epoch=self.m.epoch,
                           members=list(self.m.members), commits=len(self.commits), tip=self.tip,
@@ -114,10 +123,15 @@ class Coordinator:
         self.committed_round = commit["round"]
         self.committed_cursor = commit["cursor_end"]
         self.oracle = self.oracle.after_commit(commit["cursor_end"])
+        self.unproven -= set(commit["members"])  # a commit proves its members held the lineage's state
 
     def _apply_plan_lineage(self, plan: Plan) -> None:
-        """A restore from the store branches the lineage at the frontier's commit."""
+        """A restore from the store branches the lineage at the frontier's commit. Whoever gets state
+        from elsewhere holds it for sure only once a commit includes it (`unproven`)."""
+        if plan.restore == Restore.DONOR:
+            self.unproven |= set(plan.joiners)
         if plan.restore == Restore.STORE:
+            self.unproven |= set(plan.members)
             self.tip = plan.parent_commit
             self.committed_round = plan.start_round - 1
             self.committed_cursor = plan.start_cursor
@@ -329,7 +343,8 @@ class Coordinator:
                            paused=paused, failed=failed, joiners=joiners,
                            committed_round=self.committed_round, committed_cursor=self.committed_cursor,
                            frontier=self.frontier, target_samples=self.target, drop_before=drops,
-                           round_samples=0 if paused else samples_per_round(self.cfg, len(self.m.members)))
+                           round_samples=0 if paused else samples_per_round(self.cfg, len(self.m.members)),
+                           unproven=tuple(sorted(self.unproven & set(self.m.members))))
 
     def new_epoch(self, plan: Plan, reason: str) -> None:
         old_members = set(self.m.members)
@@ -387,6 +402,13 @@ class Coordinator:
             self.log.emit(event, site=d.site, reason=reason)
         if self.m.epoch == 0 or self.shutdown_sent:
             return
+        if now_ns < self.settle_until_ns:
+            return  # restarted: the members' resent round reports first (see _recover_from_journal)
+        if self.settle_until_ns:
+            self.settle_until_ns = 0
+            self.log.emit("recovery_settled", committed_round=self.committed_round, tip=self.tip,
+                          reason="restarted from the journal: the members' resent reports had a heartbeat "
+                                 "timeout to arrive before any new epoch")
         if self.resync:
             self.resync = False
             v = self.view()

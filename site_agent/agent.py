@@ -271,6 +271,9 @@ class Site:
                     # it; ask to be admitted again (as a joiner, state comes from elsewhere).
                     log.emit("restore_failed", epoch=self.epoch, error=f"{type(e).__name__}: {e}")
                     self.next_round = None
+                    # We hold no plan we could train on: the coordinator's answer (this epoch's plan sent
+                    # again, or a new one naming us a joiner) must be adopted, not ignored as current.
+                    self.plan = None
                     node.send(COORD, "join", CONTROL, {"pid": os.getpid(), "rejoin": True})
                     continue
                 if self.leader and not evaluated_initial and msg.start_round == 0:

@@ -76,3 +76,36 @@ def test_oracle_does_not_drain_before_the_first_commit():
 def test_preemption_checkpoints_first_only_under_restart():
     assert checkpoint_before_waiting(Policy.RESTART)[0] is True
     assert not any(checkpoint_before_waiting(p)[0] for p in (Policy.STALL, Policy.ELASTIC, Policy.ORACLE))
+
+
+# A joiner whose state transfer a newer epoch cut short holds no state (soak seed 1001: a rejoined
+# by transfer from b, b was restarted mid-transfer, and a was then named a continuing member and a
+# donor; every epoch after that failed to restore and the run never finished).
+A_JOINING_B_FAILED = replace(BASE, members=("a", "b", "c"), failed=("b",), unproven=("a",))
+
+
+def test_a_failure_during_a_transfer_gives_the_unfinished_joiner_state_again():
+    plan, why = decide_recovery(0, A_JOINING_B_FAILED, Policy.ELASTIC)
+    assert plan == Plan(("a", "c"), False, 5, 480, Restore.DONOR, donor="c", joiners=("a",))
+    assert why == ("elastic: ['b'] failed; ['a', 'c'] continue from round 5; ['a'] hold no proven state: "
+                   "state from c")
+
+
+def test_an_unproven_member_is_never_the_donor_of_a_rejoin():
+    v = replace(BASE, members=("a", "c"), joiners=("b",), unproven=("a",), round_samples=64)
+    plan, why = decide_recovery(0, v, Policy.ELASTIC)
+    assert plan == Plan(("a", "b", "c"), False, 6, 544, Restore.DONOR, donor="c", joiners=("a", "b"))
+    assert "state transfer from c" in why
+
+
+def test_no_survivor_with_proven_state_rolls_back_to_the_store():
+    v = replace(BASE, failed=("b",), unproven=("a", "c"))
+    plan, why = decide_recovery(0, v, Policy.ELASTIC)
+    assert plan == Plan(("a", "c"), False, 4, 384, Restore.STORE, manifest_hash="f" * 64, parent_commit="e1r3")
+    assert "no survivor holds proven state" in why
+
+
+def test_stall_hands_state_to_the_unproven_member_too_when_everyone_is_back():
+    v = replace(BASE, members=("a", "c"), paused=True, joiners=("b",), unproven=("a",), round_samples=0)
+    plan, _ = decide_recovery(0, v, Policy.STALL)
+    assert plan == Plan(("a", "b", "c"), False, 5, 480, Restore.DONOR, donor="c", joiners=("a", "b"))
