@@ -19,6 +19,7 @@ from analysis.analyze import analyze
 from analysis.artifact import build_artifact, validate_artifact
 from analysis.load import AnalysisInputError, load_run
 from analysis.sql import query
+from tests.conftest import independent_ledger
 from xdc.cli import main as xdc_main
 
 MANIFESTS = ("config.json", "topology.json", "scenario.json")
@@ -50,24 +51,6 @@ def _write(path: Path, evs: list[dict]) -> None:
     path.write_text("".join(json.dumps(e) + "\n" for e in evs))
 
 
-def _ledger_from_independent_sources(run_dir: Path) -> dict[str, tuple[int, int, int]]:
-    """site -> (tokens its log says it attempted, tokens the coordinator's commit lineage records it
-    contributed, tokens of its logged attempts whose round the lineage did not commit with it)."""
-    commits = [e for e in _read(run_dir / "logs" / "coord.jsonl") if e["event"] == "commit"]
-    by_id = {c["commit_id"]: c for c in commits}
-    chain, cur = [], commits[-1]
-    while cur is not None:
-        chain.append(cur)
-        cur = by_id.get(cur["parent"]) if cur["parent"] else None
-    out = {}
-    for site in json.loads((run_dir / "config.json").read_text())["cluster"]["sites"]:
-        work = [e for e in _read(run_dir / "logs" / f"{site}.jsonl") if e["event"] == "work_attempted"]
-        kept = {(c["epoch"], c["round"]) for c in chain if site in c["members"]}
-        out[site] = (sum(e["tokens"] for e in work), sum(int(c["tokens"].get(site, 0)) for c in chain),
-                     sum(e["tokens"] for e in work if (e["epoch"], e["round"]) not in kept))
-    return out
-
-
 def _run(index: dict, policy: str) -> Path:
     return Path(next(r["run_dir"] for r in index["runs"] if r["policy"] == policy))
 
@@ -89,7 +72,7 @@ def test_analysis_of_a_real_comparison_passes_every_checker(analysed):
         m = r["metrics"]
         # attempted = retained + lost across independent sources, not from a summary that derives one from the
         # others: attempted and lost from the sites' own logs, retained from the coordinator's commit record.
-        ledger = _ledger_from_independent_sources(Path(r["run_dir"]))
+        ledger = independent_ledger(Path(r["run_dir"]))
         for site, (attempted, retained, lost) in ledger.items():
             assert attempted == retained + lost, (r["policy"], site, attempted, retained, lost)
             assert r["work"]["per_site"][site]["attempted_tokens"] == attempted, (r["policy"], site)
