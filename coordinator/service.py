@@ -77,6 +77,8 @@ class Coordinator:
         # After a restart from the journal: no new epoch until the members have had time to resend
         # the round reports they sent while we were down (monotonic ns; 0 = not settling).
         self.settle_until_ns = 0
+        # Durable checkpoints of rounds not committed yet: (round, cursor) -> manifest hash.
+        self.pending_frontiers: dict[tuple[int, int], str] = {}
         self.reports: dict[tuple[int, int], dict[str, RoundDone]] = {}
         self.hb_stats: dict[str, dict[str, float]] = {}
         self.last_reason = ""
@@ -244,7 +246,20 @@ class Coordinator:
             return
         commit = next((x["commit_id"] for x in reversed(self.commits)
                        if x["round"] == c.round and x["cursor_end"] == c.cursor), None)
-        self.frontier = Frontier(c.round, c.cursor, c.manifest_hash, commit)
+        if commit is None:
+            # The leader checkpoints a round as soon as its collective is done, before the commit
+            # record has it; that round may yet be aborted. Only a committed state may become the
+            # frontier the cluster rolls back to (soak seed 1002: a restart rolled everyone back to
+            # an uncommitted round 5 and the lineage lost rounds 0-5).
+            self.pending_frontiers[(c.round, c.cursor)] = c.manifest_hash
+            self.log.emit("frontier_deferred", round=c.round, cursor=c.cursor, manifest_hash=c.manifest_hash,
+                          reason="round not in the commit record yet: becomes the frontier when it commits")
+            return
+        self._set_frontier(Frontier(c.round, c.cursor, c.manifest_hash, commit))
+
+    def _set_frontier(self, f: Frontier) -> None:
+        self.frontier = f
+        self.pending_frontiers = {k: v for k, v in self.pending_frontiers.items() if k[0] > f.round}
         self.journal.append({"type": "frontier", **asdict(self.frontier)})
         self.log.emit("frontier", **asdict(self.frontier))
 
@@ -317,6 +332,9 @@ class Coordinator:
         self._advance(record)
         self.log.set_context(step=record["step"])
         self.log.emit("commit", **{k: v for k, v in record.items() if k != "type"})
+        pending = self.pending_frontiers.pop((rnd, record["cursor_end"]), None)
+        if pending is not None:  # its checkpoint was durable before the round committed
+            self._set_frontier(Frontier(rnd, record["cursor_end"], pending, record["commit_id"]))
 
     def send_plan(self, to: list[str]) -> None:
         if self.plan is None:
