@@ -67,22 +67,6 @@ def _connections(h: RunHistory) -> dict[str, int]:
     return dict(n)
 
 
-def _in_doubt(h: RunHistory) -> dict[str, int]:
-    """Bytes per link that a sender handed to a connection shortly before it closed (`doubt` rows of
-    each incarnation's last `wan_counters`): counted as sent, though they may never have reached
-    the proxy. The classes may exceed Toxiproxy's count on that link by at most these bytes."""
-    out: dict[str, int] = defaultdict(int)
-    for proc in h.logs:
-        last_by_pid: dict[int, dict[str, Any]] = {}
-        for e in h.events(proc, "wan_counters"):
-            last_by_pid[e.get("pid", 0)] = e
-        for e in last_by_pid.values():
-            for row in e.get("counters", []):
-                if row.get("side") == "doubt":
-                    out[row["link"]] += int(row["bytes"])
-    return dict(out)
-
-
 def _killed_in_flight(h: RunHistory) -> dict[str, int]:
     """Bytes per link that a killed sender may have had in flight when it died.
 
@@ -296,7 +280,7 @@ def analyse_run(h: RunHistory) -> tuple[dict[str, Any], dict[str, Any]]:
                                                 else "unavailable")
     derived = {"work": work, "bytes": nbytes, "reconciliation": rec, "frontier": frontier,
                "duration_s": (t1 - t0) / 1e9, "connections": _connections(h), "faulted_links": _faulted_links(h),
-               "retransmitted": _retransmitted(h), "in_doubt": _in_doubt(h),
+               "retransmitted": _retransmitted(h), "in_doubt": nbytes["in_doubt"],
                "killed_in_flight": _killed_in_flight(h), "proof": proof, "faults": faults}
     return section, derived
 

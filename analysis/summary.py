@@ -116,13 +116,16 @@ def byte_ledger(logs: dict[str, list[dict[str, Any]]], committed_rounds: set[tup
     did reach the receivers, whose `rx` counters hold them. So for every (link, direction, class)
     whose sender has an incarnation without final counters, the count is the larger of what the
     senders logged and what the receivers logged (never their sum: no byte is counted twice).
-    `rx_filled` says where and by how much that raised a count.
+    `rx_filled` says where and by how much that raised a count. `in_doubt` is, per link, the bytes
+    a sender handed to a connection shortly before it closed (its `doubt` rows): counted as sent,
+    though they may never have reached the proxy.
     """
     by_class = {c: 0 for c in TRAFFIC_CLASSES}
     by_link: dict[str, int] = defaultdict(int)
     by_link_class: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     tx: dict[tuple[str, str, str], int] = defaultdict(int)
     rx: dict[tuple[str, str, str], int] = defaultdict(int)
+    in_doubt: dict[str, int] = defaultdict(int)
     missing, incomplete = [], set()
     for proc, events in logs.items():
         snaps = [e for e in events if e["event"] == "wan_counters"]
@@ -144,6 +147,8 @@ def byte_ledger(logs: dict[str, list[dict[str, Any]]], committed_rounds: set[tup
                     tx[key] += row["bytes"]
                 elif row["side"] == "rx":
                     rx[key] += row["bytes"]
+                elif row["side"] == "doubt":
+                    in_doubt[row["link"]] += row["bytes"]
     rx_filled: dict[str, int] = defaultdict(int)
     for key in sorted(set(tx) | set(rx)):
         link, direction, cls = key
@@ -171,7 +176,7 @@ def byte_ledger(logs: dict[str, list[dict[str, Any]]], committed_rounds: set[tup
         by_class["aborted_collective"] += moved
     return {"by_class": by_class, "by_link": dict(by_link),
             "by_link_class": {k: dict(v) for k, v in by_link_class.items()}, "processes_without_counters": missing,
-            "rx_filled": dict(rx_filled), "killed_senders": sorted(incomplete)}
+            "rx_filled": dict(rx_filled), "killed_senders": sorted(incomplete), "in_doubt": dict(in_doubt)}
 
 
 def reconcile(counted_by_link: dict[str, int], proxy_bytes: dict[str, Any]) -> dict[str, Any]:

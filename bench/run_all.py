@@ -97,7 +97,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown benchmark(s) {unknown}; known: {BENCHMARKS}", file=sys.stderr)
         return 2
     RESULTS.mkdir(parents=True, exist_ok=True)
-    rows = []
     status = 0
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -115,9 +114,9 @@ def main(argv: list[str] | None = None) -> int:
                 error = f"exit code {proc.returncode}"
             if result is None:
                 status = 2
+                print(f"== {rname}: no result ({error})", flush=True)
             elif not result["passed"]:
                 status = max(status, 1)
-            rows.append(_row(rname, result, error))
     text = table(BENCHMARKS)  # every benchmark's latest file, each with its commit and staleness
     print()
     print(text, end="")
