@@ -219,7 +219,7 @@ def eval_set(corpus: Corpus, cfg: DataConfig, seq_len: int) -> EvalSet:
                    n_docs_covered=int(np.unique(doc_of).size), n_docs_heldout=corpus.n_docs_heldout)
 
 
-def evaluate_windows(model: torch.nn.Module, x: Tensor, y: Tensor, device: torch.device, batch: int = 64) -> np.ndarray:
+def evaluate_windows(model: torch.nn.Module, x: Tensor, y: Tensor, device: torch.device, batch: int = 32) -> np.ndarray:
     """float64 [N]: each row's mean NLL in nats/token over x, y [N, T], in chunks of `batch` rows,
     without grad. The model is put in eval mode and restored to its previous mode afterwards."""
     import torch
@@ -259,6 +259,6 @@ def eval_fields(model: torch.nn.Module, es: EvalSet, x: Tensor, y: Tensor, devic
             "eval_cpu_s": time.process_time() - cpu0}  # this process's CPU time, all its threads
 
 
-def evaluate_nll(model: torch.nn.Module, x: Tensor, y: Tensor, device: torch.device, batch: int = 64) -> float:
+def evaluate_nll(model: torch.nn.Module, x: Tensor, y: Tensor, device: torch.device, batch: int = 32) -> float:
     """Mean NLL in nats/token over all of x, y [N, T] (rows all have T tokens), without grad."""
     return nll_stats(evaluate_windows(model, x, y, device, batch))[0]
