@@ -276,7 +276,8 @@ def summarize(run_dir: Path, *, proxy_bytes: dict[str, Any], exit_codes: dict[st
         "heldout_nll_curve": [{"round": e["round"], "useful_tokens_trained": e.get("useful_tokens_trained"),
                                "heldout_nll": e["heldout_nll"], "heldout_nll_se": e.get("heldout_nll_se"),
                                "wall_ns": e["end_wall_ns"]} for e in evals],
-        "baselines": run_baselines([e for e in logs.get("launcher", []) if e["event"] == "baselines"], evals),
+        "baselines": run_baselines([e for p in ("launcher", "prepare") for e in logs.get(p, [])
+                                    if e["event"] == "baselines"], evals),
         "bytes_by_class": nbytes["by_class"],
         "bytes_by_link": nbytes["by_link"],
         "bytes_by_link_class": nbytes["by_link_class"],
