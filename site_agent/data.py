@@ -18,7 +18,6 @@ iff k % heldout_every_docs == 0. Each split is its documents' bytes, each follow
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import os
 import sysconfig
