@@ -89,7 +89,8 @@ def verdict(runs: list[dict[str, Any]]) -> dict[str, str]:
     if weak:
         return {"status": "weak",
                 "text": f"{_who(weak, n)} ended between the unigram ({uni:.3f}) and bigram ({bi:.3f} {UNIT}) "
-                        "baselines: they learned little beyond byte frequencies, so differences between policies "
+                        f"baselines: {'it' if len(weak) == 1 else 'they'} learned little beyond byte frequencies, "
+                        "so differences between policies "
                         "say little about learning."}
     gaps = sorted(bi - v for _, v in finals)
     span = f"{gaps[0]:.2f}" if f"{gaps[0]:.2f}" == f"{gaps[-1]:.2f}" else f"{gaps[0]:.2f}-{gaps[-1]:.2f}"

@@ -58,6 +58,8 @@ def test_verdict_never_passed_the_unigram_means_no_comparison() -> None:
 def test_verdict_between_unigram_and_bigram_is_weak() -> None:
     v = verdict(_runs(2.0, 2.7, 2.5))
     assert v["status"] == "weak" and v["text"].startswith("2 of 3 runs (restart, elastic) ended between the unigram (3.200)")
+    assert "baselines: they learned little" in v["text"]
+    assert "baselines: it learned little beyond byte frequencies" in verdict(_runs(2.9))["text"]
 
 
 def test_verdict_without_baselines_or_nll_says_unavailable() -> None:
