@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.checkers import run_checkers
+from analysis.learning import run_baselines
 from analysis.load import RunHistory, load_run
 from analysis.proofs import fault_schedule, prove_frontier
 from analysis.summary import byte_ledger, checkpoint_tree, lineage, reconcile, site_time, work_ledger
@@ -163,13 +164,32 @@ def _fate_of_lost_units(h: RunHistory, work: dict[str, Any]) -> dict[str, Any]:
 
 
 def _learning(h: RunHistory, t0: int) -> dict[str, Any]:
+    """The NLL curve, the evaluation set it was measured on (hash, size, standard error) and the
+    count baselines of that set (measured by the launcher), or why they are unavailable."""
     evals = sorted((e for s in h.sites for e in h.events(s, "eval")), key=lambda e: e["wall_ns"])
     curve = [{"t_s": (int(e["end_wall_ns"]) - t0) / 1e9, "round": e.get("round"),
               "useful_tokens_trained": e.get("useful_tokens_trained"), "heldout_nll": e["heldout_nll"],
-              "event_id": e["id"]} for e in evals]
+              "heldout_nll_se": e.get("heldout_nll_se"), "event_id": e["id"]} for e in evals]
     final = curve[-1]["heldout_nll"] if curve else None
+    last = evals[-1] if evals else {}
+    if last.get("eval_set"):
+        sets = sorted({str(e.get("eval_set")) for e in evals})
+        def mq(v: Any, unit: str, **kw: Any) -> dict[str, Any]:
+            return q(v, unit, "measured" if v is not None else "unavailable", **kw)
+
+        eval_set = {"evidence": "measured", "id": last["eval_set"], "tokens": mq(last.get("eval_tokens"), "tokens"),
+                    "final_nll_se": mq(last.get("heldout_nll_se"), "nats/token", note="standard error of the mean "
+                                       "NLL over the evaluation windows"),
+                    "eval_cpu_s": mq(last.get("eval_cpu_s"), "s", note="CPU time of the last evaluation"),
+                    **({"all_ids": sets} if len(sets) > 1 else {})}
+    else:
+        eval_set = {"evidence": "unavailable",
+                    "reason": "no eval events" if not evals else "the eval events do not name their evaluation set "
+                                                                 "(older logs)"}
+    baselines = run_baselines([e for p in ("launcher", "prepare") for e in h.events(p, "baselines")], evals)
     return {"evidence": "measured", "unit": "nats/token", "curve": curve,
-            "initial_heldout_nll": curve[0]["heldout_nll"] if curve else None, "final_heldout_nll": final}
+            "initial_heldout_nll": curve[0]["heldout_nll"] if curve else None, "final_heldout_nll": final,
+            "eval_set": eval_set, "baselines": baselines}
 
 
 def _provenance(h: RunHistory) -> dict[str, Any]:
@@ -275,9 +295,10 @@ def analyse_run(h: RunHistory) -> tuple[dict[str, Any], dict[str, Any]]:
         "bad_lines": [b.__dict__ for b in h.bad_lines],
         "config": cfg,
     }
+    lc = section["learning"]["curve"]
     section["metrics"]["final_heldout_nll"] = q(section["learning"]["final_heldout_nll"], "nats/token",
                                                 "measured" if section["learning"]["final_heldout_nll"] is not None
-                                                else "unavailable")
+                                                else "unavailable", se=lc[-1]["heldout_nll_se"] if lc else None)
     derived = {"work": work, "bytes": nbytes, "reconciliation": rec, "frontier": frontier,
                "duration_s": (t1 - t0) / 1e9, "connections": _connections(h), "faulted_links": _faulted_links(h),
                "retransmitted": _retransmitted(h), "in_doubt": nbytes["in_doubt"],

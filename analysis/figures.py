@@ -153,18 +153,67 @@ def frontier_figure(runs: list[dict[str, Any]]) -> go.Figure:
     return fig
 
 
-def learning_figure(runs: list[dict[str, Any]]) -> go.Figure:
-    """Held-out NLL over the same clock, per policy."""
+BASELINE_STYLE = {"unigram": ("#8C8C8C", "dot"), "bigram": ("#5A5A5A", "dash")}  # others: ("#2F2F2F", "dashdot")
+
+
+def baseline_lines(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
+    """The count baselines of the runs' evaluation set as horizontal lines {"name", "y", "color", "dash",
+    "hover"}, once per (eval set, model); or ([], why none can be drawn)."""
+    lines: list[dict[str, Any]] = []
+    seen: set[tuple[str, str]] = set()
+    sets = {r["learning"].get("baselines", {}).get("eval_set") for r in runs}
+    for r in runs:
+        b = r["learning"].get("baselines") or {"evidence": "unavailable", "reason": "not in the artifact (older)"}
+        if b["evidence"] != "measured":
+            return [], b.get("reason", "unavailable")
+        for name, m in b["models"].items():
+            if (b["eval_set"], name) in seen:
+                continue
+            seen.add((b["eval_set"], name))
+            label = f"{name} baseline" + (f" (eval set {b['eval_set'][:8]})" if len(sets) > 1 else "")
+            color, dash = BASELINE_STYLE.get(name, ("#2F2F2F", "dashdot"))
+            lines.append({"name": label, "y": m["value"], "color": color, "dash": dash,
+                          "hover": f"{label}: %{{y:.4f}} nats/token ± {m.get('se') or 0:.4f} (measured; "
+                                   f"{m.get('model')}, fitted on the training split)"})
+    return lines, None
+
+
+def learning_figure(runs: list[dict[str, Any]], references: list[dict[str, Any]] | None = None,
+                    curves: list[dict[str, Any]] | None = None) -> go.Figure:
+    """Held-out NLL over the same clock, per policy (error bars: standard error over the eval windows),
+    with the count baselines of the same evaluation set as labelled horizontal lines.
+
+    More references join through the arguments: `references`, horizontal lines like baseline_lines'
+    ({"name", "y", "color", "dash", "hover"}); `curves`, extra series ({"name", "x", "y", "color",
+    "hover"}; x in seconds since run start), e.g. a single-process reference or a noise band's edges.
+    """
     fig = go.Figure()
+    x_max = 1.0
     for i, r in enumerate(runs):
         c = r["learning"]["curve"]
+        se = [p.get("heldout_nll_se") for p in c]
+        x_max = max([x_max] + [p["t_s"] for p in c])
         fig.add_trace(go.Scatter(
             name=r["policy"], mode="lines+markers", line_color=_color(r["policy"], i),
             x=[p["t_s"] for p in c], y=[p["heldout_nll"] for p in c],
-            customdata=[[p["event_id"], p.get("useful_tokens_trained")] for p in c],
-            hovertemplate="t=%{x:.2f} s: NLL %{y:.4f} nats/token (measured)<br>event %{customdata[0]}, "
-                          "%{customdata[1]:,} useful tokens trained<extra>" + r["policy"] + "</extra>"))
-    fig.update_layout(template="plotly_white", height=360, margin=dict(l=60, r=20, t=40, b=40),
-                      title="Held-out NLL over wall time (measured)", xaxis_title="seconds since run start",
-                      yaxis_title="held-out NLL (nats/token)")
+            error_y=dict(type="data", array=se, visible=True, thickness=1) if c and None not in se else None,
+            customdata=[[p["event_id"], p.get("useful_tokens_trained"), p.get("heldout_nll_se")] for p in c],
+            hovertemplate="t=%{x:.2f} s: NLL %{y:.4f} ± %{customdata[2]:.4f} nats/token (measured)<br>event "
+                          "%{customdata[0]}, %{customdata[1]:,} useful tokens trained<extra>" + r["policy"] + "</extra>"))
+    for cv in curves or []:
+        fig.add_trace(go.Scatter(name=cv["name"], mode="lines", x=cv["x"], y=cv["y"], line_color=cv.get("color"),
+                                 hovertemplate=cv.get("hover", cv["name"] + ": %{y:.4f}") + "<extra></extra>"))
+    lines, why_not = baseline_lines(runs)
+    for ln in lines + list(references or []):
+        fig.add_trace(go.Scatter(name=ln["name"], mode="lines", x=[0.0, x_max], y=[ln["y"], ln["y"]],
+                                 line=dict(color=ln.get("color"), dash=ln.get("dash", "dash"), width=1.5),
+                                 hovertemplate=ln.get("hover", ln["name"] + ": %{y:.4f}") + "<extra></extra>"))
+        fig.add_annotation(x=x_max, y=ln["y"], text=f"{ln['name']} {ln['y']:.3f}", xanchor="right",
+                           yanchor="bottom", showarrow=False, font=dict(size=11, color=ln.get("color")))
+    if why_not is not None:
+        fig.add_annotation(xref="paper", yref="paper", x=0.99, y=0.98, xanchor="right", showarrow=False,
+                           text=f"baselines unavailable: {why_not}"[:140], font=dict(size=11, color="#666"))
+    fig.update_layout(template="plotly_white", height=380, margin=dict(l=60, r=20, t=40, b=40),
+                      title="Held-out NLL over wall time, with count baselines on the same windows (measured)",
+                      xaxis_title="seconds since run start", yaxis_title="held-out NLL (nats/token)")
     return fig

@@ -10,7 +10,8 @@ Sections (ids are stable; the browser test finds them):
   work        Where the work went: attempted = retained + lost, fate of each lost unit
   bytes       Where the inter-site bytes went: six classes, reconciliation with Toxiproxy
   completion  Mechanical completion: the same durable frontier, matched-frontier hashes, lineage
-  learning    Did the model still learn as well? NLL over time, final NLL, run-level table
+  learning    Did the model still learn as well? Verdict against the count baselines, NLL over time with
+              the baselines drawn, eval set id, final NLL ± SE, baselines table, run-level table
   checks      The checkers' verdicts with evidence
   provenance  Code revision, dataset, runtime, scenario, input hashes, raw traces on demand
 """
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis import figures
+from analysis.learning import verdict
 from analysis.load import RunHistory
 
 SECTIONS = ("recovery", "work", "bytes", "completion", "learning", "checks", "provenance")
@@ -311,6 +313,44 @@ def _completion_section(art: dict[str, Any]) -> str:
         f"{''.join(tree_rows)}</tbody></table></details></section>")
 
 
+def _se_text(se: Any) -> str:
+    return f" ± {se:.4f}" if isinstance(se, (int, float)) else ""
+
+
+def learning_verdict(art: dict[str, Any]) -> dict[str, str]:
+    """The report's sentence on whether the runs learned, from the artifact (rules: analysis/learning.py)."""
+    unavailable = {"evidence": "unavailable", "reason": "not in the artifact (built before baselines existed)"}
+    return verdict([{"policy": r["policy"], "final_nll": r["metrics"]["final_heldout_nll"]["value"],
+                     "baselines": r["learning"].get("baselines") or unavailable} for r in art["runs"]])
+
+
+def _eval_set_words(runs: list[dict[str, Any]]) -> str:
+    es = [r["learning"].get("eval_set") or {} for r in runs]
+    ids = {e.get("id") for e in es if e.get("evidence") == "measured"}
+    if not ids:
+        return f"<p>The evaluation set is not named in these logs (older runs). {ev('unavailable')}</p>"
+    e = next(x for x in es if x.get("evidence") == "measured")
+    same = "every run" if len(ids) == 1 and all(x.get("evidence") == "measured" for x in es) else "NOT every run"
+    return (f"<p>Held-out NLL is the mean over a fixed evaluation set of {e['tokens']['value']:,} tokens (windows spread "
+            f"evenly over the whole held-out split), <span class='hash'>{escape(str(e['id'])[:16])}</span>, the same "
+            f"for {same}. ± is the standard error of that mean over the windows. {ev('measured')}</p>")
+
+
+def _baselines_table(runs: list[dict[str, Any]]) -> str:
+    b = next((r["learning"].get("baselines") for r in runs
+              if (r["learning"].get("baselines") or {}).get("evidence") == "measured"), None)
+    if b is None:
+        reason = next(((r["learning"].get("baselines") or {}).get("reason") for r in runs), None) or "not logged"
+        return f"<p data-baselines='unavailable'>Baselines unavailable: {escape(str(reason))}. {ev('unavailable')}</p>"
+    rows = "".join(f"<tr><td>{escape(name)}</td>{num(m['value'], 'measured', '', '.4f')}"
+                   f"<td class='num'>{_se_text(m.get('se'))}</td><td>{escape(str(m.get('model')))}</td></tr>"
+                   for name, m in b["models"].items())
+    return ("<h3>Baselines on the same evaluation set</h3><p>Count models fitted on the training split and "
+            "scored on the same windows and targets as the model (same context: bytes of the window).</p>"
+            "<table data-baselines='measured'><thead><tr><th>Baseline</th><th>NLL (nats/token)</th><th>SE</th>"
+            f"<th>Model</th></tr></thead><tbody>{rows}</tbody></table>")
+
+
 def _learning_section(art: dict[str, Any]) -> str:
     runs = art["runs"]
     cards = []
@@ -318,7 +358,8 @@ def _learning_section(art: dict[str, Any]) -> str:
         m = r["metrics"]
         nll = m["final_heldout_nll"]
         cards.append(f"<div class='card'><div>{escape(r['policy'])}</div><div class='big'>"
-                     f"{'—' if nll['value'] is None else format(nll['value'], '.4f')}</div><div>final held-out NLL "
+                     f"{'—' if nll['value'] is None else format(nll['value'], '.4f')}{_se_text(nll.get('se'))}</div>"
+                     f"<div>final held-out NLL "
                      f"(nats/token){ev(nll['evidence'])}</div><div>{m['attempted_tokens']['value']:,} tokens attempted"
                      f"{ev(m['attempted_tokens']['evidence'])}</div></div>")
     rows = []
@@ -326,16 +367,21 @@ def _learning_section(art: dict[str, Any]) -> str:
         m = r["metrics"]
         energy = m["energy"]
         rows.append(f"<tr><td>{escape(r['run_id'])}</td><td>{escape(r['policy'])}</td>{qcell(m['final_heldout_nll'], '.4f')}"
+                    f"<td class='num'>{_se_text(m['final_heldout_nll'].get('se'))}</td>"
                     f"{qcell(m['attempted_tokens'])}"
                     f"<td class='num' title='{escape(str(energy.get('reason', '')))}'>—{ev(energy['evidence'])}</td>"
                     f"{qcell(m['active_time'], '.1f')}{qcell(r['duration'], '.1f')}</tr>")
+    v = learning_verdict(art)
     return (
         "<section id='learning' data-section='learning'><h2>Did the model still learn as well?</h2>"
         "<p>Lower held-out loss means the model predicts unseen text better. The lines show what each policy "
         f"learned over the same failure clock; the cards show how much training each attempted. {ev('measured')}</p>"
+        f"<p class='verdict' data-learning-verdict='{escape(v['status'])}'><b>{escape(v['text'])}</b></p>"
+        f"{_eval_set_words(runs)}"
         f"<div class='cards'>{''.join(cards)}</div>"
         f"<div class='chart' data-chart='learning'>{_fig_html(figures.learning_figure(runs), 'chart-learning')}</div>"
-        "<h3>Run-level measurements</h3><table><thead><tr><th>Run</th><th>Policy</th><th>Final NLL</th>"
+        f"{_baselines_table(runs)}"
+        "<h3>Run-level measurements</h3><table><thead><tr><th>Run</th><th>Policy</th><th>Final NLL</th><th>SE</th>"
         "<th>Attempted tokens</th><th>Energy</th><th>Active time</th><th>Wall time</th></tr></thead><tbody>"
         + "".join(rows) + "</tbody></table></section>")
 

@@ -21,6 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from analysis.learning import run_baselines
 from wan.frames import TRAFFIC_CLASSES
 from xdc.eventlog import read_events
 
@@ -269,8 +270,14 @@ def summarize(run_dir: Path, *, proxy_bytes: dict[str, Any], exit_codes: dict[st
         "frontier_manifest_hash": frontier["manifest_hash"] if frontier else None,
         "frontier_round": frontier.get("round") if frontier else None,
         "final_heldout_nll": evals[-1]["heldout_nll"] if evals else None,
+        "final_heldout_nll_se": evals[-1].get("heldout_nll_se") if evals else None,
+        "eval_set": evals[-1].get("eval_set") if evals else None,  # sha256 of the evaluation windows
+        "eval_tokens": evals[-1].get("eval_tokens") if evals else None,
         "heldout_nll_curve": [{"round": e["round"], "useful_tokens_trained": e.get("useful_tokens_trained"),
-                               "heldout_nll": e["heldout_nll"], "wall_ns": e["end_wall_ns"]} for e in evals],
+                               "heldout_nll": e["heldout_nll"], "heldout_nll_se": e.get("heldout_nll_se"),
+                               "wall_ns": e["end_wall_ns"]} for e in evals],
+        "baselines": run_baselines([e for p in ("launcher", "prepare") for e in logs.get(p, [])
+                                    if e["event"] == "baselines"], evals),
         "bytes_by_class": nbytes["by_class"],
         "bytes_by_link": nbytes["by_link"],
         "bytes_by_link_class": nbytes["by_link_class"],

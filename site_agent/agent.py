@@ -45,7 +45,7 @@ import torch
 
 from checkpoint_store.blobstore import StoreError
 from site_agent.collective import AllReduce, CollectiveAborted, CollectiveInterrupted, PeerUnreachable
-from site_agent.data import batch_for, evaluate_nll, heldout_batch, load_corpus, sample_order
+from site_agent.data import batch_for, eval_fields, eval_set, load_corpus, sample_order
 from site_agent.epochs import interrupts, next_plan
 from site_agent.messages import Plan, Rejected, Shutdown, parse_plan, parse_shutdown
 from site_agent.model import count_params, pick_device
@@ -157,7 +157,8 @@ class Site:
                  order: np.ndarray, device: torch.device, stopping: dict[str, bool], pool: WorkerPool | None) -> None:
         self.cfg, self.me, self.log, self.node, self.trainer = cfg, me, log, node, trainer
         self.corpus, self.order, self.device, self.stopping, self.pool = corpus, order, device, stopping, pool
-        self.hx, self.hy = heldout_batch(corpus, cfg.data, cfg.model.seq_len)
+        self.evalset = eval_set(corpus, cfg.data, cfg.model.seq_len)  # fixed windows over the held-out split
+        self.hx, self.hy = self.evalset.tensors()
         self.coll_q = node.inbox("coll")
         self.ctl_q = node.inbox("membership", "shutdown")
         self.state_q = node.inbox("state_chunk")
@@ -279,7 +280,7 @@ class Site:
                 if self.leader and not evaluated_initial and msg.start_round == 0:
                     evaluated_initial = True  # the starting point of the learning curve
                     with log.span("eval", round=-1) as sp:
-                        sp["heldout_nll"] = evaluate_nll(self.trainer.model, self.hx, self.hy, self.device)
+                        sp.update(eval_fields(self.trainer.model, self.evalset, self.hx, self.hy, self.device))
                         sp["useful_tokens_trained"] = 0
                 try:
                     self.train()
@@ -497,7 +498,7 @@ class Site:
             last = ce >= self.target
             if self.leader and ((rnd + 1) % cfg.train.eval_every_rounds == 0 or last):
                 with log.span("eval", round=rnd) as sp:
-                    sp["heldout_nll"] = evaluate_nll(self.trainer.model, self.hx, self.hy, self.device)
+                    sp.update(eval_fields(self.trainer.model, self.evalset, self.hx, self.hy, self.device))
                     sp["useful_tokens_trained"] = ce * cfg.model.seq_len
             if self.leader and ((rnd + 1) % cfg.train.checkpoint_every_rounds == 0 or last):
                 self.checkpoint(rnd, ce)

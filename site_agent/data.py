@@ -5,7 +5,9 @@ arrays and the same `dataset_id` (a sha256 that pins the exact documents), with 
 The cluster trains on "canonical samples": sample id `s` is the byte window
 `train[s*T : s*T + T + 1]` (T = seq_len); `sample_order` fixes the order in which the cluster
 consumes them, so which site trains on which sample is pure bookkeeping over integers.
-`heldout_batch` + `evaluate_nll` give the fixed held-out NLL (nats/token) reported by runs.
+`eval_set` + `evaluate_windows` give the held-out NLL (nats/token) reported by runs: the mean over
+a fixed set of windows spread evenly over the WHOLE held-out split (every held-out document), with
+its standard error over windows, identified by the SHA-256 of the window bytes (`EvalSet.eval_set_id`).
 
 Corpus recipe: all `.py` files under `sysconfig.get_paths()["stdlib"]`, skipping any path with a
 directory component `site-packages`, `test`, `tests`, `idlelib` or `lib2to3`; sorted by POSIX
@@ -16,23 +18,28 @@ iff k % heldout_every_docs == 0. Each split is its documents' bytes, each follow
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import os
 import sysconfig
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from xdc.config import DataConfig
 
+if TYPE_CHECKING:  # torch is imported where it is used: the launcher builds the eval set without it
+    import torch
+    from torch import Tensor
+
 EXCLUDED_DIRS = frozenset({"site-packages", "test", "tests", "idlelib", "lib2to3"})
 SEPARATOR = b"\0"  # appended after every document
-RECIPE_VERSION = "xdc-corpus-v1"  # bump when the recipe (not the config) changes
+# Bump when the recipe (not the config) changes. v2: only CORPUS_FIELDS enter the id (v1 hashed every
+# DataConfig field, so the sample order and the held-out window count changed the dataset id).
+RECIPE_VERSION = "xdc-corpus-v2"
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: comparing numpy fields with == is ambiguous
@@ -66,8 +73,14 @@ def list_documents(root: Path) -> list[str]:
     return sorted(found)
 
 
+# The DataConfig fields that decide which bytes land in which split. The others (sample order,
+# evaluation windows) are identified elsewhere (shuffle_seed in the config, the eval set by its own
+# hash), so changing them does not change the dataset id.
+CORPUS_FIELDS = ("max_corpus_bytes", "heldout_every_docs")
+
+
 def _recipe(cfg: DataConfig) -> str:
-    fields = ",".join(f"{f.name}={getattr(cfg, f.name)!r}" for f in dataclasses.fields(cfg))
+    fields = ",".join(f"{name}={getattr(cfg, name)!r}" for name in CORPUS_FIELDS)
     return f"{RECIPE_VERSION};DataConfig({fields})"
 
 
@@ -128,9 +141,16 @@ def sample_order(corpus: Corpus, seq_len: int, seed: int) -> np.ndarray:
 
 def _windows(arr: np.ndarray, starts: np.ndarray, seq_len: int) -> tuple[Tensor, Tensor]:
     """x, y int64 [B, seq_len] from windows arr[start : start + seq_len + 1]."""
-    idx = starts[:, None] + np.arange(seq_len + 1, dtype=np.int64)[None, :]  # [B, T+1]
-    win = torch.from_numpy(arr[idx].astype(np.int64))  # fancy indexing copies: writable
+    import torch
+
+    win = torch.from_numpy(_window_bytes(arr, starts, seq_len).astype(np.int64))  # [B, T+1], a copy
     return win[:, :-1].contiguous(), win[:, 1:].contiguous()
+
+
+def _window_bytes(arr: np.ndarray, starts: np.ndarray, seq_len: int) -> np.ndarray:
+    """uint8 [B, seq_len + 1]: arr[start : start + seq_len + 1] for each start (fancy indexing copies)."""
+    idx = starts[:, None] + np.arange(seq_len + 1, dtype=np.int64)[None, :]  # [B, T+1]
+    return arr[idx]
 
 
 def batch_for(corpus: Corpus, sample_ids: Sequence[int], seq_len: int) -> tuple[Tensor, Tensor]:
@@ -142,31 +162,102 @@ def batch_for(corpus: Corpus, sample_ids: Sequence[int], seq_len: int) -> tuple[
     return _windows(corpus.train, ids * seq_len, seq_len)
 
 
-def heldout_batch(corpus: Corpus, cfg: DataConfig, seq_len: int) -> tuple[Tensor, Tensor]:
-    """The first `heldout_samples` held-out windows (stride seq_len, like train samples):
-    CPU LongTensors x, y [heldout_samples, seq_len]."""
-    available = max(0, (len(corpus.heldout) - 1) // seq_len)
-    if cfg.heldout_samples > available:
-        raise ValueError(f"held-out split has {available} windows of {seq_len}, need {cfg.heldout_samples}")
-    starts = np.arange(cfg.heldout_samples, dtype=np.int64) * seq_len
-    return _windows(corpus.heldout, starts, seq_len)
+EVAL_SET_VERSION = b"xdc-evalset-v1"
 
 
-def evaluate_nll(model: torch.nn.Module, x: Tensor, y: Tensor, device: torch.device, batch: int = 16) -> float:
-    """Mean NLL in nats/token over all of x, y [N, T], in chunks of `batch` rows, without grad.
-    The model is put in eval mode and restored to its previous mode afterwards."""
+@dataclass(frozen=True, eq=False)
+class EvalSet:
+    """The fixed held-out windows every NLL of a run is measured on, and their identity."""
+
+    windows: np.ndarray  # uint8 [N, seq_len + 1]: x is windows[:, :-1], y is windows[:, 1:]
+    starts: np.ndarray  # int64 [N]: byte offsets into corpus.heldout
+    seq_len: int
+    eval_set_id: str  # sha256 hex of version, seq_len, N and the window bytes
+    n_docs_covered: int  # held-out documents in which at least one window starts
+    n_docs_heldout: int
+
+    @property
+    def n_windows(self) -> int:
+        return int(self.windows.shape[0])
+
+    @property
+    def tokens(self) -> int:
+        """Predicted positions scored per evaluation (N x seq_len)."""
+        return self.n_windows * self.seq_len
+
+    def tensors(self) -> tuple[Tensor, Tensor]:
+        """CPU LongTensors x, y [N, seq_len]."""
+        import torch
+
+        win = torch.from_numpy(self.windows.astype(np.int64))
+        return win[:, :-1].contiguous(), win[:, 1:].contiguous()
+
+
+def eval_starts(n_bytes: int, n_windows: int, seq_len: int) -> np.ndarray:
+    """int64 [n_windows]: window starts spread evenly from 0 to the last full window (n_bytes - seq_len - 1),
+    both ends included, so the windows sample the whole split in proportion to its bytes. Needs
+    n_windows non-overlapping windows to fit (an honest sample, not repeated bytes)."""
+    last = n_bytes - seq_len - 1  # the last start whose window (seq_len + 1 bytes) fits
+    available = max(0, n_bytes - 1) // seq_len
+    if n_windows < 1 or n_windows > available:
+        raise ValueError(f"held-out split of {n_bytes} bytes has room for {available} windows of {seq_len}; "
+                         f"eval_windows = {n_windows}")
+    if n_windows == 1:
+        return np.zeros(1, dtype=np.int64)
+    return (np.arange(n_windows, dtype=np.int64) * last) // (n_windows - 1)
+
+
+def eval_set(corpus: Corpus, cfg: DataConfig, seq_len: int) -> EvalSet:
+    """The evaluation set of `cfg.eval_windows` windows over the held-out split (deterministic)."""
+    starts = eval_starts(len(corpus.heldout), cfg.eval_windows, seq_len)
+    win = _window_bytes(corpus.heldout, starts, seq_len)  # [N, T+1]
+    h = hashlib.sha256(EVAL_SET_VERSION)
+    h.update(seq_len.to_bytes(8, "little") + len(starts).to_bytes(8, "little") + win.tobytes())
+    doc_of = np.searchsorted(np.flatnonzero(corpus.heldout == SEPARATOR[0]), starts)  # doc index per start
+    return EvalSet(windows=win, starts=starts, seq_len=seq_len, eval_set_id=h.hexdigest(),
+                   n_docs_covered=int(np.unique(doc_of).size), n_docs_heldout=corpus.n_docs_heldout)
+
+
+def evaluate_windows(model: torch.nn.Module, x: Tensor, y: Tensor, device: torch.device, batch: int = 32) -> np.ndarray:
+    """float64 [N]: each row's mean NLL in nats/token over x, y [N, T], in chunks of `batch` rows,
+    without grad. The model is put in eval mode and restored to its previous mode afterwards."""
+    import torch
+    import torch.nn.functional as F
+
     was_training = model.training
     model.eval()
-    total_nll = 0.0  # nats, summed over tokens
-    total_tokens = 0
+    out = []
     try:
         with torch.no_grad():
             for i in range(0, x.shape[0], batch):
                 xb = x[i : i + batch].to(device)
                 yb = y[i : i + batch].to(device)
-                _, loss = model(xb, yb)
-                total_nll += float(loss) * yb.numel()
-                total_tokens += yb.numel()
+                logits, _ = model(xb)  # [b, T, V]
+                nll = F.cross_entropy(logits.transpose(1, 2), yb, reduction="none")  # [b, T]
+                out.append(nll.double().mean(dim=1).cpu().numpy())
     finally:
         model.train(was_training)
-    return total_nll / max(1, total_tokens)
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def nll_stats(per_window: np.ndarray) -> tuple[float, float]:
+    """(mean, standard error of the mean) over windows, nats/token. Every window has the same number
+    of tokens, so the mean over windows is the mean over tokens."""
+    n = len(per_window)
+    mean = float(per_window.mean()) if n else float("nan")
+    se = float(per_window.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
+    return mean, se
+
+
+def eval_fields(model: torch.nn.Module, es: EvalSet, x: Tensor, y: Tensor, device: torch.device) -> dict[str, object]:
+    """What an `eval` span records: heldout_nll (mean, nats/token), its standard error over windows,
+    the eval set's id, its size in tokens and the CPU seconds the evaluation took."""
+    cpu0 = time.process_time()
+    mean, se = nll_stats(evaluate_windows(model, x, y, device))
+    return {"heldout_nll": mean, "heldout_nll_se": se, "eval_set": es.eval_set_id, "eval_tokens": es.tokens,
+            "eval_cpu_s": time.process_time() - cpu0}  # this process's CPU time, all its threads
+
+
+def evaluate_nll(model: torch.nn.Module, x: Tensor, y: Tensor, device: torch.device, batch: int = 32) -> float:
+    """Mean NLL in nats/token over all of x, y [N, T] (rows all have T tokens), without grad."""
+    return nll_stats(evaluate_windows(model, x, y, device, batch))[0]

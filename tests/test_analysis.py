@@ -101,6 +101,16 @@ def test_analysis_of_a_real_comparison_passes_every_checker(analysed):
     assert len(list((out_dir / "report" / "traces").glob("*.js"))) == 4
     for r in art["runs"]:
         assert r["run_id"] in html
+    # Learning: every run's NLL is read against count baselines measured on the same evaluation windows.
+    sets = set()
+    for r in art["runs"]:
+        lr = r["learning"]
+        assert lr["baselines"]["evidence"] == "measured" and lr["baselines"]["eval_set"] == lr["eval_set"]["id"], lr
+        assert lr["eval_set"]["tokens"]["value"] == 128 * 128 and lr["eval_set"]["final_nll_se"]["value"] > 0
+        assert r["metrics"]["final_heldout_nll"]["se"] == lr["eval_set"]["final_nll_se"]["value"]
+        sets.add(lr["eval_set"]["id"])
+    assert len(sets) == 1  # one evaluation set for every policy
+    assert "data-learning-verdict=" in html and "data-baselines='measured'" in html
 
 
 def test_artifact_schema_rejects_a_number_without_its_evidence_class(analysed):
@@ -199,6 +209,24 @@ def test_a_crashing_checker_yields_unknown_and_the_report_still_renders(comparis
     got = next(c for c in res.artifact["checks"] if c["name"] == "explodes")
     assert got["status"] == "unknown" and "KeyError" in got["error"], got
     assert "explodes" in res.report_path.read_text()
+
+
+def test_logs_from_before_baselines_still_analyse_and_say_baselines_are_unavailable(comparison, tmp_path):
+    _out, index = comparison
+    run = _copy_logs(_run(index, "oracle"), tmp_path / "run")
+    launcher = _read(run / "logs" / "launcher.jsonl")
+    _write(run / "logs" / "launcher.jsonl", [e for e in launcher if e["event"] != "baselines"])
+    for site in ("a", "b", "c"):  # older eval events carried only heldout_nll
+        evs = _read(run / "logs" / f"{site}.jsonl")
+        _write(run / "logs" / f"{site}.jsonl", [{k: v for k, v in e.items() if k not in (
+            "eval_set", "eval_tokens", "heldout_nll_se", "eval_cpu_s")} if e["event"] == "eval" else e for e in evs])
+    res = analyze([run], tmp_path / "out")
+    lr = res.artifact["runs"][0]["learning"]
+    assert lr["baselines"]["evidence"] == "unavailable" and lr["eval_set"]["evidence"] == "unavailable", lr
+    assert lr["final_heldout_nll"] is not None  # the NLL itself is still there
+    html = res.report_path.read_text()
+    assert "data-learning-verdict='unavailable'" in html and "Baselines unavailable" in html
+    assert "baselines unavailable" in html  # the chart's own note
 
 
 def test_analyze_refuses_what_is_not_a_run_with_a_precise_message(tmp_path, capsys):

@@ -41,6 +41,13 @@ def test_three_sites_train_through_toxiproxy_with_latency(local_run):
     curve = [p["heldout_nll"] for p in s["heldout_nll_curve"]]
     assert len(curve) >= 4  # the initial weights, then after every round
     assert curve[-1] < curve[0] - 1.0, curve
+    # Every eval names its evaluation set, and the launcher's baselines were measured on that same set.
+    evals = [e for e in events(run_dir, "a") + events(run_dir, "b") + events(run_dir, "c") if e["event"] == "eval"]
+    assert {e["eval_set"] for e in evals} == {s["eval_set"]} and len(s["eval_set"]) == 64
+    assert all(e["eval_tokens"] == 128 * 128 and 0 < e["heldout_nll_se"] < 0.2 for e in evals), evals
+    b = s["baselines"]
+    assert b["evidence"] == "measured" and b["eval_set"] == s["eval_set"], b
+    assert b["models"]["unigram"]["value"] > b["models"]["bigram"]["value"] > b["models"]["kn5"]["value"] > 0
     # All six classes are reported; traffic of a fault-free run is in the expected ones.
     assert set(s["bytes_by_class"]) == set(TRAFFIC_CLASSES)
     for cls in ("collective", "checkpoint", "control", "telemetry"):

@@ -212,10 +212,45 @@ def test_batch_for_shapes_and_shift(corpus: D.Corpus) -> None:
         D.batch_for(corpus, [n], T)
 
 
-def test_heldout_batch_fixed(corpus: D.Corpus) -> None:
-    x, y = D.heldout_batch(corpus, DCFG, CFG.seq_len)
-    assert x.shape == y.shape == (DCFG.heldout_samples, CFG.seq_len)
-    assert torch.equal(x[:, 1:], y[:, :-1])
-    assert torch.equal(x[1], torch.from_numpy(corpus.heldout[CFG.seq_len : 2 * CFG.seq_len].astype(np.int64)))
-    x2, _ = D.heldout_batch(corpus, DCFG, CFG.seq_len)
-    assert torch.equal(x, x2)
+def test_eval_starts_spread_evenly() -> None:
+    assert D.eval_starts(1000, 3, 9).tolist() == [0, 495, 990]  # first and last full window (990 + 10 = 1000)
+    s = D.eval_starts(100_000, 50, 128)
+    assert s[0] == 0 and s[-1] == 100_000 - 129 and (np.diff(s) >= 128).all()  # no overlap
+    assert D.eval_starts(1000, 1, 9).tolist() == [0]
+    with pytest.raises(ValueError):
+        D.eval_starts(1000, 112, 9)  # room for 111 windows only
+
+
+def test_eval_set_covers_every_heldout_document(corpus: D.Corpus) -> None:
+    es = D.eval_set(corpus, DCFG, CFG.seq_len)
+    assert es.windows.shape == (DCFG.eval_windows, CFG.seq_len + 1) and es.tokens == DCFG.eval_windows * CFG.seq_len
+    assert es.n_docs_covered == es.n_docs_heldout == corpus.n_docs_heldout  # every held-out document sampled
+    for row in (0, DCFG.eval_windows // 2, DCFG.eval_windows - 1):
+        s = es.starts[row]
+        assert es.windows[row].tobytes() == corpus.heldout[s : s + CFG.seq_len + 1].tobytes()
+    x, y = es.tensors()
+    assert x.shape == y.shape == (DCFG.eval_windows, CFG.seq_len) and torch.equal(x[:, 1:], y[:, :-1])
+    # identity: the same windows give the same id; other windows another; the dataset id ignores the count
+    again = D.eval_set(corpus, DCFG, CFG.seq_len)
+    assert again.eval_set_id == es.eval_set_id and len(es.eval_set_id) == 64
+    other_cfg = DataConfig(eval_windows=DCFG.eval_windows // 2)
+    assert D.eval_set(corpus, other_cfg, CFG.seq_len).eval_set_id != es.eval_set_id
+    assert D.load_corpus(other_cfg).dataset_id == corpus.dataset_id
+
+
+def test_per_window_nll_and_its_standard_error(corpus: D.Corpus) -> None:
+    model = build_model(CFG, 0)
+    x, y = D.batch_for(corpus, list(range(6)), CFG.seq_len)
+    per = D.evaluate_windows(model, x, y, torch.device("cpu"), batch=4)
+    assert per.shape == (6,)
+    with torch.no_grad():
+        _, loss = model(x, y)  # the model's own mean over all tokens
+    assert per.mean() == pytest.approx(float(loss), rel=1e-5)
+    assert D.evaluate_nll(model, x, y, torch.device("cpu")) == pytest.approx(float(loss), rel=1e-5)
+    mean, se = D.nll_stats(np.array([1.0, 2.0, 3.0]))
+    assert mean == 2.0 and se == pytest.approx(1 / math.sqrt(3))  # sample sd 1, n = 3
+    es = D.eval_set(corpus, DataConfig(eval_windows=8), CFG.seq_len)
+    f = D.eval_fields(model, es, *es.tensors(), torch.device("cpu"))
+    assert f["eval_set"] == es.eval_set_id and f["eval_tokens"] == 8 * CFG.seq_len
+    assert f["heldout_nll_se"] > 0 and f["eval_cpu_s"] >= 0
+    assert f["heldout_nll"] == pytest.approx(D.evaluate_nll(model, *es.tensors(), torch.device("cpu")))

@@ -67,6 +67,10 @@ def test_report_has_every_section_with_a_non_empty_chart(page):
     assert page.locator("section#recovery h2").inner_text() == "The same failure, four ways to recover"
     assert page.locator("#timeline-list tbody tr").count() > 0  # the accessible list of the same events
     assert "unavailable" in page.locator("section#learning").inner_text()  # energy, with no counter read
+    # The learning chart draws the count baselines of the evaluation set as labelled lines.
+    names = page.evaluate("() => document.querySelector('#chart-learning').data.map(t => t.name)")
+    assert {"unigram baseline", "bigram baseline", "kn5 baseline"} <= set(names), names
+    assert page.locator("section#learning p.verdict").inner_text().strip()
     assert page.locator("section#checks td.pass").count() == len(CHECKERS)  # every checker, faults_fired included
 
 

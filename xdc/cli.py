@@ -230,6 +230,9 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     from xdc.provenance import run_started_fields
 
     log.emit("run_started", **run_started_fields())
+    from site_agent.baselines import run_baselines
+
+    log.emit("baselines", **run_baselines(cfg))  # as the launcher does: count models on the run's eval set
     try:
         client.wait_ready(args.wait_s)
         existing = client.list_proxies()

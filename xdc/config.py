@@ -38,7 +38,12 @@ class DataConfig:
 
     max_corpus_bytes: int = 3_000_000  # stop adding documents past this many bytes
     heldout_every_docs: int = 10  # every 10th document (by sorted path) is held out
-    heldout_samples: int = 32  # fixed held-out windows evaluated for NLL
+    # Held-out NLL is measured on this many windows of seq_len tokens (x 128 = 16,384 tokens), spread
+    # evenly over the whole held-out split: all 18 held-out documents at the defaults. Measured on a
+    # model trained to NLL 2.42: standard error of the mean over windows 0.037 nats/token (0.023 at
+    # 256 windows); SE of the DIFFERENCE between two models on these same windows 0.007; one
+    # evaluation 0.65 CPU-s on one thread (256 windows: 1.3 s). See README "Evaluation and baselines".
+    eval_windows: int = 128
     shuffle_seed: int = 1234  # permutation of canonical sample ids
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from analysis.summary import summarize
+from site_agent.baselines import run_baselines
 from wan.keys import generate_cluster_keys
 from wan.toxiproxy import ToxiproxyClient, ToxiproxyError, ToxiproxyServer, apply_link_spec, free_port
 from xdc.config import RunConfig, save_config
@@ -110,6 +111,7 @@ class Launcher:
         self.log = EventLog(self.run_dir / "logs" / "launcher.jsonl", cfg.run_id, "launcher")
         save_config(cfg, self.run_dir / "config.json")  # first, as before: a failed start still has it
         self.log.emit("run_started", **run_started_fields())
+        self.log.emit("baselines", **run_baselines(cfg))  # ~0.5 CPU-s: count models on the run's eval set
         sites = tuple(cfg.cluster.sites)
         host = cfg.cluster.host
         # Choose every port here, distinct from one another: with listen port 0 Toxiproxy could pick
