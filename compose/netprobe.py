@@ -5,13 +5,16 @@ its JSON in RUN/netprobe.json. It tries, with short timeouts:
   - every other process by its service name (DNS of the container's own networks),
   - every other process by the IP address its container has on its own network (given by the
     host, which reads them with docker inspect), port 7000 where it listens,
+  - addresses beyond the project (`--outside`, e.g. the host's DNS server), which an `internal`
+    network must not let any packet reach,
   - Toxiproxy by name, on the proxy port of one of this site's links (the one way out that must work),
-and reads the container's routing table: an internal network has no default route, so nothing
-beyond the project's containers can be contacted at all.
+and records the container's routing table for the record (Docker 20.10 gives a container on an
+internal network a default route all the same; its packets beyond the subnet are dropped).
 
-Usage: python compose/netprobe.py --via toxiproxy:20000 --name site-b --ip site-b=172.20.0.3 ...
-Prints {"names": {...}, "ips": {...}, "via": {...}, "default_route": bool}; each attempt is
-{"ok": bool, "error": str | null}. Exit 0 whatever it found: the caller judges.
+Usage: python compose/netprobe.py --via toxiproxy:20000 --name site-b --ip site-b=172.20.0.3 \
+           --outside 10.0.0.53:53 ...
+Prints {"names": {...}, "ips": {...}, "outside": {...}, "via": {...}, "default_route": bool};
+each attempt is {"ok": bool, "error": str | null}. Exit 0 whatever it found: the caller judges.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--via", required=True, help="host:port of a proxy this process must reach")
     ap.add_argument("--name", action="append", default=[], help="a service name that must not resolve")
     ap.add_argument("--ip", action="append", default=[], help="service=IP that must not be reachable")
+    ap.add_argument("--outside", action="append", default=[], help="host:port beyond the project, must fail")
     ap.add_argument("--port", type=int, default=7000)
     ap.add_argument("--timeout-s", type=float, default=3.0)
     args = ap.parse_args(argv)
@@ -64,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     for item in args.ip:
         svc, ip = item.split("=", 1)
         out["ips"][svc] = {"address": ip, **_connect(ip, args.port, args.timeout_s)}
+    out["outside"] = {}
+    for target in args.outside:
+        host, port = target.rsplit(":", 1)
+        out["outside"][target] = _connect(host, int(port), args.timeout_s)
     with open("/proc/net/route") as f:
         out["default_route"] = has_default_route(f.read())
     json.dump(out, sys.stdout, indent=1, sort_keys=True)

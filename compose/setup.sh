@@ -8,13 +8,15 @@
 #            Go module proxy into ~/.docker/cli-plugins/docker-compose.
 #   images   the pinned upstream images (python slim, docker CLI, Toxiproxy) when present or
 #            pullable -> nothing to build. Otherwise, from this machine's own packages:
-#              xdc-base:<content hash>   Debian bookworm (mmdebstrap) + a venv at /opt/venv holding
-#                                        the host venv's site-packages (torch and the rest, the very
-#                                        builds the native runs use) + the docker CLI; it stands in
-#                                        for both the python base and the docker CLI image.
+#              xdc-base:<content hash>   Debian bookworm (mmdebstrap) + the host venv's Python + a
+#                                        venv at /opt/venv holding the host venv's site-packages
+#                                        (torch and the rest, the very builds the native runs use)
+#                                        + the docker CLI; it stands in for both the python base and
+#                                        the docker CLI image.
 #              xdc-toxiproxy:<version>-local   the pinned Toxiproxy server and CLI, built static.
-#            The hash covers the Debian suite and packages, the host venv's distributions and this
-#            script, so an unchanged setup reuses the image and any change builds a new one.
+#            The hash covers the Debian suite and packages, the host's Python build, the host venv's
+#            distributions, the recipe's version and the docker CLI's, so an unchanged setup reuses
+#            the image and any change builds a new one (older local bases are then removed).
 #   .env     compose/.env names the images chosen (XDC_BASE_IMAGE, XDC_DOCKER_CLI_IMAGE,
 #            XDC_TOXIPROXY_IMAGE); `docker compose` run in compose/ reads it, the Makefile exports it.
 #
@@ -37,6 +39,13 @@ XDC_DOCKERD_LOG=${XDC_DOCKERD_LOG:-/var/log/xdc-dockerd.log}
 ENV_FILE=compose/.env
 # Packages of the local base: Python 3.11 (bookworm's), venv, CA bundle, useradd (passwd).
 BASE_PACKAGES=python3,python3-venv,ca-certificates,passwd
+# What of the host venv's site-packages no container needs: triton (torch.compile only), the browser
+# driver of the report test, and the editable install of this checkout (the image installs the
+# project itself). Byte code is kept: the same CPython minor version, and it saves each container a
+# recompile of torch's modules.
+SITE_EXCLUDES=(./triton './triton-*' ./playwright './playwright-*' './__editable__*' './xdc-*')
+# Bump when build_base changes in a way the inputs hashed in base_hash do not show.
+BASE_RECIPE=2
 LABEL=org.xdc.project=xdc
 
 say() { echo "compose-setup: $*"; }
@@ -103,44 +112,51 @@ available() {
   timeout "$XDC_PULL_TIMEOUT_S" docker pull -q "$1" >/dev/null 2>&1
 }
 
-site_packages() {
+host_python() {  # what of the host venv's Python the base copies: "<purelib> <base prefix> <X.Y>"
   [ -x "$XDC_VENV/bin/python" ] || die "$XDC_VENV/bin/python not found: run \`make setup\` first"
-  "$XDC_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'
+  "$XDC_VENV/bin/python" -c 'import sys, sysconfig; print(sysconfig.get_paths()["purelib"], sys.base_prefix, "%d.%d" % sys.version_info[:2])'
 }
 
 # What the local base is made of: a change here builds a new base, an unchanged one is reused.
 base_hash() {
-  local sp=$1
+  local sp=$1 home=$2
   {
-    echo "$XDC_DEBIAN_SUITE $BASE_PACKAGES"
-    "$XDC_VENV/bin/python" -c 'import sys; print(sys.version_info[:2])'
+    echo "$XDC_DEBIAN_SUITE $BASE_PACKAGES $home"
+    "$XDC_VENV/bin/python" -c 'import sys; print(sys.version)'
     (cd "$sp" && ls -d ./*.dist-info | LC_ALL=C sort)
-    sha256sum "$0" | cut -d' ' -f1
+    echo "recipe $BASE_RECIPE excludes ${SITE_EXCLUDES[*]}"
+    docker version --format '{{.Client.Version}}' 2>/dev/null  # the CLI copied into the base
   } | sha256sum | cut -c1-16
 }
 
+# The venv's Python is the host venv's own: the sites train on the Python standard library's
+# sources (site_agent/data.py), so the same interpreter build means the same corpus, the same
+# dataset_id and the same sample ids as a native run. A Debian /usr Python is bookworm's python3;
+# any other (pyenv, /usr/local) is copied to /opt/xdc-python, less its site-packages and tests.
 build_base() {
-  local tag=$1 sp=$2 cli
+  local tag=$1 sp=$2 home=$3 ver=$4 cli python=python3 libpath=""
   command -v mmdebstrap >/dev/null 2>&1 || {
     say "installing mmdebstrap (to build the base image from Debian's packages)"
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap >/dev/null; }
   cli=$(readlink -f "$(command -v docker)")
-  say "building $tag: Debian $XDC_DEBIAN_SUITE + $sp + $cli (no registry needed)"
-  local t0=$SECONDS
-  # The host venv's site-packages, minus what no container needs: triton (torch.compile only), the
-  # browser driver of the report test, and the editable install of this checkout (the image installs
-  # the project itself). Byte code is kept: the same CPython minor version, and it saves each
-  # container a recompile of torch's modules.
-  as_root mmdebstrap --quiet --variant=minbase --include="$BASE_PACKAGES" \
-    --customize-hook='chroot "$1" python3 -m venv --without-pip /opt/venv' \
-    --customize-hook="tar -C '$sp' --exclude=./triton --exclude='./triton-*' --exclude=./playwright \
-        --exclude='./playwright-*' --exclude='./__editable__*' --exclude='./xdc-*' \
-        -cf - . | tar -C \"\$1/opt/venv/lib/python3.11/site-packages\" -xf -" \
-    --customize-hook="install -m 0755 '$cli' \"\$1/usr/local/bin/docker\"" \
-    "$XDC_DEBIAN_SUITE" - \
+  say "building $tag: Debian $XDC_DEBIAN_SUITE + Python $home + $sp + $cli (no registry needed)"
+  local t0=$SECONDS hooks=()
+  if [ "$home" != /usr ]; then
+    python=/opt/xdc-python/bin/python$ver
+    libpath=/opt/xdc-python/lib
+    hooks+=(--customize-hook="mkdir -p \"\$1/opt/xdc-python\" && tar -C '$home' --exclude='./lib/python$ver/site-packages/*' \
+      --exclude='./lib/python$ver/test' -cf - . | tar -C \"\$1/opt/xdc-python\" -xf -")
+  fi
+  local excludes="" e
+  for e in "${SITE_EXCLUDES[@]}"; do excludes+=" --exclude='$e'"; done
+  hooks+=(--customize-hook="chroot \"\$1\" env LD_LIBRARY_PATH=$libpath $python -m venv --without-pip /opt/venv"
+    --customize-hook="tar -C '$sp'$excludes -cf - . | tar -C \"\$1/opt/venv/lib/python$ver/site-packages\" -xf -"
+    --customize-hook="install -m 0755 '$cli' \"\$1/usr/local/bin/docker\"")
+  as_root mmdebstrap --quiet --variant=minbase --include="$BASE_PACKAGES" "${hooks[@]}" "$XDC_DEBIAN_SUITE" - \
   | docker import \
       --change 'ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-      --change 'ENV LANG=C.UTF-8' --change "LABEL $LABEL" --change 'CMD ["python3"]' \
+      ${libpath:+--change "ENV LD_LIBRARY_PATH=$libpath"} \
+      --change 'ENV LANG=C.UTF-8' --change "LABEL $LABEL" --change 'CMD ["python"]' \
       - "$tag" >/dev/null
   say "built $tag in $((SECONDS - t0)) s ($(docker image inspect --format '{{.Size}}' "$tag" | awk '{printf "%.1f GB", $1/1e9}'))"
 }
@@ -181,11 +197,11 @@ ensure_images() {
       local_base=yes
     fi
     if [ "$local_base" = yes ]; then
-      local sp
-      sp=$(site_packages)
-      base="xdc-base:$(base_hash "$sp")"
+      local sp home ver
+      read -r sp home ver < <(host_python)
+      base="xdc-base:$(base_hash "$sp" "$home")"
       cli_image=$base
-      have_image "$base" || build_base "$base" "$sp"
+      have_image "$base" || build_base "$base" "$sp" "$home" "$ver"
       drop_old_bases "$base"
     fi
     if [ -f "$ENV_FILE" ] && grep -q '^XDC_TOXIPROXY_IMAGE=xdc-toxiproxy:' "$ENV_FILE" || ! available "$toxi"; then

@@ -25,7 +25,7 @@ BIN=${BIN:-.venv/bin}
 PROJECT=xdc
 RUNS_VOLUME=xdc-runs-smoke
 RUN_DIR=runs/$SMOKE_RUN
-COMPOSE=(docker compose -f compose/docker-compose.yml --profile analyze)
+COMPOSE=(docker compose -f compose/docker-compose.yml)
 
 say() { echo "compose-smoke: $*"; }
 die() { echo "compose-smoke: error: $*" >&2; exit 1; }
@@ -54,7 +54,7 @@ leftovers() {  # everything of the project the engine still has, one per line
 before=$(leftovers)
 if [ -n "$before" ]; then  # a smoke that was interrupted before its teardown
   say "removing what an earlier run of project $PROJECT left: $(echo $before)"
-  "${COMPOSE[@]}" --profile chaos down --volumes --remove-orphans --timeout 5 >/dev/null 2>&1 || true
+  "${COMPOSE[@]}" --profile chaos --profile analyze down --volumes --remove-orphans --timeout 5 >/dev/null 2>&1 || true
   docker volume rm -f "$RUNS_VOLUME" >/dev/null 2>&1 || true
 fi
 
@@ -63,7 +63,7 @@ docker volume create --driver local --opt type=none --opt o=bind --opt device="$
 
 teardown() {
   local rc=$? t=$(now_ns)
-  "${COMPOSE[@]}" --profile chaos down --volumes --remove-orphans --timeout 5 >/dev/null 2>&1 || true
+  "${COMPOSE[@]}" --profile chaos --profile analyze down --volumes --remove-orphans --timeout 5 >/dev/null 2>&1 || true
   docker volume rm -f "$RUNS_VOLUME" >/dev/null 2>&1 || true
   local left
   left=$(leftovers)
@@ -99,15 +99,37 @@ probe_args=(--via "toxiproxy:$("$BIN/python" -c "import json; print(json.load(op
 for svc in site-b site-c coordinator store; do
   probe_args+=(--name "$svc" --ip "$svc=$(ip_of "$svc")")
 done
+# Beyond the project: the host's DNS server (an address the host itself uses), when it is not loopback.
+for ns in $(awk '$1 == "nameserver" && $2 !~ /^127\./ && $2 !~ /:/ {print $2}' /etc/resolv.conf | head -1); do
+  probe_args+=(--outside "$ns:53")
+done
 "${COMPOSE[@]}" exec -T site-a python /app/compose/netprobe.py "${probe_args[@]}" > "$RUN_DIR/netprobe.json"
 say "probe from site-a: $(tr -d '\n ' < "$RUN_DIR/netprobe.json" | cut -c1-160)..."
+# The networks as the engine has them: internal or not, and which services are attached.
+for net in $(docker network ls -q --filter "label=com.docker.compose.project=$PROJECT"); do
+  docker network inspect --format '{{index .Labels "com.docker.compose.network"}} {{.Internal}} {{range .Containers}}{{.Name}} {{end}}' "$net"
+done | "$BIN/python" -c '
+import json, re, sys
+nets = {}
+for line in sys.stdin:
+    name, internal, *containers = line.split()
+    nets[name] = {"internal": internal == "true",
+                  "services": sorted(re.sub(r"^xdc[-_](.*)[-_]\d+$", r"\1", c) for c in containers)}
+json.dump(nets, open(sys.argv[1], "w"), indent=1, sort_keys=True)' "$RUN_DIR/networks.json"
 
 say "chaos: $SMOKE_SCENARIO"
 "$BIN/xdc" chaos "$SMOKE_SCENARIO" --run "$RUN_DIR" --docker --project "$PROJECT" --toxiproxy "$API"
-"${COMPOSE[@]}" wait coordinator site-a site-b site-c >/dev/null || true
+# The end of the run, as the native launcher ends it: once the coordinator has finished, the sites
+# get 30 s to exit by themselves (a restarted site may still be dialling peers that are gone); then
+# SIGTERM, and SIGKILL after 10 s, to what still runs, the store included. Toxiproxy stays up for
+# its counters.
+"${COMPOSE[@]}" wait coordinator >/dev/null || true
+timeout 30 "${COMPOSE[@]}" wait site-a site-b site-c >/dev/null 2>&1 \
+  || say "sites still running 30 s after the coordinator finished: stopping them"
+"${COMPOSE[@]}" stop --timeout 10 site-a site-b site-c store 2>&1 | grep -v '^ Container' || true
 t_ran=$(now_ns)
 say "analyze"
-"${COMPOSE[@]}" run --rm analyze
+"${COMPOSE[@]}" --profile analyze run --rm analyze
 t_analyzed=$(now_ns)
 
 "$BIN/python" - "$RUN_DIR" "$t_start" "$t_built" "$t_up" "$t_ran" "$t_analyzed" <<'EOF'

@@ -2,15 +2,17 @@
 
     python compose/smoke_check.py RUN [--native NATIVE_RUN]
 
-Reads RUN/artifact.json (written by the `analyze` service) and RUN/netprobe.json (compose/netprobe.py
-run inside site-a) and checks:
+Reads RUN/artifact.json (written by the `analyze` service), RUN/netprobe.json (compose/netprobe.py
+run inside site-a) and RUN/networks.json, and checks:
   - the run reached its target of useful tokens;
   - no checker failed; `same_frontier` may be `unknown` (one run has nothing to compare with);
   - bytes: Toxiproxy's counters were read (evidence `measured`, a positive total) and the
     `byte_classes` checker reconciled every link with them;
   - every scheduled fault fired;
-  - the probe: no other process resolvable or reachable from site-a, Toxiproxy reachable, no
-    default route out of the site's network;
+  - the probe: no other process resolvable or reachable from site-a, no address beyond the project
+    reachable, Toxiproxy reachable;
+  - the networks (RUN/networks.json, from docker network inspect): every per-process network is
+    internal, and the one that is not has Toxiproxy alone on it;
   - with --native: the native run of the same config and scenario ends at the same matched-frontier
     hash (from both runs' summary.json).
 The decisions are pure functions of the loaded documents (`problems`), tested without an engine.
@@ -56,10 +58,25 @@ def probe_problems(probe: dict[str, Any]) -> list[str]:
     for svc, r in probe["ips"].items():
         if r["ok"]:
             out.append(f"site-a reaches {svc} directly at {r['address']}")
+    for target, r in probe.get("outside", {}).items():
+        if r["ok"]:
+            out.append(f"site-a reaches {target}, beyond the project")
     if not probe["via"]["ok"]:
         out.append(f"site-a cannot reach Toxiproxy at {probe['via']['target']}: {probe['via']['error']}")
-    if probe["default_route"]:
-        out.append("site-a has a default route: its network is not internal")
+    return out
+
+
+def network_problems(networks: dict[str, dict[str, Any]], api_network: str = "net-toxiproxy-api") -> list[str]:
+    """networks: compose network name -> {"internal": bool, "services": [service, ...]}."""
+    out = []
+    if api_network not in networks or len(networks) < 2:
+        out.append(f"unexpected networks: {sorted(networks)}")
+    for name, n in networks.items():
+        if name == api_network:
+            if n["services"] != ["toxiproxy"]:
+                out.append(f"{name} (not internal) carries {n['services']}, not Toxiproxy alone")
+        elif not n["internal"]:
+            out.append(f"network {name} is not internal")
     return out
 
 
@@ -74,6 +91,7 @@ def frontier_problems(compose_summary: dict[str, Any], native_summary: dict[str,
 def problems(run: Path, native: Path | None = None) -> list[str]:
     out = artifact_problems(json.loads((run / "artifact.json").read_text()))
     out += probe_problems(json.loads((run / "netprobe.json").read_text()))
+    out += network_problems(json.loads((run / "networks.json").read_text()))
     if native is not None:
         out += frontier_problems(json.loads((run / "summary.json").read_text()),
                                  json.loads((native / "summary.json").read_text()))

@@ -30,13 +30,18 @@ ART = {"runs": [{"metrics": {"useful_tokens": {"value": 131072}, "target_useful_
                    "faults_fired")] + [{"name": "same_frontier", "status": "unknown", "summary": "one run"}]}
 FAIL = {"ok": False, "error": "gaierror: [Errno -2] Name or service not known", "address": None}
 PROBE = {"names": {"site-b": FAIL}, "ips": {"site-b": {"address": "172.20.0.3", "ok": False, "error": "unreachable"}},
+         "outside": {"10.255.255.53:53": {"ok": False, "error": "TimeoutError: timed out"}},
          "via": {"target": "toxiproxy:20000", "ok": True, "error": None, "address": "172.19.0.2"},
-         "default_route": False}
+         "default_route": True}
+NETS = {"net-site-a": {"internal": True, "services": ["site-a", "toxiproxy"]},
+        "net-coordinator": {"internal": True, "services": ["coordinator", "toxiproxy"]},
+        "net-toxiproxy-api": {"internal": False, "services": ["toxiproxy"]}}
 
 
 def test_a_good_run_passes() -> None:
     assert check.artifact_problems(ART) == []
     assert check.probe_problems(PROBE) == []
+    assert check.network_problems(NETS) == []
     assert check.frontier_problems({"frontier_hash": "ab"}, {"frontier_hash": "ab"}) == []
 
 
@@ -62,12 +67,23 @@ def test_each_probe_failure_is_named() -> None:
     resolved = copy.deepcopy(PROBE)
     resolved["names"]["site-b"]["address"] = "172.20.0.3"
     assert "by name" in check.probe_problems(resolved)[0]
-    routed = dict(PROBE, default_route=True)
-    assert "default route" in check.probe_problems(routed)[0]
+    escaped = copy.deepcopy(PROBE)
+    escaped["outside"]["10.255.255.53:53"]["ok"] = True
+    assert "beyond the project" in check.probe_problems(escaped)[0]
     cut_off = copy.deepcopy(PROBE)
     cut_off["via"]["ok"] = False
     assert "cannot reach Toxiproxy" in check.probe_problems(cut_off)[0]
     assert check.probe_problems(dict(PROBE, names={}, ips={}))
+
+
+def test_each_network_failure_is_named() -> None:
+    open_net = copy.deepcopy(NETS)
+    open_net["net-site-a"]["internal"] = False
+    assert check.network_problems(open_net) == ["network net-site-a is not internal"]
+    crowded = copy.deepcopy(NETS)
+    crowded["net-toxiproxy-api"]["services"] = ["site-a", "toxiproxy"]
+    assert "not Toxiproxy alone" in check.network_problems(crowded)[0]
+    assert check.network_problems({"net-site-a": NETS["net-site-a"]})
 
 
 def test_frontier_hash_must_match_and_exist() -> None:
