@@ -135,6 +135,10 @@ def test_images_environment_volumes_agree(doc: dict) -> None:
     for s in SITES:
         dep = svcs[service_name(s)]["depends_on"]
         assert dep["coordinator"]["condition"] == dep["store"]["condition"] == "service_healthy"
+    # a restarted process gets a pid of its own (the logs name incarnations by pid): the host's PID namespace
+    for p in (COORD, STORE, *SITES):
+        assert svcs[service_name(p)]["pid"] == "host"
+    assert all("pid" not in svcs[n] for n in ("init", "chaos", "summarize", "analyze", COMPOSE_TOXIPROXY))
     # the health checks read the log file each process writes
     for p in (COORD, STORE, *SITES):
         assert f"/logs/{p}.jsonl" in " ".join(svcs[service_name(p)]["healthcheck"]["test"])

@@ -177,6 +177,11 @@ def compose_spec(sites: tuple[str, ...] | list[str] = ("a", "b", "c")) -> dict:
                 "user": "${XDC_UID:-10001}", "command": command, "environment": dict(env),
                 "volumes": ["runs:/runs"], "networks": networks, "restart": "no", **extra}
 
+    # The logs name a process incarnation by its pid (analysis counts a restarted process's bytes and
+    # work per pid). In its own PID namespace every container's process is pid 1, on every restart,
+    # so the processes share the host's: each incarnation has a pid of its own, as natively.
+    pid_host = {"pid": "host"}
+
     def healthy_when_logging(process: str) -> dict:
         log = f"{RUN_DIR_IN_CONTAINER}/logs/{process}.jsonl"
         return {"test": ["CMD", "python", "-c", f"import os,sys; sys.exit(os.path.getsize('{log}') == 0)"],
@@ -214,16 +219,16 @@ def compose_spec(sites: tuple[str, ...] | list[str] = ("a", "b", "c")) -> dict:
              COMPOSE_TOXIPROXY: {"condition": "service_healthy"}}
     services[service_name(STORE)] = xdc_service(["xdc", "store", "--run-dir", RUN_DIR_IN_CONTAINER],
                                                 [network_name(STORE)], depends_on=dict(ready),
-                                                healthcheck=healthy_when_logging(STORE))
+                                                healthcheck=healthy_when_logging(STORE), **pid_host)
     services[service_name(COORD)] = xdc_service(["xdc", "coordinator", "--run-dir", RUN_DIR_IN_CONTAINER],
                                                 [network_name(COORD)], depends_on=dict(ready),
-                                                healthcheck=healthy_when_logging(COORD))
+                                                healthcheck=healthy_when_logging(COORD), **pid_host)
     for s in topo.sites:
         services[service_name(s)] = xdc_service(
             ["xdc", "site", "--run-dir", RUN_DIR_IN_CONTAINER, "--site", s], [network_name(s)],
             depends_on={**ready, service_name(COORD): {"condition": "service_healthy"},
                         service_name(STORE): {"condition": "service_healthy"}},
-            healthcheck=healthy_when_logging(s))
+            healthcheck=healthy_when_logging(s), **pid_host)
     # Chaos as its own profile: `docker compose --profile chaos up chaos` (the docker CLI in the
     # image drives the project's containers through the mounted Docker socket).
     chaos = xdc_service(["xdc", "chaos", "${XDC_SCENARIO:-scenarios/one-outage.yaml}", "--run", RUN_DIR_IN_CONTAINER,
