@@ -178,12 +178,17 @@ build_toxiproxy() {
   rm -rf "$tmp"
 }
 
-# Older local bases (another hash) only hold disk space once a new one exists.
+# Older local bases (another hash) only hold disk space (5 GB each) once a new one exists. The build
+# cache still holds an old base's layers after its tag is gone, so unused build cache goes too.
 drop_old_bases() {
-  local keep=$1 old
+  local keep=$1 old dropped=no
   for old in $(docker image ls --filter "label=$LABEL" --format '{{.Repository}}:{{.Tag}}' xdc-base); do
-    [ "$old" = "$keep" ] || docker image rm "$old" >/dev/null 2>&1 || true
+    if [ "$old" != "$keep" ] && docker image rm "$old" >/dev/null 2>&1; then
+      say "removed the previous local base $old"
+      dropped=yes
+    fi
   done
+  if [ "$dropped" = yes ]; then docker builder prune -f >/dev/null 2>&1 || true; fi
 }
 
 ensure_images() {

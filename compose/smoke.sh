@@ -45,7 +45,10 @@ uid=$(id -u)
 export XDC_RUN_ID=$SMOKE_RUN XDC_RUNS_VOLUME=$RUNS_VOLUME XDC_UID=$uid
 export DOCKER_GID=$(stat -c %g /var/run/docker.sock 2>/dev/null || echo 0)
 export XDC_SCENARIO=$SMOKE_SCENARIO
-API=127.0.0.1:${XDC_TOXIPROXY_API_PORT:-8474}
+# Toxiproxy's API on a free loopback port (8474 may be taken by a native run on the same machine).
+export XDC_TOXIPROXY_API_PORT=${XDC_TOXIPROXY_API_PORT:-$("$BIN/python" -c \
+  'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
+API=127.0.0.1:$XDC_TOXIPROXY_API_PORT
 
 leftovers() {  # everything of the project the engine still has, one per line
   local kind

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -104,3 +105,4 @@ def test_compose_smoke_passes_and_matches_the_native_run(tmp_path: Path) -> None
     pair = json.loads((both / "artifact.json").read_text())
     assert pair["comparison"]["matched_frontier"] is True
     assert {c["name"]: c["status"] for c in pair["checks"]}["same_frontier"] == "pass"
+    shutil.rmtree(run, ignore_errors=True)  # 40 MB a run; a failing run stays in runs/ to be looked at
