@@ -62,6 +62,7 @@ def test_compose_smoke_passes_and_matches_the_native_run(tmp_path: Path) -> None
 
     # nothing of the project is left on the engine, and the steps were timed
     report = json.loads((run / "compose-smoke.json").read_text())
+    print(f"compose-smoke timings (s): {report['timings_s']}")  # shown with pytest -s
     assert report["left_behind"] == [], report
     for step in ("build", "up", "run", "analyze", "down", "up_to_first_commit"):
         assert report["timings_s"][step] is not None and report["timings_s"][step] >= 0, (step, report)
