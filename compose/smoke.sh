@@ -15,7 +15,8 @@
 #
 # The run directory is ./runs/$SMOKE_RUN (the runs volume is bound to ./runs); the timings of each
 # step go to RUN/compose-smoke.json. Run from the repository root (the Makefile does).
-# Environment: SMOKE_RUN, SMOKE_SCENARIO, SMOKE_NATIVE (optional), BIN (the venv's bin), PROJECT.
+# Environment: SMOKE_RUN, SMOKE_SCENARIO, SMOKE_NATIVE (optional), SMOKE_RUN_TIMEOUT_S (900),
+# BIN (the venv's bin).
 set -euo pipefail
 
 SMOKE_RUN=${SMOKE_RUN:?set SMOKE_RUN}
@@ -130,12 +131,15 @@ for line in sys.stdin:
 json.dump(nets, open(sys.argv[1], "w"), indent=1, sort_keys=True)' "$RUN_DIR/networks.json"
 
 say "chaos: $SMOKE_SCENARIO"
-"$BIN/xdc" chaos "$SMOKE_SCENARIO" --run "$RUN_DIR" --docker --project "$PROJECT" --toxiproxy "$API"
+# It returns when the coordinator has exited by itself; a run that never ends fails the smoke.
+timeout "${SMOKE_RUN_TIMEOUT_S:-900}" \
+  "$BIN/xdc" chaos "$SMOKE_SCENARIO" --run "$RUN_DIR" --docker --project "$PROJECT" --toxiproxy "$API" \
+  || die "xdc chaos failed or the run did not end within ${SMOKE_RUN_TIMEOUT_S:-900} s (exit $?)"
 # The end of the run, as the native launcher ends it: once the coordinator has finished, the sites
 # get 30 s to exit by themselves (a restarted site may still be dialling peers that are gone); then
 # SIGTERM, and SIGKILL after 10 s, to what still runs, the store included. Toxiproxy stays up for
 # its counters.
-"${COMPOSE[@]}" wait coordinator >/dev/null || true
+timeout 60 "${COMPOSE[@]}" wait coordinator >/dev/null || true
 timeout 30 "${COMPOSE[@]}" wait site-a site-b site-c >/dev/null 2>&1 \
   || say "sites still running 30 s after the coordinator finished: stopping them"
 "${COMPOSE[@]}" stop --timeout 10 site-a site-b site-c store 2>&1 | grep -v '^ Container' || true
