@@ -7,7 +7,7 @@ TOXIPROXY_VERSION := v2.12.0
 # Stamp depends on pyproject so a dependency change reinstalls; otherwise setup is a no-op.
 STAMP := $(VENV)/.setup-stamp
 
-.PHONY: setup browser demo test test-fast bench soak clean compose-generate compose-smoke
+.PHONY: setup browser demo test test-fast bench soak clean compose-generate compose-setup compose-smoke
 
 setup: $(STAMP) $(BIN)/toxiproxy-server
 
@@ -43,7 +43,8 @@ browser:
 demo: setup
 	$(BIN)/xdc demo
 
-test: setup browser
+# The suite includes the compose smoke (tests/test_compose_smoke.py), so it needs the engine too.
+test: setup browser compose-setup
 	XDC_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -q
 
 bench: setup
@@ -57,29 +58,28 @@ clean:
 	rm -rf $(VENV) runs
 
 # ---- docker compose (see README "Docker compose and several hosts") ----------------------------
-COMPOSE := docker compose -f compose/docker-compose.yml
 SMOKE_RUN ?= smoke-$(shell date +%Y%m%d-%H%M%S)
 SMOKE_SCENARIO ?= scenarios/one-outage.yaml
+# A native run of the same config and scenario to compare the matched-frontier hash with (optional).
+SMOKE_NATIVE ?=
+# auto: use the pinned upstream images when present or pullable, else build local ones from Debian's
+# packages and this venv (always: never pull; never: never build). The choice lands in compose/.env.
+XDC_LOCAL_IMAGES ?= auto
+COMPOSE_VERSION := v2.29.7
 
 # Regenerate compose/docker-compose.yml (+ .gpu.yml) from the one topology (xdc/topology.py).
 compose-generate: setup
 	$(BIN)/xdc compose generate
 
-# Bring the cluster up with an engine, run a short scenario against it from the host, summarise and
-# analyse the run from the shared runs volume (bound to ./runs), tear everything down.
-compose-smoke: setup
-	@docker info >/dev/null 2>&1 || { echo "error: compose-smoke needs a running Docker engine (docker info failed); the compose file itself is checked without one by: $(BIN)/python -m pytest tests/test_compose_*.py"; exit 1; }
-	@docker compose version >/dev/null 2>&1 || { echo "error: compose-smoke needs the docker compose plugin (docker compose version failed)"; exit 1; }
-	$(BIN)/xdc compose generate --check
-	mkdir -p runs
-	docker volume rm -f xdc-runs-smoke >/dev/null 2>&1 || true
-	docker volume create --driver local --opt type=none --opt o=bind --opt device=$(CURDIR)/runs xdc-runs-smoke >/dev/null
-	set -e; export XDC_RUN_ID=$(SMOKE_RUN) XDC_RUNS_VOLUME=xdc-runs-smoke XDC_UID=$$(id -u) DOCKER_GID=$$(stat -c %g /var/run/docker.sock 2>/dev/null || echo 0); \
-	  trap '$(COMPOSE) --profile chaos --profile analyze down --volumes --remove-orphans' EXIT; \
-	  $(COMPOSE) build; \
-	  $(COMPOSE) up -d; \
-	  $(BIN)/xdc chaos $(SMOKE_SCENARIO) --run runs/$(SMOKE_RUN) --docker --project xdc --toxiproxy 127.0.0.1:$${XDC_TOXIPROXY_API_PORT:-8474}; \
-	  $(COMPOSE) wait coordinator site-a site-b site-c || true; \
-	  $(COMPOSE) run --rm analyze; \
-	  $(BIN)/python -c "import json,sys; a=json.load(open('runs/$(SMOKE_RUN)/artifact.json')); m=a['runs'][0]['metrics']; bad=[c['name'] for c in a['checks'] if c['status']=='fail']; print('compose-smoke: useful tokens', m['useful_tokens']['value'], 'failed checks', bad, 'report runs/$(SMOKE_RUN)/report/index.html'); sys.exit(1 if bad else 0)"
-	docker volume rm -f xdc-runs-smoke >/dev/null 2>&1 || true
+# A Docker engine (docker.io, dockerd started if none answers), the compose plugin (built with Go if
+# `docker compose version` fails) and the images (compose/setup.sh). A no-op once done, and on a
+# normal Docker host.
+compose-setup: setup
+	@XDC_VENV=$(VENV) XDC_LOCAL_IMAGES=$(XDC_LOCAL_IMAGES) XDC_COMPOSE_VERSION=$(COMPOSE_VERSION) \
+	  TOXIPROXY_VERSION=$(TOXIPROXY_VERSION) ./compose/setup.sh
+
+# Build, up, probe the networks from inside site-a, the scenario through the Docker API, analyze,
+# check the artifact, down --volumes and check nothing is left (compose/smoke.sh). The run stays in
+# ./runs/$(SMOKE_RUN).
+compose-smoke: setup compose-setup
+	SMOKE_RUN=$(SMOKE_RUN) SMOKE_SCENARIO=$(SMOKE_SCENARIO) SMOKE_NATIVE=$(SMOKE_NATIVE) BIN=$(BIN) ./compose/smoke.sh

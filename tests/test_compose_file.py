@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from xdc.cli import main as xdc_main
-from xdc.topology import (COMPOSE_BIND_PORT, COMPOSE_TOXIPROXY, COMPOSE_TOXIPROXY_API_PORT, COORD, STORE,
-                          TOXIPROXY_IMAGE, Topology, compose_spec, link_map, network_name, plan_topology,
-                          service_name)
+from xdc.topology import (API_NETWORK, BASE_IMAGE, COMPOSE_BIND_PORT, COMPOSE_TOXIPROXY, COMPOSE_TOXIPROXY_API_PORT,
+                          COORD, DOCKER_CLI_IMAGE, STORE, TOXIPROXY_IMAGE, Topology, compose_spec, link_map,
+                          network_name, plan_topology, service_name)
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "compose" / "docker-compose.yml"
@@ -60,8 +60,13 @@ def test_the_file_parses_and_has_every_service(doc: dict) -> None:
     svcs = doc["services"]
     assert set(svcs) == {COMPOSE_TOXIPROXY, "init", "store", "coordinator", "site-a", "site-b", "site-c",
                          "chaos", "summarize", "analyze"}
-    assert svcs[COMPOSE_TOXIPROXY]["image"] == TOXIPROXY_IMAGE
-    assert re.fullmatch(r"ghcr\.io/shopify/toxiproxy:\d+\.\d+\.\d+", TOXIPROXY_IMAGE)  # pinned
+    # pinned upstream images by default; `make compose-setup` may name local stand-ins in compose/.env
+    assert svcs[COMPOSE_TOXIPROXY]["image"] == f"${{XDC_TOXIPROXY_IMAGE:-{TOXIPROXY_IMAGE}}}"
+    assert re.fullmatch(r"ghcr\.io/shopify/toxiproxy:\d+\.\d+\.\d+", TOXIPROXY_IMAGE)
+    args = svcs["init"]["build"]["args"]
+    assert args["XDC_BASE_IMAGE"] == f"${{XDC_BASE_IMAGE:-{BASE_IMAGE}}}"
+    assert args["XDC_DOCKER_CLI_IMAGE"] == f"${{XDC_DOCKER_CLI_IMAGE:-{DOCKER_CLI_IMAGE}}}"
+    assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+", BASE_IMAGE) and re.fullmatch(r"docker:\d+\.\d+\.\d+-cli", DOCKER_CLI_IMAGE)
     assert "runs" in doc["volumes"]
     for name in ("toxiproxy", "store", "coordinator", "site-a", "site-b", "site-c"):
         assert "healthcheck" in svcs[name], name
@@ -130,6 +135,10 @@ def test_images_environment_volumes_agree(doc: dict) -> None:
     for s in SITES:
         dep = svcs[service_name(s)]["depends_on"]
         assert dep["coordinator"]["condition"] == dep["store"]["condition"] == "service_healthy"
+    # a restarted process gets a pid of its own (the logs name incarnations by pid): the host's PID namespace
+    for p in (COORD, STORE, *SITES):
+        assert svcs[service_name(p)]["pid"] == "host"
+    assert all("pid" not in svcs[n] for n in ("init", "chaos", "summarize", "analyze", COMPOSE_TOXIPROXY))
     # the health checks read the log file each process writes
     for p in (COORD, STORE, *SITES):
         assert f"/logs/{p}.jsonl" in " ".join(svcs[service_name(p)]["healthcheck"]["test"])
@@ -154,8 +163,13 @@ def test_every_site_reaches_every_other_only_through_toxiproxy(doc: dict) -> Non
     topo = plan_topology(SITES, "compose")
     nets = {n: set(s["networks"]) for n, s in svcs.items()}
     procs = topo.processes()
-    assert set(doc["networks"]) == {network_name(p) for p in procs}
+    assert set(doc["networks"]) == {network_name(p) for p in procs} | {API_NETWORK}
     assert nets[COMPOSE_TOXIPROXY] == set(doc["networks"])
+    # no route out of a process's network; the one network with a gateway carries only Toxiproxy's API
+    for p in procs:
+        assert doc["networks"][network_name(p)] == {"internal": True}
+    assert [n for n, s in svcs.items() if API_NETWORK in s["networks"]] == [COMPOSE_TOXIPROXY]
+    assert svcs[COMPOSE_TOXIPROXY]["networks"][-1] == API_NETWORK
     for p in procs:
         assert nets[service_name(p)] == {network_name(p)}
     for p in procs:
@@ -178,11 +192,25 @@ def test_gpu_override_reserves_the_gpu_for_every_site() -> None:
         assert dev["capabilities"] == ["gpu"] and dev["driver"] == "nvidia"
 
 
-def test_dockerfile_is_slim_pinned_non_root() -> None:
+def test_dockerfile_bases_are_build_args_pinned_upstream_non_root() -> None:
     text = (ROOT / "compose" / "Dockerfile").read_text()
-    base = re.search(r"^FROM (\S+)\s*$", text, re.M)
-    assert base and re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+", base.group(1))
-    assert re.search(r"^USER xdc$", text, re.M)
-    assert "COPY --from=docker:" in text and re.search(r"docker:\d+\.\d+\.\d+-cli", text)
+    assert f"ARG XDC_BASE_IMAGE={BASE_IMAGE}\n" in text and f"ARG XDC_DOCKER_CLI_IMAGE={DOCKER_CLI_IMAGE}\n" in text
+    assert re.findall(r"^FROM (.+)$", text, re.M) == ["${XDC_DOCKER_CLI_IMAGE} AS dockercli", "${XDC_BASE_IMAGE}"]
+    assert "COPY --from=dockercli /usr/local/bin/docker /usr/local/bin/docker" in text
+    assert re.search(r"^USER \$\{XDC_UID\}$", text, re.M) and "ARG XDC_UID=10001" in text
+    # only what the base lacks is installed; the project itself without an index
+    assert "missing_requirements.py" in text and "--no-deps --no-build-isolation /app" in text
     for d in ("xdc", "coordinator", "site_agent", "wan", "checkpoint_store", "analysis", "chaos", "scenarios"):
         assert f"COPY {d} /app/{d}" in text
+
+
+def test_missing_requirements_names_only_what_is_absent(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text('[project]\ndependencies = ["pyyaml>=6", "pyyaml>=999", '
+                                             '"no-such-dist-xdc>=1", "pytest[extra]>=1"]\n')
+    r = subprocess.run([sys.executable, str(ROOT / "compose" / "missing_requirements.py"),
+                        str(tmp_path / "pyproject.toml")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["pyyaml>=999", "no-such-dist-xdc>=1"]
+    r = subprocess.run([sys.executable, str(ROOT / "compose" / "missing_requirements.py"), str(ROOT / "pyproject.toml")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.stdout == ""  # this venv (what the local base image carries) lacks nothing

@@ -1,0 +1,83 @@
+"""Run inside a container of the compose cluster: what can this process reach directly?
+
+`make compose-smoke` runs it in `site-a` (docker compose exec) while the cluster trains and keeps
+its JSON in RUN/netprobe.json. It tries, with short timeouts:
+  - every other process by its service name (DNS of the container's own networks),
+  - every other process by the IP address its container has on its own network (given by the
+    host, which reads them with docker inspect), port 7000 where it listens,
+  - addresses beyond the project (`--outside`, e.g. the host's DNS server), which an `internal`
+    network must not let any packet reach,
+  - Toxiproxy by name, on the proxy port of one of this site's links (the one way out that must work),
+and records the container's routing table for the record (Docker 20.10 gives a container on an
+internal network a default route all the same; its packets beyond the subnet are dropped).
+
+Usage: python compose/netprobe.py --via toxiproxy:20000 --name site-b --ip site-b=172.20.0.3 \
+           --outside 10.0.0.53:53 ...
+Prints {"names": {...}, "ips": {...}, "outside": {...}, "via": {...}, "default_route": bool};
+each attempt is {"ok": bool, "error": str | null}. Exit 0 whatever it found: the caller judges.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+
+
+def _connect(host: str, port: int, timeout_s: float) -> dict:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return {"ok": True, "error": None}
+    except OSError as e:  # gaierror, timeout, ENETUNREACH, ECONNREFUSED ...
+        return {"ok": False, "error": f"{type(e).__name__}: {e}"}
+
+
+def _resolve(name: str) -> dict:
+    try:
+        return {"ok": True, "error": None, "address": socket.gethostbyname(name)}
+    except OSError as e:
+        return {"ok": False, "error": f"{type(e).__name__}: {e}", "address": None}
+
+
+def has_default_route(route_table: str) -> bool:
+    """True if /proc/net/route (its text) has a route to 0.0.0.0/0."""
+    for line in route_table.splitlines()[1:]:
+        cols = line.split()
+        if len(cols) >= 8 and cols[1] == "00000000" and cols[7] == "00000000":
+            return True
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--via", required=True, help="host:port of a proxy this process must reach")
+    ap.add_argument("--name", action="append", default=[], help="a service name that must not resolve")
+    ap.add_argument("--ip", action="append", default=[], help="service=IP that must not be reachable")
+    ap.add_argument("--outside", action="append", default=[], help="host:port beyond the project, must fail")
+    ap.add_argument("--port", type=int, default=7000)
+    ap.add_argument("--timeout-s", type=float, default=3.0)
+    args = ap.parse_args(argv)
+    via_host, via_port = args.via.rsplit(":", 1)
+    out = {
+        "hostname": socket.gethostname(),
+        "names": {n: {**_resolve(n), **_connect(n, args.port, args.timeout_s)} for n in args.name},
+        "ips": {},
+        "via": {"target": args.via, **_resolve(via_host), **_connect(via_host, int(via_port), args.timeout_s)},
+    }
+    for item in args.ip:
+        svc, ip = item.split("=", 1)
+        out["ips"][svc] = {"address": ip, **_connect(ip, args.port, args.timeout_s)}
+    out["outside"] = {}
+    for target in args.outside:
+        host, port = target.rsplit(":", 1)
+        out["outside"][target] = _connect(host, int(port), args.timeout_s)
+    with open("/proc/net/route") as f:
+        out["default_route"] = has_default_route(f.read())
+    json.dump(out, sys.stdout, indent=1, sort_keys=True)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

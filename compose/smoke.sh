@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# `make compose-smoke`: the compose cluster for real, start to finish, then nothing left behind.
+#
+#   build    the xdc image (docker compose build; bases from compose/.env, see compose/setup.sh)
+#   up       toxiproxy, init, store, coordinator, site-a/b/c (up -d waits for init and health)
+#   probe    from inside site-a: no other process is reachable by name or by IP, no default route;
+#            Toxiproxy is (compose/netprobe.py -> RUN/netprobe.json)
+#   chaos    the scenario from the host with `xdc chaos --docker` (kill / pause / restart through
+#            the Docker API), which returns when the coordinator has exited by itself
+#   analyze  `docker compose run analyze` (summarize with Toxiproxy's counters, then the artifact)
+#   check    compose/smoke_check.py on the artifact (target reached, every checker passing, bytes
+#            reconciled with Toxiproxy, the probe's findings; with SMOKE_NATIVE=<native run dir>,
+#            the same matched-frontier hash as that native run)
+#   down     docker compose down --volumes, then no container, network or volume of the project
+#
+# The run directory is ./runs/$SMOKE_RUN (the runs volume is bound to ./runs); the timings of each
+# step go to RUN/compose-smoke.json. Run from the repository root (the Makefile does).
+# Environment: SMOKE_RUN, SMOKE_SCENARIO, SMOKE_NATIVE (optional), SMOKE_RUN_TIMEOUT_S (900),
+# BIN (the venv's bin).
+set -euo pipefail
+
+SMOKE_RUN=${SMOKE_RUN:?set SMOKE_RUN}
+SMOKE_SCENARIO=${SMOKE_SCENARIO:-scenarios/one-outage.yaml}
+SMOKE_NATIVE=${SMOKE_NATIVE:-}
+BIN=${BIN:-.venv/bin}
+PROJECT=xdc
+RUNS_VOLUME=xdc-runs-smoke
+RUN_DIR=runs/$SMOKE_RUN
+COMPOSE=(docker compose -f compose/docker-compose.yml)
+
+say() { echo "compose-smoke: $*"; }
+die() { echo "compose-smoke: error: $*" >&2; exit 1; }
+now_ns() { date +%s%N; }
+
+docker info >/dev/null 2>&1 || die "needs a running Docker engine (docker info failed): run \`make compose-setup\`"
+docker compose version >/dev/null 2>&1 || die "needs the docker compose plugin: run \`make compose-setup\`"
+[ -f compose/.env ] || die "compose/.env is missing: run \`make compose-setup\`"
+set -a; . compose/.env; set +a  # the image names this machine uses
+"$BIN/xdc" compose generate --check
+
+# The containers run as the caller, so the run directory is the caller's; but never as root: the
+# processes share the host's PID namespace (see xdc/topology.py), so root would see and could signal
+# every process of the host. Root's run directory is handed to the image's own user instead.
+uid=$(id -u)
+[ "$uid" != 0 ] || uid=10001
+export XDC_RUN_ID=$SMOKE_RUN XDC_RUNS_VOLUME=$RUNS_VOLUME XDC_UID=$uid
+export DOCKER_GID=$(stat -c %g /var/run/docker.sock 2>/dev/null || echo 0)
+export XDC_SCENARIO=$SMOKE_SCENARIO
+# Toxiproxy's API on a free loopback port (8474 may be taken by a native run on the same machine).
+export XDC_TOXIPROXY_API_PORT=${XDC_TOXIPROXY_API_PORT:-$("$BIN/python" -c \
+  'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
+API=127.0.0.1:$XDC_TOXIPROXY_API_PORT
+
+leftovers() {  # everything of the project the engine still has, one per line
+  local kind
+  docker ps -a -q --filter "label=com.docker.compose.project=$PROJECT" | sed 's/^/container /'
+  for kind in network volume; do
+    docker "$kind" ls -q --filter "label=com.docker.compose.project=$PROJECT" | sed "s/^/$kind /"
+  done
+  docker volume ls -q --filter "name=^${RUNS_VOLUME}\$" | sed 's/^/volume /'
+}
+
+before=$(leftovers)
+if [ -n "$before" ]; then  # a smoke that was interrupted before its teardown
+  say "removing what an earlier run of project $PROJECT left: $(echo $before)"
+  "${COMPOSE[@]}" --profile chaos --profile analyze down --volumes --remove-orphans --timeout 5 >/dev/null 2>&1 || true
+  docker volume rm -f "$RUNS_VOLUME" >/dev/null 2>&1 || true
+fi
+
+mkdir -p runs
+[ ! -e "$RUN_DIR" ] || die "$RUN_DIR exists already: choose another SMOKE_RUN"
+install -d -o "$uid" "$RUN_DIR"
+docker volume create --driver local --opt type=none --opt o=bind --opt device="$PWD/runs" "$RUNS_VOLUME" >/dev/null
+
+teardown() {
+  local rc=$? t=$(now_ns)
+  "${COMPOSE[@]}" --profile chaos --profile analyze down --volumes --remove-orphans --timeout 5 >/dev/null 2>&1 || true
+  docker volume rm -f "$RUNS_VOLUME" >/dev/null 2>&1 || true
+  local left
+  left=$(leftovers)
+  if [ -n "$left" ]; then echo "compose-smoke: error: left behind after down --volumes: $left" >&2; rc=1; fi
+  if [ -f "$RUN_DIR/compose-smoke.json" ]; then
+    "$BIN/python" - "$RUN_DIR/compose-smoke.json" "$(( ($(now_ns) - t) / 1000000 ))" "$left" <<'EOF'
+import json, sys
+p, down_ms, left = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+d = json.load(open(p))
+d["timings_s"]["down"] = down_ms / 1000
+d["left_behind"] = [l for l in left.splitlines() if l]
+json.dump(d, open(p, "w"), indent=1, sort_keys=True)
+EOF
+  fi
+  exit $rc
+}
+trap teardown EXIT
+
+t_start=$(now_ns)
+say "build"
+"${COMPOSE[@]}" build --quiet init
+t_built=$(now_ns)
+# The image this build replaced, if any, is dangling now: drop it (only images of this project).
+docker image prune -f --filter label=org.xdc.project=xdc >/dev/null
+say "up (run $SMOKE_RUN)"
+"${COMPOSE[@]}" up -d --quiet-pull
+t_up=$(now_ns)
+
+# From inside site-a: other processes by name and by IP (each on its own network), and the way out.
+ip_of() {
+  docker inspect --format '{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}' \
+    "$("${COMPOSE[@]}" ps -q "$1")" | awk '{print $1}'
+}
+probe_args=(--via "toxiproxy:$("$BIN/python" -c "import json; print(json.load(open('$RUN_DIR/topology.json'))['links']['a_to_b']['listen'].split(':')[1])")")
+for svc in site-b site-c coordinator store; do
+  probe_args+=(--name "$svc" --ip "$svc=$(ip_of "$svc")")
+done
+# Beyond the project: the host's DNS server (an address the host itself uses), when it is not loopback.
+for ns in $(awk '$1 == "nameserver" && $2 !~ /^127\./ && $2 !~ /:/ {print $2}' /etc/resolv.conf | head -1); do
+  probe_args+=(--outside "$ns:53")
+done
+"${COMPOSE[@]}" exec -T site-a python /app/compose/netprobe.py "${probe_args[@]}" > "$RUN_DIR/netprobe.json"
+say "probe from site-a: $(tr -d '\n ' < "$RUN_DIR/netprobe.json" | cut -c1-160)..."
+# The networks as the engine has them: internal or not, and which services are attached.
+for net in $(docker network ls -q --filter "label=com.docker.compose.project=$PROJECT"); do
+  docker network inspect --format '{{index .Labels "com.docker.compose.network"}} {{.Internal}} {{range .Containers}}{{.Name}} {{end}}' "$net"
+done | "$BIN/python" -c '
+import json, re, sys
+nets = {}
+for line in sys.stdin:
+    name, internal, *containers = line.split()
+    nets[name] = {"internal": internal == "true",
+                  "services": sorted(re.sub(r"^xdc[-_](.*)[-_]\d+$", r"\1", c) for c in containers)}
+json.dump(nets, open(sys.argv[1], "w"), indent=1, sort_keys=True)' "$RUN_DIR/networks.json"
+
+say "chaos: $SMOKE_SCENARIO"
+# It returns when the coordinator has exited by itself; a run that never ends fails the smoke.
+timeout "${SMOKE_RUN_TIMEOUT_S:-900}" \
+  "$BIN/xdc" chaos "$SMOKE_SCENARIO" --run "$RUN_DIR" --docker --project "$PROJECT" --toxiproxy "$API" \
+  || die "xdc chaos failed or the run did not end within ${SMOKE_RUN_TIMEOUT_S:-900} s (exit $?)"
+# The end of the run, as the native launcher ends it: once the coordinator has finished, the sites
+# get 30 s to exit by themselves (a restarted site may still be dialling peers that are gone); then
+# SIGTERM, and SIGKILL after 10 s, to what still runs, the store included. Toxiproxy stays up for
+# its counters.
+timeout 60 "${COMPOSE[@]}" wait coordinator >/dev/null || true
+timeout 30 "${COMPOSE[@]}" wait site-a site-b site-c >/dev/null 2>&1 \
+  || say "sites still running 30 s after the coordinator finished: stopping them"
+"${COMPOSE[@]}" stop --timeout 10 site-a site-b site-c store 2>&1 | grep -v '^ Container' || true
+t_ran=$(now_ns)
+say "analyze"
+# `xdc analyze` exits 1 when a checker fails: go on to the timings; smoke_check says what failed.
+"${COMPOSE[@]}" --profile analyze run --rm analyze || say "analyze exited $?"
+t_analyzed=$(now_ns)
+
+"$BIN/python" - "$RUN_DIR" "$t_start" "$t_built" "$t_up" "$t_ran" "$t_analyzed" <<'EOF'
+import json, sys
+from pathlib import Path
+run, t0, built, up, ran, analyzed = Path(sys.argv[1]), *map(int, sys.argv[2:])
+first_commit = next((json.loads(l)["wall_ns"] for l in (run / "logs" / "coord.jsonl").open()
+                     if '"event": "commit"' in l), None)
+t = {"build": (built - t0) / 1e9, "up": (up - built) / 1e9, "run": (ran - up) / 1e9,
+     "analyze": (analyzed - ran) / 1e9, "smoke_before_down": (analyzed - t0) / 1e9,
+     "up_to_first_commit": None if first_commit is None else (first_commit - built) / 1e9}
+json.dump({"run": run.name, "timings_s": t}, open(run / "compose-smoke.json", "w"), indent=1, sort_keys=True)
+print("compose-smoke: timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in t.items() if v is not None))
+EOF
+"$BIN/python" compose/smoke_check.py "$RUN_DIR" ${SMOKE_NATIVE:+--native "$SMOKE_NATIVE"}

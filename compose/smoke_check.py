@@ -1,0 +1,121 @@
+"""The verdict of `make compose-smoke` on a compose run directory (exit 1 and the reasons if any fail).
+
+    python compose/smoke_check.py RUN [--native NATIVE_RUN]
+
+Reads RUN/artifact.json (written by the `analyze` service), RUN/netprobe.json (compose/netprobe.py
+run inside site-a) and RUN/networks.json, and checks:
+  - the run reached its target of useful tokens;
+  - no checker failed; `same_frontier` may be `unknown` (one run has nothing to compare with);
+  - bytes: Toxiproxy's counters were read (evidence `measured`, a positive total) and the
+    `byte_classes` checker reconciled every link with them;
+  - every scheduled fault fired;
+  - the probe: no other process resolvable or reachable from site-a, no address beyond the project
+    reachable, Toxiproxy reachable;
+  - the networks (RUN/networks.json, from docker network inspect): every per-process network is
+    internal, and the one that is not has Toxiproxy alone on it;
+  - with --native: the native run of the same config and scenario ends at the same matched-frontier
+    hash (from both runs' summary.json).
+The decisions are pure functions of the loaded documents (`problems`), tested without an engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+# A check that cannot be decided from one run.
+UNDECIDABLE_ALONE = {"same_frontier"}
+
+
+def artifact_problems(art: dict[str, Any]) -> list[str]:
+    out = []
+    (run,) = art["runs"]
+    m = run["metrics"]
+    if m["useful_tokens"]["value"] < m["target_useful_tokens"]["value"]:
+        out.append(f"target not reached: {m['useful_tokens']['value']} of {m['target_useful_tokens']['value']} useful tokens")
+    for c in art["checks"]:
+        if c["status"] == "pass" or (c["status"] == "unknown" and c["name"] in UNDECIDABLE_ALONE):
+            continue
+        out.append(f"checker {c['name']}: {c['status']}: {c['summary']}")
+    rec = run["reconciliation"]
+    if rec.get("evidence") != "measured" or not rec.get("proxy_total"):
+        out.append(f"bytes not reconciled with Toxiproxy's counters: {rec}")
+    if not {c["name"] for c in art["checks"]} >= {"byte_classes", "faults_fired"}:
+        out.append("the artifact lacks the byte_classes or faults_fired checker")
+    return out
+
+
+def probe_problems(probe: dict[str, Any]) -> list[str]:
+    out = []
+    if not probe["names"] or not probe["ips"]:
+        out.append("the probe tried no other process")
+    for name, r in probe["names"].items():
+        if r["ok"] or r["address"] is not None:
+            out.append(f"site-a resolves or reaches {name} by name ({r})")
+    for svc, r in probe["ips"].items():
+        if r["ok"]:
+            out.append(f"site-a reaches {svc} directly at {r['address']}")
+    for target, r in probe.get("outside", {}).items():
+        if r["ok"]:
+            out.append(f"site-a reaches {target}, beyond the project")
+    if not probe["via"]["ok"]:
+        out.append(f"site-a cannot reach Toxiproxy at {probe['via']['target']}: {probe['via']['error']}")
+    return out
+
+
+def network_problems(networks: dict[str, dict[str, Any]], api_network: str = "net-toxiproxy-api") -> list[str]:
+    """networks: compose network name -> {"internal": bool, "services": [service, ...]}."""
+    out = []
+    if api_network not in networks or len(networks) < 2:
+        out.append(f"unexpected networks: {sorted(networks)}")
+    for name, n in networks.items():
+        if name == api_network:
+            if n["services"] != ["toxiproxy"]:
+                out.append(f"{name} (not internal) carries {n['services']}, not Toxiproxy alone")
+        elif not n["internal"]:
+            out.append(f"network {name} is not internal")
+    return out
+
+
+def frontier_problems(compose_summary: dict[str, Any], native_summary: dict[str, Any]) -> list[str]:
+    c, n = compose_summary.get("frontier_hash"), native_summary.get("frontier_hash")
+    if not c or c != n:
+        return [f"matched-frontier hash differs: compose {c} (round {compose_summary.get('frontier_round')}), "
+                f"native {n} (round {native_summary.get('frontier_round')})"]
+    return []
+
+
+def problems(run: Path, native: Path | None = None) -> list[str]:
+    out = artifact_problems(json.loads((run / "artifact.json").read_text()))
+    out += probe_problems(json.loads((run / "netprobe.json").read_text()))
+    out += network_problems(json.loads((run / "networks.json").read_text()))
+    if native is not None:
+        out += frontier_problems(json.loads((run / "summary.json").read_text()),
+                                 json.loads((native / "summary.json").read_text()))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run", type=Path)
+    ap.add_argument("--native", type=Path, help="a native run of the same config and scenario")
+    args = ap.parse_args(argv)
+    found = problems(args.run, args.native)
+    art = json.loads((args.run / "artifact.json").read_text())
+    s = json.loads((args.run / "summary.json").read_text())
+    print(f"compose-smoke: {args.run}: useful tokens {art['runs'][0]['metrics']['useful_tokens']['value']}, "
+          f"checks {', '.join(c['name'] + '=' + c['status'] for c in art['checks'])}, "
+          f"frontier round {s.get('frontier_round')} hash {s.get('frontier_hash')}"
+          + (" (= native)" if args.native and not any("frontier" in p for p in found) else ""))
+    for p in found:
+        print(f"compose-smoke: FAIL: {p}", file=sys.stderr)
+    if not found:
+        print(f"compose-smoke: pass; report {args.run / 'report' / 'index.html'}")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

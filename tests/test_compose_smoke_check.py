@@ -1,0 +1,109 @@
+"""The verdicts of the compose smoke (compose/smoke_check.py, compose/netprobe.py), as pure functions on
+documents shaped like the real ones: what passes, and each way it must fail. No engine needed."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import socket
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"compose_{name}", ROOT / "compose" / f"{name}.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+check = _load("smoke_check")
+netprobe = _load("netprobe")
+
+ART = {"runs": [{"metrics": {"useful_tokens": {"value": 131072}, "target_useful_tokens": {"value": 131072}},
+                 "reconciliation": {"evidence": "measured", "proxy_total": 105990180}}],
+       "checks": [{"name": n, "status": "pass", "summary": ""} for n in
+                  ("log_integrity", "fencing", "work_ledger", "byte_classes", "lineage", "no_fresh_overwrite",
+                   "faults_fired")] + [{"name": "same_frontier", "status": "unknown", "summary": "one run"}]}
+FAIL = {"ok": False, "error": "gaierror: [Errno -2] Name or service not known", "address": None}
+PROBE = {"names": {"site-b": FAIL}, "ips": {"site-b": {"address": "172.20.0.3", "ok": False, "error": "unreachable"}},
+         "outside": {"10.255.255.53:53": {"ok": False, "error": "TimeoutError: timed out"}},
+         "via": {"target": "toxiproxy:20000", "ok": True, "error": None, "address": "172.19.0.2"},
+         "default_route": True}
+NETS = {"net-site-a": {"internal": True, "services": ["site-a", "toxiproxy"]},
+        "net-coordinator": {"internal": True, "services": ["coordinator", "toxiproxy"]},
+        "net-toxiproxy-api": {"internal": False, "services": ["toxiproxy"]}}
+
+
+def test_a_good_run_passes() -> None:
+    assert check.artifact_problems(ART) == []
+    assert check.probe_problems(PROBE) == []
+    assert check.network_problems(NETS) == []
+    assert check.frontier_problems({"frontier_hash": "ab"}, {"frontier_hash": "ab"}) == []
+
+
+def test_each_artifact_failure_is_named() -> None:
+    short = copy.deepcopy(ART)
+    short["runs"][0]["metrics"]["useful_tokens"]["value"] = 65536
+    assert "target not reached" in check.artifact_problems(short)[0]
+    failed = copy.deepcopy(ART)
+    failed["checks"][0]["status"] = "fail"
+    assert check.artifact_problems(failed)[0].startswith("checker log_integrity: fail")
+    unknown = copy.deepcopy(ART)
+    unknown["checks"][3]["status"] = "unknown"  # byte_classes may not be unknown; same_frontier may
+    assert check.artifact_problems(unknown)[0].startswith("checker byte_classes: unknown")
+    unmeasured = copy.deepcopy(ART)
+    unmeasured["runs"][0]["reconciliation"] = {"evidence": "unavailable", "proxy_total": None}
+    assert "not reconciled" in check.artifact_problems(unmeasured)[0]
+
+
+def test_each_probe_failure_is_named() -> None:
+    reached = copy.deepcopy(PROBE)
+    reached["ips"]["site-b"]["ok"] = True
+    assert "reaches site-b directly" in check.probe_problems(reached)[0]
+    resolved = copy.deepcopy(PROBE)
+    resolved["names"]["site-b"]["address"] = "172.20.0.3"
+    assert "by name" in check.probe_problems(resolved)[0]
+    escaped = copy.deepcopy(PROBE)
+    escaped["outside"]["10.255.255.53:53"]["ok"] = True
+    assert "beyond the project" in check.probe_problems(escaped)[0]
+    cut_off = copy.deepcopy(PROBE)
+    cut_off["via"]["ok"] = False
+    assert "cannot reach Toxiproxy" in check.probe_problems(cut_off)[0]
+    assert check.probe_problems(dict(PROBE, names={}, ips={}))
+
+
+def test_each_network_failure_is_named() -> None:
+    open_net = copy.deepcopy(NETS)
+    open_net["net-site-a"]["internal"] = False
+    assert check.network_problems(open_net) == ["network net-site-a is not internal"]
+    crowded = copy.deepcopy(NETS)
+    crowded["net-toxiproxy-api"]["services"] = ["site-a", "toxiproxy"]
+    assert "not Toxiproxy alone" in check.network_problems(crowded)[0]
+    assert check.network_problems({"net-site-a": NETS["net-site-a"]})
+
+
+def test_frontier_hash_must_match_and_exist() -> None:
+    assert check.frontier_problems({"frontier_hash": "ab"}, {"frontier_hash": "cd"})
+    assert check.frontier_problems({"frontier_hash": None}, {"frontier_hash": None})
+
+
+def test_default_route_is_read_from_the_routing_table() -> None:
+    head = "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n"
+    own_subnet = "eth0\t000014AC\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0\n"
+    default = "eth1\t00000000\t010011AC\t0003\t0\t0\t0\t00000000\t0\t0\t0\n"
+    assert not netprobe.has_default_route(head + own_subnet)
+    assert netprobe.has_default_route(head + own_subnet + default)
+
+
+def test_the_probe_connects_for_real(tmp_path: Path) -> None:
+    """A listening loopback port counts as reached; a closed one does not."""
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        port = srv.getsockname()[1]
+        assert netprobe._connect("127.0.0.1", port, 2.0)["ok"]
+    assert not netprobe._connect("127.0.0.1", port, 2.0)["ok"]
