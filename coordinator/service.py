@@ -53,7 +53,8 @@ class Coordinator:
         self.policy = Policy(cfg.recovery.policy)
         self.mcfg = mb.MembershipConfig(expected_sites=tuple(cfg.cluster.sites),
                                         heartbeat_timeout_ms=cfg.wan.heartbeat_timeout_ms,
-                                        failure_confirm_ms=cfg.recovery.failure_confirm_ms)
+                                        failure_confirm_ms=cfg.recovery.failure_confirm_ms,
+                                        disconnect_grace_ms=cfg.recovery.disconnect_grace_ms)
         self.target = target_samples(cfg)
         self.m = mb.Membership()
         self.plan: Plan | None = None
@@ -433,7 +434,7 @@ class Coordinator:
         if d.action != mb.Action.NONE:
             self.m = mb.apply(self.m, d)
             event = {mb.Action.SUSPECT: "site_suspected", mb.Action.CLEAR_SUSPICION: "suspicion_cleared",
-                     mb.Action.CONFIRM_FAILED: "site_failed"}[d.action]
+                     mb.Action.CONFIRM_FAILED: "site_failed", mb.Action.CONNECTION_LOST: "site_failed"}[d.action]
             self.log.emit(event, site=d.site, reason=reason)
         if self.m.epoch == 0 or self.shutdown_sent:
             return
@@ -476,6 +477,8 @@ class Coordinator:
                     self.handle(self.q.get_nowait(), time.monotonic_ns())
             except queue.Empty:
                 pass
+            # Read after the messages: a member heard since its connection closed is no longer listed.
+            self.m = mb.on_connections(self.m, self.node.lost_connections())
             self.step_membership(time.monotonic_ns())
             if time.monotonic() - last_stats >= 1.0:
                 last_stats = time.monotonic()
