@@ -149,3 +149,15 @@ def test_a_healed_blackhole_closes_the_connection_and_the_live_peer_is_heard_aga
     finally:
         a.close()
         coord.close()
+
+
+def test_the_load_benchmark_counts_any_decision_about_a_live_site_as_a_false_suspicion() -> None:
+    from bench.heartbeat_under_load import detector_suspicions
+
+    healthy = [(t * MS, (t - t % 200) * MS, 0) for t in range(0, 5000, 10)]  # a heartbeat every 200 ms
+    assert detector_suspicions(healthy, CFG) == []
+    blip = [(t * MS, 0, 100 * MS if t < 250 else 0) for t in range(100, 400, 10)]  # heard again at 250 ms
+    assert detector_suspicions(blip, CFG) == []
+    lost = [(t * MS, 0, 100 * MS) for t in range(100, 500, 10)]  # still unheard 400 ms after the close
+    reasons = detector_suspicions(lost, CFG)
+    assert len(reasons) == 9 and all("connection closed" in r for r in reasons)  # 410..490 ms
