@@ -228,7 +228,11 @@ class Coordinator:
             self._reject(msg, f"future_epoch: heartbeat says epoch {hb.epoch}, never announced "
                               f"(current epoch {self.m.epoch})")
             return
-        self.m = mb.on_heartbeat(self.m, msg.src, now_ns, 0)
+        # A coordinator restarted from its journal does not know the members' incarnations (0) until
+        # they speak: learn it from the first heartbeat, or a drain would hold out incarnation 0 and
+        # readmit the drained, still-live process. A known incarnation is changed only by a join.
+        known = self.m.sites.get(msg.src)
+        self.m = mb.on_heartbeat(self.m, msg.src, now_ns, msg.inc if known is not None and not known.incarnation else 0)
         st = self.hb_stats.setdefault(msg.src, {"n": 0, "max_delay_ms": 0.0, "max_gap_ms": 0.0, "last_ns": 0})
         delay_ms = (now_ns - hb.sent_mono_ns) / 1e6 if hb.sent_mono_ns is not None else 0.0
         if st["last_ns"]:
@@ -377,12 +381,16 @@ class Coordinator:
                                if st.state == mb.SiteState.JOINING and s not in self.m.members))
         drops = self.oracle.ahead()
         paused = bool(self.plan and self.plan.paused)
+        # The current epoch was scheduled for a boundary the commit record has not reached yet.
+        scheduled = ((self.plan.start_round, self.plan.start_cursor)
+                     if self.plan is not None and not paused and self.plan.start_round > self.committed_round + 1
+                     else None)
         return ClusterView(expected=tuple(self.cfg.cluster.sites), epoch=self.m.epoch, members=self.m.members,
                            paused=paused, failed=failed, joiners=joiners,
                            committed_round=self.committed_round, committed_cursor=self.committed_cursor,
                            frontier=self.frontier, target_samples=self.target, drop_before=drops,
                            round_samples=0 if paused else samples_per_round(self.cfg, len(self.m.members)),
-                           unproven=tuple(sorted(self.unproven & set(self.m.members))))
+                           unproven=tuple(sorted(self.unproven & set(self.m.members))), scheduled=scheduled)
 
     def new_epoch(self, plan: Plan, reason: str) -> None:
         old_members = set(self.m.members)
@@ -407,7 +415,9 @@ class Coordinator:
         self.m = mb.Membership(epoch=epoch, members=plan.members, sites=sites)
         self.plan = plan
         self._apply_plan_lineage(plan)
-        self.reports = {k: v for k, v in self.reports.items() if k[0] >= epoch - 1}
+        # Keep the partial reports of every epoch still remembered: the round in flight under an
+        # older epoch commits when its last report comes (dropping them lost that round for good).
+        self.reports = {k: v for k, v in self.reports.items() if k[0] == epoch or k[0] in self.epoch_members}
         # The previous epoch's members may still report the round they had in flight when this
         # epoch was scheduled; on_round_done decides precisely which of those reports count.
         self.node.set_fence(self.recent.fence)

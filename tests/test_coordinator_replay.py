@@ -10,13 +10,14 @@ store no longer served until the run timed out. The pure replay first, then a re
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from coordinator.recovery import Drain, Plan, Restore
 from coordinator.replay import (EPOCHS_KEPT, RecentEpochs, after_epoch, fence_floor, pending_checkpoints,
                                 recent_epochs, remember_epoch)
 from tests.test_coordinator_epoch_storm import ORACLE, commit_round, storm
-from tests.test_coordinator_messages import logged, make, msg, round_done
+from tests.test_coordinator_messages import INC, SITES, formed, logged, make, msg, round_done
 
 
 def epoch_record(epoch: int, members: tuple[str, ...], drain: Drain | None = None, **extra) -> dict:
@@ -97,3 +98,61 @@ def test_a_checkpoint_durable_before_its_commit_survives_a_restart(tmp_path: Pat
     c2.journal.close()
     c3 = make(tmp_path, **ORACLE)  # and once it is the frontier, nothing is pending any more
     assert c3.pending_frontiers == {} and c3.frontier == c2.frontier
+
+
+# ------------------------------------------------ epochs formed while an older epoch's round is in flight
+
+
+def test_a_new_epoch_keeps_the_partial_reports_of_a_remembered_epochs_round_in_flight(tmp_path: Path) -> None:
+    """Soak seed 1005 (oracle): a's report of round 6 (epoch 2) was dropped when epoch 5 formed before
+    c's came; round 6 never committed, and the members were resynced back past their snapshots."""
+    c = formed(tmp_path, **ORACLE)
+    commit_round(c, 0, 0, 96, SITES, 1)
+    c.step_membership(20)  # epoch 2 = [a, c] from round 2: b drained; round 1 in flight under epoch 1
+    assert c.m.epoch == 2 and c.plan.start_round == 2
+    c.handle(msg("round_done", "a", round_done(1, 96, 192), epoch=1), 21)
+    restarted = msg("join", "b", {"pid": 7})
+    c.handle(restarted.__class__(**{**restarted.__dict__, "inc": 222}), 22)  # a new b: rejoins at round 2
+    c.step_membership(23)
+    assert c.m.epoch == 3 and c.plan.members == SITES
+    for s in ("b", "c"):
+        c.handle(msg("round_done", s, round_done(1, 96, 192), epoch=1), 24)
+    assert c.committed_round == 1 and [e["commit_id"] for e in logged(c, "commit")] == ["e1r0", "e1r1"]
+
+
+def test_a_change_planned_before_the_current_epoch_began_takes_effect_at_its_boundary(tmp_path: Path) -> None:
+    """The rejoin planned right after a drain must start where the drain starts (round 2 at 192, after
+    the three-site round 1 in flight), not one single-member round after the commit record."""
+    c = formed(tmp_path, **ORACLE)
+    commit_round(c, 0, 0, 96, SITES, 1)
+    c.step_membership(20)
+    assert c.plan == Plan(("a", "c"), False, 2, 192, Restore.NONE, drain=Drain("b", 250))
+    assert c.view().scheduled == (2, 192)
+    restarted = msg("join", "b", {"pid": 7})
+    c.handle(restarted.__class__(**{**restarted.__dict__, "inc": 222}), 22)
+    c.step_membership(23)
+    assert (c.plan.start_round, c.plan.start_cursor, c.plan.restore) == (2, 192, Restore.DONOR)
+    commit_round(c, 1, 96, 192, SITES, 1)
+    assert c.view().scheduled is None  # the boundary is reached: the next change is after the next round
+
+
+def test_a_restarted_coordinator_learns_incarnations_from_heartbeats_and_holds_the_drained_one_out(
+        tmp_path: Path) -> None:
+    c = formed(tmp_path, policy="oracle", oracle_faults=[["c", 300 * 128]])
+    commit_round(c, 0, 0, 96, SITES, 1)
+    c.journal.close()
+    c2 = make(tmp_path, policy="oracle", oracle_faults=[["c", 300 * 128]])
+    assert {s.incarnation for s in c2.m.sites.values()} == {0}  # not in the journal
+    t = time.monotonic_ns() + 10**10  # past the restart's settling time
+    for s in SITES:
+        c2.handle(msg("heartbeat", s, {"sent_mono_ns": 1, "epoch": 1}, epoch=1), t)
+    assert {n: s.incarnation for n, s in c2.m.sites.items()} == INC
+    commit_round(c2, 1, 96, 192, SITES, 1)
+    commit_round(c2, 2, 192, 288, SITES, 1)
+    c2.step_membership(t + 1)  # settled; c's fault at 300 is less than two rounds ahead: drained
+    assert c2.plan.drain == Drain("c", 300) and ("c", INC["c"]) in c2.oracle_dropped
+    c2.handle(msg("join", "c", {"pid": 100, "rejoin": True}, epoch=c2.m.epoch), t + 2)
+    assert logged(c2, "join_deferred")  # the drained, still-live process is not readmitted
+    restarted = msg("heartbeat", "a", {"sent_mono_ns": 1, "epoch": 1}, epoch=1)
+    c2.handle(restarted.__class__(**{**restarted.__dict__, "inc": 999}), t + 3)
+    assert c2.m.sites["a"].incarnation == INC["a"]  # a known incarnation changes only by a join
