@@ -120,10 +120,13 @@ INBOX_MAX_BYTES = 256 * 1024 * 1024  # per inbox, wire bytes of the messages it 
 SEQ_WINDOW = 65_536  # a reliable seq may be at most this far above its window's low mark
 INCARNATIONS_KEPT = 8  # sequence windows kept per member (its latest incarnations)
 ROUTING_ID_SEP = "#"  # a DEALER's routing id is f"{name}#{random hex}"
-# A DEALER retries a closed connection this often (ZeroMQ's default is 100 ms). A live peer whose
-# connection closed (a healed blackhole) is back and heard well within the coordinator's
-# disconnect grace (coordinator/membership.py); a refused retry through a local proxy is cheap.
+# A DEALER to the coordinator retries a closed connection this often (ZeroMQ's default, kept for
+# the other routes, is 100 ms; both plus up to as much random jitter). A live site whose connection
+# closed (a healed blackhole) is back and heard well within the coordinator's disconnect grace
+# (coordinator/membership.py). Only that route: a retry to a dead peer through its proxy is
+# accepted, then closed, and logged; there is no point in doing that faster elsewhere.
 RECONNECT_IVL_MS = 40
+FAST_RECONNECT_PEERS = frozenset({"coord"})  # xdc.topology.COORD (not imported: topology imports this module)
 
 
 def terminate_process(reason: str) -> None:
@@ -427,7 +430,8 @@ class WanNode:
             self._configure(d)
             # A fresh unguessable id per socket: see the module docstring (identity is the key's).
             d.setsockopt(zmq.ROUTING_ID, f"{self.name}{ROUTING_ID_SEP}{secrets.token_hex(8)}".encode())
-            d.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
+            if peer in FAST_RECONNECT_PEERS:
+                d.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
             if keypair is not None:
                 d.curve_publickey = keypair.public
                 d.curve_secretkey = keypair.secret
