@@ -11,6 +11,12 @@ site agent (`node.every(...)`, body carries sent_mono_ns). A coord thread record
 arrival. Per heartbeat: delay = arrival mono_ns - sent mono_ns (one clock: same process).
 `ratio` = max gap between consecutive heartbeat arrivals while the link is loaded / heartbeat
 timeout (WanConfig().heartbeat_timeout_ms = 3000 ms); goal < 1.0 (no false suspicion).
+
+The coordinator's whole failure detector is also replayed on what coord saw: every 10 ms, the
+last heartbeat's arrival and whether a's connection was lost with nothing heard since
+(`WanNode.lost_connections`) go through `coordinator.membership.decide` with the default
+heartbeat timeout and disconnect grace (`RecoveryConfig().disconnect_grace_ms`). Any decision
+other than "none" is a false suspicion (a is alive throughout) and fails the benchmark.
 """
 
 from __future__ import annotations
@@ -23,8 +29,9 @@ import time
 import numpy as np
 
 from bench.common import KB, MiB, BenchCluster, BenchError, env_info, median, percentile, write_result
+from coordinator import membership as mb
 from wan.frames import TrafficClass
-from xdc.config import LinkProfile, LinkSpec, WanConfig
+from xdc.config import LinkProfile, LinkSpec, RecoveryConfig, WanConfig
 
 NAME = "heartbeat_under_load"
 RATE_KBPS = 1250  # 10 Mbit/s
@@ -32,6 +39,19 @@ LOAD_S = 20.0
 BASELINE_S = 3.0
 WINDOW = 8  # 1 MiB messages kept unacked: ~6.7 s of backlog at 1250 KB/s, so the link never idles
 GOAL = 1.0
+POLL_S = 0.01  # how often the detector's inputs are sampled
+
+
+def detector_suspicions(samples: list[tuple[int, int, int]], cfg: mb.MembershipConfig) -> list[str]:
+    """The coordinator's decisions about a live site over sampled (now, last heartbeat arrival,
+    connection lost at or 0); every one that is not "none" is a false suspicion."""
+    out = []
+    for now, last_hb, lost in samples:
+        m = mb.Membership(epoch=1, members=("a",), sites={"a": mb.Site("a", mb.SiteState.ACTIVE, last_hb, 1, lost)})
+        d, why = mb.decide(now, m, cfg)
+        if d.action != mb.Action.NONE:
+            out.append(why)
+    return out
 
 
 def run() -> dict:
@@ -60,14 +80,22 @@ def run() -> dict:
         stop = threading.Event()
         arrivals: list[tuple[int, int, int]] = []  # (arrival_ns, sent_ns, i)
         blobs: list[tuple[int, int]] = []  # (arrival_ns, payload bytes)
+        detector: list[tuple[int, int, int]] = []  # (now, last heartbeat arrival, a's connection lost at or 0)
+        disconnects: set[int] = set()
 
         def hb_rx() -> None:
+            last = time.monotonic_ns()
             while not stop.is_set():
                 try:
-                    m = hb_q.get(timeout=0.1)
+                    m = hb_q.get(timeout=POLL_S)
+                    last = time.monotonic_ns()
+                    arrivals.append((last, int(m.body["sent_mono_ns"]), int(m.body["i"])))
                 except queue.Empty:
-                    continue
-                arrivals.append((time.monotonic_ns(), int(m.body["sent_mono_ns"]), int(m.body["i"])))
+                    pass
+                lost = coord.lost_connections().get("a", 0)
+                if lost:
+                    disconnects.add(lost)
+                detector.append((time.monotonic_ns(), last, lost))
 
         def blob_rx() -> None:
             while not stop.is_set():
@@ -122,6 +150,10 @@ def run() -> dict:
     gaps_all_ms = [(y - x) / 1e6 for x, y in zip(arr_ns, arr_ns[1:])]
     max_gap = max(gaps_loaded_ms)
     ratio = max_gap / timeout_ms
+    dcfg = mb.MembershipConfig(expected_sites=("a",), heartbeat_timeout_ms=timeout_ms,
+                               disconnect_grace_ms=RecoveryConfig().disconnect_grace_ms)
+    in_run = [x for x in detector if x[0] >= started]
+    suspicions = detector_suspicions(in_run, dcfg)
     d_loaded = [(t - s) / 1e6 for t, s, _i in loaded]
     d_base = [(t - s) / 1e6 for t, s, _i in base]
     seq_recv = sorted(i for _t, _s, i in arrivals)
@@ -144,6 +176,9 @@ def run() -> dict:
                 "delay_max_ms": max(delays_ms), "max_gap_ms": max(gaps_all_ms)},
         "heartbeat_delays_ms_loaded": d_loaded,
         "tx_counters_a": counters, "node_stats": stats, "wall_s": time.monotonic() - t_start,
+        "detector": {"heartbeat_timeout_ms": timeout_ms, "disconnect_grace_ms": dcfg.disconnect_grace_ms,
+                     "samples": len(in_run), "connections_lost": len(disconnects),
+                     "false_suspicions": len(suspicions), "reasons": suspicions[:10]},
     }
     notes = (
         f"a -> b over proxy a_to_b and a -> coord over proxy a_to_coord, both {RATE_KBPS} KB/s (10 Mbit/s) each way, "
@@ -161,8 +196,12 @@ def run() -> dict:
         f"uplink: this measures starvation inside the process (outbox, I/O thread, GIL, ZeroMQ I/O thread, CURVE), "
         f"not queueing behind the collective on a shared wire; a real shared uplink would add the collective's "
         f"queue to the heartbeat delay.")
-    return write_result(NAME, ratio=ratio, goal=f"< {GOAL:.1f}", passed=ratio < GOAL, raw=raw,
-                        reference="fixed_goal", measures=["wan/", "bench/heartbeat_under_load.py", "bench/common.py"],
+    notes += (f" Detector replay: {len(in_run)} samples every {POLL_S * 1000:g} ms through membership.decide "
+              f"(heartbeat timeout {timeout_ms} ms, disconnect grace {dcfg.disconnect_grace_ms} ms): "
+              f"{len(disconnects)} lost connections, {len(suspicions)} false suspicions; passing needs 0.")
+    return write_result(NAME, ratio=ratio, goal=f"< {GOAL:.1f}", passed=ratio < GOAL and not suspicions, raw=raw,
+                        reference="fixed_goal", measures=["wan/", "coordinator/membership.py",
+                                                          "bench/heartbeat_under_load.py", "bench/common.py"],
                         env=env_info(version), notes=notes)
 
 

@@ -1,20 +1,28 @@
 """Recovery times of a real cluster under `elastic`, measured from the structured logs.
 
-Two figures from each of `--repeats` runs (site b SIGKILLed after round 3 commits, restarted
-2 s later; real processes, real Toxiproxy):
+`python -m bench.recovery [--repeats N]` (default and minimum for a p90: 10).
+
+Two figures from each of the runs (site b SIGKILLed after round 3 commits, restarted 2 s later;
+real processes, real Toxiproxy):
   * kill -> survivors' next commit: from the chaos driver's `fault_injected` to the first
     commit whose members exclude b. Goal: p90 <= 1.0 s (issue 9: ahead of torchft 0.2.0 on this
-    machine, whose failover equals its lighthouse heartbeat timeout, 1.04 s at 1 s).
+    machine, whose failover equals its lighthouse heartbeat timeout, 1.04 s at 1 s). It is
+    detection (the killed process's connection closes; the coordinator fails b once nothing came
+    from it for `recovery.disconnect_grace_ms`, 300 ms; the heartbeat timeout stays 2 s for
+    silent failures) + the new epoch reaching the survivors + the round in flight redone by two
+    sites. Each sample also records kill -> `site_failed` and which evidence failed b.
   * restarted process -> its first committed round: from the launcher's `process_started` of
     the new b to the first commit that includes b again. Goal: p90 <= 2.0 s on CPU (torchft: a
     restarted replica commits 1.9-2.5 s after launch).
 Both are written as p90 over goal (`recovery_failover`, `recovery_rejoin`), with the median and every
 sample in `raw`; at least 10 runs. These goals are not met today: the detection setting (heartbeat
 timeout 2 s here) and the cold start (python + torch import) dominate; the numbers say by how much.
+(Failover: that was before a lost connection counted as evidence; see `recovery_failover`'s notes.)
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import tempfile
@@ -50,16 +58,25 @@ def measure(run_dir: Path) -> dict[str, float]:
     kill = next(e for e in _events(run_dir, "chaos") if e["event"] == "fault_injected")
     commits = [e for e in _events(run_dir, "coord") if e["event"] == "commit"]
     t_kill = kill["end_mono_ns"]
+    failed = next(e for e in _events(run_dir, "coord") if e["event"] == "site_failed" and e["site"] == "b"
+                  and e["mono_ns"] > t_kill)
     failover = next(c for c in commits if c["mono_ns"] > t_kill and "b" not in c["members"])
     starts = [e for e in _events(run_dir, "launcher") if e["event"] == "process_started" and e["name"] == "b"]
     t_restart = starts[-1]["mono_ns"]
     rejoin = next(c for c in commits if c["mono_ns"] > t_restart and "b" in c["members"])
     return {"kill_to_survivor_commit_s": (failover["mono_ns"] - t_kill) / 1e9,
+            "kill_to_failed_s": (failed["mono_ns"] - t_kill) / 1e9,
+            "failed_by": "connection_lost" if "connection closed" in failed["reason"] else "heartbeat",
             "restart_to_first_commit_s": (rejoin["mono_ns"] - t_restart) / 1e9}
 
 
 def main(argv: list[str] | None = None) -> int:
-    repeats = int((argv or sys.argv[1:] or [str(MIN_REPEATS)])[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.recovery", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=None, help=f"runs (default {MIN_REPEATS})")
+    ap.add_argument("repeats_positional", nargs="?", type=int, help=argparse.SUPPRESS)  # the old spelling
+    args = ap.parse_args(argv)
+    repeats = args.repeats or args.repeats_positional or MIN_REPEATS
     if repeats < MIN_REPEATS:
         print(f"note: {repeats} runs is below the {MIN_REPEATS} a p90 needs; the result says so", flush=True)
     samples: list[dict[str, float]] = []
@@ -74,17 +91,26 @@ def main(argv: list[str] | None = None) -> int:
     env = env_info("v2.12.0")
     measures = ["coordinator/", "site_agent/", "wan/", "chaos/", "xdc/launcher.py", "bench/recovery.py"]
     fo = [m["kill_to_survivor_commit_s"] for m in samples]
+    det = [m["kill_to_failed_s"] for m in samples]
+    by = {k: sum(1 for m in samples if m["failed_by"] == k) for k in ("connection_lost", "heartbeat")}
     rj = [m["restart_to_first_commit_s"] for m in samples]
     fo_p90, rj_p90 = percentile(fo, 90), percentile(rj, 90)
     enough = len(samples) >= MIN_REPEATS
     write_result("recovery_failover", ratio=fo_p90 / FAILOVER_GOAL_S, goal="p90 / 1.0 s <= 1.0",
                  passed=enough and fo_p90 <= FAILOVER_GOAL_S, reference="fixed_goal", measures=measures,
                  raw={"samples": samples, "runs": len(samples), "median_s": median(fo), "p90_s": fo_p90,
-                      "goal_s": FAILOVER_GOAL_S, "heartbeat_timeout_ms": HEARTBEAT_TIMEOUT_MS}, env=env,
+                      "goal_s": FAILOVER_GOAL_S, "heartbeat_timeout_ms": HEARTBEAT_TIMEOUT_MS,
+                      "disconnect_grace_ms": cfg.recovery.disconnect_grace_ms,
+                      "detection_median_s": median(det), "detection_p90_s": percentile(det, 90), "failed_by": by},
+                 env=env,
                  notes=f"elastic; kill (SIGKILL of site b) to the survivors' next commit over {len(samples)} runs: "
-                       f"median {median(fo):.2f} s, p90 {fo_p90:.2f} s, over a goal of {FAILOVER_GOAL_S} s. The "
-                       f"survivors' round in flight waits for b's parts until b is declared failed (heartbeat "
-                       f"timeout {HEARTBEAT_TIMEOUT_MS} ms), then the round is redone.")
+                       f"median {median(fo):.2f} s, p90 {fo_p90:.2f} s, over a goal of {FAILOVER_GOAL_S} s. b is "
+                       f"failed when its connection to the coordinator closed and nothing came from it for "
+                       f"{cfg.recovery.disconnect_grace_ms} ms (kill -> site_failed: median {median(det):.2f} s, "
+                       f"p90 {percentile(det, 90):.2f} s; by evidence {by}); the heartbeat timeout "
+                       f"({HEARTBEAT_TIMEOUT_MS} ms) is left for silent failures. The survivors then abandon "
+                       f"the round in flight and redo it as two sites, which takes the rest. Measured on a "
+                       f"2-core machine shared with other CPU-heavy work: wall-clock times are inflated.")
     write_result("recovery_rejoin", ratio=rj_p90 / REJOIN_GOAL_S, goal="p90 / 2.0 s <= 1.0",
                  passed=enough and rj_p90 <= REJOIN_GOAL_S, reference="fixed_goal", measures=measures,
                  raw={"samples": samples, "runs": len(samples), "median_s": median(rj), "p90_s": rj_p90,

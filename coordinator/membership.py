@@ -2,6 +2,22 @@
 
 The coordinator's loop applies the decision and logs the reason when it changes. Nothing
 here reads a clock or a socket, so every rule is tested on a virtual clock.
+
+Two kinds of evidence that a member failed:
+  * silence: no heartbeat for `heartbeat_timeout_ms` makes it suspect; `failure_confirm_ms`
+    more makes it failed. This is the only evidence for a hung process or a silent
+    blackhole, whose TCP connection stays up.
+  * a lost connection: the member's connection to the coordinator closed (`disconnected_ns`,
+    from the WAN endpoint's socket monitor) and nothing came from it since, for
+    `disconnect_grace_ms`. A process that dies closes its connections at once (through
+    Toxiproxy too: the proxy closes the downstream side when the upstream side closes), so
+    this fails a killed site within the grace instead of the heartbeat timeout. A live site
+    whose connection merely closed (a healed blackhole closes the held connections) reconnects
+    and heartbeats at once (`wan.node`: a reconnected route runs its periodic tasks at once),
+    well within the grace: that is no evidence. A link reset that keeps the coordinator's link
+    down longer than the grace is indistinguishable from a death from here (both close the
+    connection and stay silent), and counts as one: the site is failed and rejoins when its
+    link is back (the cost depends on the policy; see the README's failure detection).
 """
 
 from __future__ import annotations
@@ -24,6 +40,7 @@ class Site:
     state: SiteState
     last_heartbeat_ns: int
     incarnation: int = 0
+    disconnected_ns: int = 0  # its connection closed then, and nothing was heard since (0: connected)
 
 
 @dataclass(frozen=True)
@@ -38,6 +55,7 @@ class MembershipConfig:
     expected_sites: tuple[str, ...]
     heartbeat_timeout_ms: int
     failure_confirm_ms: int = 0  # extra silence after suspicion before a site is declared failed
+    disconnect_grace_ms: int = 0  # connection closed and nothing since for this long: failed (0: off)
 
 
 class Action(str, enum.Enum):
@@ -46,6 +64,7 @@ class Action(str, enum.Enum):
     SUSPECT = "suspect"  # mark `site` suspect (heartbeat overdue)
     CLEAR_SUSPICION = "clear_suspicion"
     CONFIRM_FAILED = "confirm_failed"  # a suspect stayed silent: it has failed
+    CONNECTION_LOST = "connection_lost"  # its connection closed and it stayed silent for the grace: failed
 
 
 @dataclass(frozen=True)
@@ -64,6 +83,8 @@ def transition(state: SiteState, event: str) -> SiteState:
         (SiteState.ACTIVE, "done"): SiteState.DONE,
         (SiteState.SUSPECT, "done"): SiteState.DONE,
         (SiteState.SUSPECT, "confirmed_failed"): SiteState.FAILED,
+        (SiteState.ACTIVE, "connection_lost"): SiteState.FAILED,
+        (SiteState.SUSPECT, "connection_lost"): SiteState.FAILED,
         (SiteState.ACTIVE, "announced_failure"): SiteState.FAILED,
         (SiteState.SUSPECT, "announced_failure"): SiteState.FAILED,
         (SiteState.FAILED, "rejoined"): SiteState.JOINING,
@@ -81,9 +102,15 @@ def decide(now_ns: int, m: Membership, cfg: MembershipConfig) -> tuple[Decision,
         missing = sorted(set(cfg.expected_sites) - set(joined))
         return Decision(Action.NONE), f"waiting for {missing} to join"
     timeout_ns = cfg.heartbeat_timeout_ms * 1_000_000
+    grace_ns = cfg.disconnect_grace_ms * 1_000_000
     for name in m.members:
         site = m.sites[name]
         late_ns = now_ns - site.last_heartbeat_ns
+        lost_ns = now_ns - site.disconnected_ns if site.disconnected_ns else -1
+        if grace_ns > 0 and site.state in (SiteState.ACTIVE, SiteState.SUSPECT) and lost_ns > grace_ns:
+            return (Decision(Action.CONNECTION_LOST, site=name),
+                    f"{name}: connection closed {lost_ns / 1e6:.0f} ms ago and nothing heard since "
+                    f"(grace {cfg.disconnect_grace_ms} ms; last heartbeat {late_ns / 1e6:.0f} ms ago): failed")
         if site.state == SiteState.ACTIVE and late_ns > timeout_ns:
             return (Decision(Action.SUSPECT, site=name),
                     f"{name}: no heartbeat for {late_ns / 1e6:.0f} ms > timeout {cfg.heartbeat_timeout_ms} ms")
@@ -108,6 +135,8 @@ def apply(m: Membership, d: Decision) -> Membership:
         sites[d.site] = replace(sites[d.site], state=transition(sites[d.site].state, "heartbeat"))
     elif d.action == Action.CONFIRM_FAILED:
         sites[d.site] = replace(sites[d.site], state=transition(sites[d.site].state, "confirmed_failed"))
+    elif d.action == Action.CONNECTION_LOST:
+        sites[d.site] = replace(sites[d.site], state=transition(sites[d.site].state, "connection_lost"))
     return replace(m, sites=sites)
 
 
@@ -117,6 +146,15 @@ def on_heartbeat(m: Membership, name: str, now_ns: int, incarnation: int = 0) ->
     sites = dict(m.sites)
     sites[name] = replace(sites[name], last_heartbeat_ns=now_ns, incarnation=incarnation or sites[name].incarnation)
     return replace(m, sites=sites)
+
+
+def on_connections(m: Membership, lost: dict[str, int]) -> Membership:
+    """The connection evidence: `lost` maps a site to when its connection to us closed, with
+    nothing received from it since (the WAN endpoint clears an entry when the site is heard
+    again); a site not in it is connected."""
+    changed = {n: replace(s, disconnected_ns=lost.get(n, 0)) for n, s in m.sites.items()
+               if s.disconnected_ns != lost.get(n, 0)}
+    return replace(m, sites={**m.sites, **changed}) if changed else m
 
 
 def on_join(m: Membership, name: str, now_ns: int, incarnation: int) -> Membership:

@@ -83,6 +83,9 @@ class ClusterView:
     # taken part in a commit since: they may hold no state at all (a transfer cut short by a newer
     # epoch), so they are never a donor nor a member that resumes from its own snapshot.
     unproven: tuple[str, ...] = ()
+    # (round, cursor) where the current epoch takes effect when that is beyond the round in flight
+    # (a rejoin or a drain scheduled for the next boundary, not begun yet); None otherwise.
+    scheduled: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -167,6 +170,12 @@ def _at_next_boundary(v: ClusterView) -> tuple[int, int] | None:
     not forced by a failure (a rejoin, the oracle's drain) is scheduled for the round after
     that one: nothing in flight is thrown away. None when that round would be past the target.
     """
+    if v.scheduled is not None:
+        # The round in flight belongs to the previous epoch (its members, its sample count), and
+        # the current epoch starts after it: a change now takes effect at that same boundary.
+        # (Soak seed 1005: a rejoin planned right after a drain took the drained epoch's single
+        # member's round size and started round 7 at 448 samples where round 6 ended at 480.)
+        return None if v.scheduled[1] >= v.target_samples else v.scheduled
     if v.paused or not v.members or v.round_samples <= 0:
         return _resume(v)
     cursor = v.committed_cursor + v.round_samples

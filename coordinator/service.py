@@ -29,6 +29,7 @@ from coordinator.messages import (BadMessage, CheckpointDurable, Heartbeat, Join
                                   RoundDone, SiteDone, Telemetry, parse)
 from coordinator.recovery import (ClusterView, Frontier, OracleFaults, Plan, Policy, Restore,
                                   checkpoint_before_waiting, decide_recovery)
+from coordinator.replay import RecentEpochs, after_epoch, pending_checkpoints, recent_epochs
 from wan.frames import Message, TrafficClass
 from wan.node import WanNode
 from site_agent.schedule import samples_per_round, target_samples
@@ -52,13 +53,14 @@ class Coordinator:
         self.policy = Policy(cfg.recovery.policy)
         self.mcfg = mb.MembershipConfig(expected_sites=tuple(cfg.cluster.sites),
                                         heartbeat_timeout_ms=cfg.wan.heartbeat_timeout_ms,
-                                        failure_confirm_ms=cfg.recovery.failure_confirm_ms)
+                                        failure_confirm_ms=cfg.recovery.failure_confirm_ms,
+                                        disconnect_grace_ms=cfg.recovery.disconnect_grace_ms)
         self.target = target_samples(cfg)
         self.m = mb.Membership()
         self.plan: Plan | None = None
-        self.prev: tuple[int, tuple[str, ...]] | None = None  # (epoch, members) before the current epoch
-        self.epoch_members: dict[int, tuple[str, ...]] = {}  # recent epochs, for reports of rounds in flight
-        self.checkpoint_first_epoch = -1
+        # The recent epochs (for reports of rounds in flight) and the epoch whose leader checkpoints
+        # first; rebuilt from the journal on restart exactly as they were (coordinator/replay.py).
+        self.recent = RecentEpochs()
         # The faults the oracle sees, and which are spent (drained for, or passed): each fires once.
         self.oracle = OracleFaults(tuple((site, -(-tokens // cfg.model.seq_len))
                                          for site, tokens in cfg.recovery.oracle_faults)
@@ -110,6 +112,10 @@ class Coordinator:
                 self._apply_plan_lineage(plan)
             elif r["type"] == "frontier":
                 self.frontier = Frontier(r["round"], r["cursor"], r["manifest_hash"], r.get("commit_id"))
+        self.recent = recent_epochs(records)
+        self.pending_frontiers = {k: v for k, v in pending_checkpoints(records).items()
+                                  if self.frontier is None or k[0] > self.frontier.round}
+        self.node.set_fence(self.recent.fence)
         if records:
             # Members kept training while we were down; their reports of those rounds come again
             # (reliable messages are resent on reconnect). A decision taken before they arrive
@@ -118,7 +124,18 @@ class Coordinator:
             self.log.set_context(epoch=self.m.epoch)
             self.log.emit("coordinator_recovered", records=len(records), epoch=self.m.epoch,
                           members=list(self.m.members), commits=len(self.commits), tip=self.tip,
-                          committed_cursor=self.committed_cursor)
+                          committed_cursor=self.committed_cursor,
+                          recent_epochs={str(e): list(m) for e, m in self.epoch_members.items()},
+                          fence_epoch=self.recent.fence,
+                          pending_checkpoints=[[r, c] for r, c in sorted(self.pending_frontiers)])
+
+    @property
+    def epoch_members(self) -> dict[int, tuple[str, ...]]:
+        return self.recent.epoch_members
+
+    @property
+    def checkpoint_first_epoch(self) -> int:
+        return self.recent.checkpoint_first_epoch
 
     def _advance(self, commit: dict[str, Any]) -> None:
         self.tip = commit["commit_id"]
@@ -211,7 +228,11 @@ class Coordinator:
             self._reject(msg, f"future_epoch: heartbeat says epoch {hb.epoch}, never announced "
                               f"(current epoch {self.m.epoch})")
             return
-        self.m = mb.on_heartbeat(self.m, msg.src, now_ns, 0)
+        # A coordinator restarted from its journal does not know the members' incarnations (0) until
+        # they speak: learn it from the first heartbeat, or a drain would hold out incarnation 0 and
+        # readmit the drained, still-live process. A known incarnation is changed only by a join.
+        known = self.m.sites.get(msg.src)
+        self.m = mb.on_heartbeat(self.m, msg.src, now_ns, msg.inc if known is not None and not known.incarnation else 0)
         st = self.hb_stats.setdefault(msg.src, {"n": 0, "max_delay_ms": 0.0, "max_gap_ms": 0.0, "last_ns": 0})
         delay_ms = (now_ns - hb.sent_mono_ns) / 1e6 if hb.sent_mono_ns is not None else 0.0
         if st["last_ns"]:
@@ -252,6 +273,9 @@ class Coordinator:
             # frontier the cluster rolls back to (soak seed 1002: a restart rolled everyone back to
             # an uncommitted round 5 and the lineage lost rounds 0-5).
             self.pending_frontiers[(c.round, c.cursor)] = c.manifest_hash
+            # Journaled: a restarted coordinator still makes it the frontier when its round commits.
+            self.journal.append({"type": "checkpoint_pending", "round": c.round, "cursor": c.cursor,
+                                 "manifest_hash": c.manifest_hash})
             self.log.emit("frontier_deferred", round=c.round, cursor=c.cursor, manifest_hash=c.manifest_hash,
                           reason="round not in the commit record yet: becomes the frontier when it commits")
             return
@@ -357,12 +381,16 @@ class Coordinator:
                                if st.state == mb.SiteState.JOINING and s not in self.m.members))
         drops = self.oracle.ahead()
         paused = bool(self.plan and self.plan.paused)
+        # The current epoch was scheduled for a boundary the commit record has not reached yet.
+        scheduled = ((self.plan.start_round, self.plan.start_cursor)
+                     if self.plan is not None and not paused and self.plan.start_round > self.committed_round + 1
+                     else None)
         return ClusterView(expected=tuple(self.cfg.cluster.sites), epoch=self.m.epoch, members=self.m.members,
                            paused=paused, failed=failed, joiners=joiners,
                            committed_round=self.committed_round, committed_cursor=self.committed_cursor,
                            frontier=self.frontier, target_samples=self.target, drop_before=drops,
                            round_samples=0 if paused else samples_per_round(self.cfg, len(self.m.members)),
-                           unproven=tuple(sorted(self.unproven & set(self.m.members))))
+                           unproven=tuple(sorted(self.unproven & set(self.m.members))), scheduled=scheduled)
 
     def new_epoch(self, plan: Plan, reason: str) -> None:
         old_members = set(self.m.members)
@@ -377,25 +405,25 @@ class Coordinator:
             held_out.append((s, sites[s].incarnation))
             self.oracle_dropped.add(held_out[-1])
             sites[s] = replace(sites[s], state=mb.SiteState.FAILED)
-        self.prev = (self.m.epoch, self.m.members) if self.m.epoch > 0 else None
-        if self.prev:
-            self.epoch_members[self.prev[0]] = self.prev[1]
-            self.epoch_members = {e: m for e, m in self.epoch_members.items() if e >= epoch - 4}
+        # Checkpoint first: the oracle's drain, or a pause after a preemption notice (restart).
+        first = plan.drain is not None or (plan.paused and self.checkpoint_first)
+        if plan.paused and self.checkpoint_first:
+            self.checkpoint_first = False
+        self.recent = after_epoch(self.recent, epoch, plan.members, first)
         if plan.drain is not None:
             self.oracle = self.oracle.after_plan(plan)
-            self.checkpoint_first_epoch = epoch
         self.m = mb.Membership(epoch=epoch, members=plan.members, sites=sites)
         self.plan = plan
-        if plan.paused and self.checkpoint_first:
-            self.checkpoint_first_epoch, self.checkpoint_first = epoch, False
         self._apply_plan_lineage(plan)
-        self.reports = {k: v for k, v in self.reports.items() if k[0] >= epoch - 1}
+        # Keep the partial reports of every epoch still remembered: the round in flight under an
+        # older epoch commits when its last report comes (dropping them lost that round for good).
+        self.reports = {k: v for k, v in self.reports.items() if k[0] == epoch or k[0] in self.epoch_members}
         # The previous epoch's members may still report the round they had in flight when this
         # epoch was scheduled; on_round_done decides precisely which of those reports count.
-        self.node.set_fence(min(self.epoch_members) if self.epoch_members else epoch)
+        self.node.set_fence(self.recent.fence)
         self.log.set_context(epoch=epoch)
         self.journal.append({"type": "epoch", "epoch": epoch, "plan": plan.to_json(), "reason": reason,
-                             "held_out": [list(h) for h in held_out]})
+                             "held_out": [list(h) for h in held_out], "checkpoint_first": first})
         self.log.emit("membership_epoch", members=list(plan.members), paused=plan.paused,
                       start_round=plan.start_round, start_cursor=plan.start_cursor, restore=plan.restore.value,
                       donor=plan.donor, joiners=list(plan.joiners), manifest_hash=plan.manifest_hash,
@@ -416,7 +444,7 @@ class Coordinator:
         if d.action != mb.Action.NONE:
             self.m = mb.apply(self.m, d)
             event = {mb.Action.SUSPECT: "site_suspected", mb.Action.CLEAR_SUSPICION: "suspicion_cleared",
-                     mb.Action.CONFIRM_FAILED: "site_failed"}[d.action]
+                     mb.Action.CONFIRM_FAILED: "site_failed", mb.Action.CONNECTION_LOST: "site_failed"}[d.action]
             self.log.emit(event, site=d.site, reason=reason)
         if self.m.epoch == 0 or self.shutdown_sent:
             return
@@ -459,6 +487,8 @@ class Coordinator:
                     self.handle(self.q.get_nowait(), time.monotonic_ns())
             except queue.Empty:
                 pass
+            # Read after the messages: a member heard since its connection closed is no longer listed.
+            self.m = mb.on_connections(self.m, self.node.lost_connections())
             self.step_membership(time.monotonic_ns())
             if time.monotonic() - last_stats >= 1.0:
                 last_stats = time.monotonic()

@@ -120,6 +120,13 @@ INBOX_MAX_BYTES = 256 * 1024 * 1024  # per inbox, wire bytes of the messages it 
 SEQ_WINDOW = 65_536  # a reliable seq may be at most this far above its window's low mark
 INCARNATIONS_KEPT = 8  # sequence windows kept per member (its latest incarnations)
 ROUTING_ID_SEP = "#"  # a DEALER's routing id is f"{name}#{random hex}"
+# A DEALER to the coordinator retries a closed connection this often (ZeroMQ's default, kept for
+# the other routes, is 100 ms; both plus up to as much random jitter). A live site whose connection
+# closed (a healed blackhole) is back and heard well within the coordinator's disconnect grace
+# (coordinator/membership.py). Only that route: a retry to a dead peer through its proxy is
+# accepted, then closed, and logged; there is no point in doing that faster elsewhere.
+RECONNECT_IVL_MS = 40
+FAST_RECONNECT_PEERS = frozenset({"coord"})  # xdc.topology.COORD (not imported: topology imports this module)
 
 
 def terminate_process(reason: str) -> None:
@@ -250,6 +257,13 @@ class WanNode:
         self.crashed: str | None = None
         self.duplicates = 0
         self.retransmits = 0
+        # ROUTER connections, for the coordinator's failure detection (`lost_connections`): the
+        # member each connection (file descriptor, ZMQ_SRCFD) last authenticated as, the newest
+        # connection of each member, and member -> mono ns at which its newest connection closed,
+        # while nothing has come from it since.
+        self._fd_peer: dict[int, str] = {}
+        self._peer_fd: dict[str, int] = {}
+        self._lost: dict[str, int] = {}
 
     # ---------------------------------------------------------------- public API
     def inbox(self, *kinds: str, max_messages: int = INBOX_MAX_MESSAGES, max_bytes: int = INBOX_MAX_BYTES) -> Inbox:
@@ -305,6 +319,12 @@ class WanNode:
             self._outbox.append((dest, frames, cls, reliable, seq))
         self._wake()
         return seq
+
+    def lost_connections(self) -> dict[str, int]:
+        """Members whose connection to this node's ROUTER closed, with the mono ns it closed at,
+        that sent nothing since (a message from a member removes it: it is connected again)."""
+        with self._lock:
+            return dict(self._lost)
 
     def check(self) -> None:
         """Raise if the I/O thread died: a process must not wait forever on a dead endpoint."""
@@ -410,6 +430,8 @@ class WanNode:
             self._configure(d)
             # A fresh unguessable id per socket: see the module docstring (identity is the key's).
             d.setsockopt(zmq.ROUTING_ID, f"{self.name}{ROUTING_ID_SEP}{secrets.token_hex(8)}".encode())
+            if peer in FAST_RECONNECT_PEERS:
+                d.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
             if keypair is not None:
                 d.curve_publickey = keypair.public
                 d.curve_secretkey = keypair.secret
@@ -662,7 +684,9 @@ class WanNode:
             reason, detail = (over or "empty: no frames after the routing id").split(": ", 1)
             self._reject_raw(reason, detail, via, link, direction, n_bytes, frames=n_frames)
             return
-        self._on_frames(parts, peer=peer, via=via, link=link, direction=direction, rid=rid if sock is self._router else None)
+        fd = _src_fd(parts[-1]) if sock is self._router else None
+        self._on_frames(parts, peer=peer, via=via, link=link, direction=direction,
+                        rid=rid if sock is self._router else None, fd=fd)
 
     def _router_peer(self, rid: bytes, frame: zmq.Frame | None) -> str:
         """The member a ROUTER connection belongs to: its key's User-Id under CURVE, else the name in its id."""
@@ -703,7 +727,7 @@ class WanNode:
         return None
 
     def _on_frames(self, parts: list[Any], *, peer: str, via: str, link: str, direction: str,
-                   rid: bytes | None) -> None:
+                   rid: bytes | None, fd: int | None = None) -> None:
         try:
             msg = decode(parts, max_frame_bytes=self.wan.max_frame_bytes, max_header_bytes=self.wan.max_header_bytes)
         except FrameError as e:
@@ -725,6 +749,7 @@ class WanNode:
                           kind=msg.kind, msg_epoch=msg.epoch, msg_run=msg.run, src=msg.src)
             return
         if rid is not None:
+            self._note_connection(msg.src, fd)
             self._learn_peer(msg.src, rid)
         if msg.kind == "ack":
             self._on_ack(msg)
@@ -793,6 +818,9 @@ class WanNode:
             endpoint = ev.get("endpoint", b"")
             endpoint = endpoint.decode() if isinstance(endpoint, bytes) else str(endpoint)
             if peer == "server":
+                if name == "disconnected":
+                    self._on_router_disconnect(int(ev["value"]))
+                    continue
                 if name.startswith("handshake_failed"):
                     self.rejected += 1
                     what = _PROTOCOL_ERRORS.get(ev["value"], "") if name == "handshake_failed_protocol" else ""
@@ -810,10 +838,40 @@ class WanNode:
                 self._ever_up[peer] = True
                 if reconnect:
                     self.log.emit("link_up", peer=peer, link=self.routes[peer].link, reconnect=True)
+                    for _interval, _fn, last in self._periodic:
+                        last[0] = 0.0  # heartbeats go out at once: the peer hears we are alive
                 self._resend_all(peer, "reconnected" if reconnect else "connected")
             elif name.startswith("handshake_failed"):
                 self.log.emit("handshake_failed", peer=peer, link=self.routes[peer].link, zmq_event=name, code=ev["value"])
 
+
+    def _note_connection(self, peer: str, fd: int | None) -> None:
+        """An authenticated message from `peer` arrived on connection `fd`: it is connected."""
+        if fd is not None and self._peer_fd.get(peer) != fd:
+            old = self._peer_fd.get(peer)
+            if old is not None and self._fd_peer.get(old) == peer:
+                del self._fd_peer[old]
+            self._fd_peer[fd] = peer
+            self._peer_fd[peer] = fd
+        if peer in self._lost:
+            with self._lock:
+                since = self._lost.pop(peer, None)
+            if since is not None:  # how long a live peer was unheard after its connection closed
+                self.log.emit("peer_reconnected", peer=peer, silent_ms=round((time.monotonic_ns() - since) / 1e6, 1))
+
+    def _on_router_disconnect(self, fd: int) -> None:
+        """A ROUTER connection closed. If it was a member's newest one, that member is lost until
+        it is heard again (TCP delivers everything sent on a connection before its close, so any
+        later message came over a new connection)."""
+        peer = self._fd_peer.pop(fd, None)
+        if peer is None or self._peer_fd.get(peer) != fd:
+            return
+        del self._peer_fd[peer]
+        now = time.monotonic_ns()
+        self.log.emit("peer_disconnected", peer=peer, link=self.server_links.get(peer, f"{peer}_to_{self.name}"),
+                      fd=fd)  # logged before anyone can act on it
+        with self._lock:
+            self._lost[peer] = now
 
     def _mark_in_doubt(self, peer: str, now_ns: int) -> int:
         """Bytes handed to the route within DOUBT_WINDOW_NS before it closed: counted as sent, but
@@ -836,6 +894,15 @@ def _describe(e: BaseException) -> str:
     except Exception:
         text = "<unprintable>"
     return f"{type(e).__name__}: {text[:300]}"
+
+
+def _src_fd(frame: Any) -> int | None:
+    """The file descriptor of the connection a received frame came over (ZMQ_SRCFD), if known."""
+    try:
+        fd = frame.get(zmq.SRCFD)
+    except (zmq.ZMQError, AttributeError, TypeError):
+        return None
+    return int(fd) if isinstance(fd, int) and fd >= 0 else None
 
 
 def _peer_text(rid: Any) -> str:

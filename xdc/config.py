@@ -120,6 +120,9 @@ class RecoveryConfig:
 
     policy: Literal["stall", "restart", "elastic", "oracle"] = "elastic"
     failure_confirm_ms: int = 0  # extra silence after the heartbeat timeout before a site is failed
+    # A member whose connection to the coordinator closed and who sent nothing since is failed after
+    # this long (a killed process closes its connections at once); 0 leaves only the heartbeat timeout.
+    disconnect_grace_ms: int = 300
     # Oracle only (filled from the scenario by `xdc compare` / `xdc run --scenario`):
     # (site, useful tokens at which its fault fires).
     oracle_faults: tuple[tuple[str, int], ...] = ()
