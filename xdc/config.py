@@ -54,7 +54,15 @@ class TrainConfig:
     outer_lr: float = 0.7  # outer Nesterov SGD learning rate (DiLoCo paper value)
     # The paper's 0.9 is tuned for H ~ 500; at H <= 8 on this model it overshoots (measured:
     # held-out NLL 4.14 vs 3.73 after 3 outer rounds of H=4), so the default is 0.5.
-    outer_momentum: float = 0.5
+    outer_momentum: float = 0.5  # Nesterov momentum of the outer SGD; 0 = plain SGD (no Nesterov)
+    # Learning-rate schedule keyed to useful tokens (site_agent/lr_schedule.py): linear warm-up
+    # over lr_warmup_tokens, then a half cosine to lr_floor_fraction x peak at lr_decay_tokens
+    # (0 = target_useful_tokens). Every policy sees the same lr at the same frontier.
+    lr_schedule: Literal["constant", "cosine"] = "cosine"
+    lr_warmup_tokens: int = 8_192
+    lr_decay_tokens: int = 0
+    lr_floor_fraction: float = 0.1
+    outer_lr_scheduled: bool = False  # the outer lr follows the same schedule too
     target_useful_tokens: int = 65_536  # run ends once this many distinct tokens are retained
     eval_every_rounds: int = 4  # held-out NLL cadence, in rounds (sync: steps, local: outer rounds)
     checkpoint_every_rounds: int = 8
