@@ -153,9 +153,22 @@ def frontier_figure(runs: list[dict[str, Any]]) -> go.Figure:
     return fig
 
 
-def learning_figure(runs: list[dict[str, Any]]) -> go.Figure:
-    """Held-out NLL over the same clock, per policy."""
+def _reference_trace(fig: go.Figure, reference: dict[str, Any] | None) -> None:
+    """One process on the same samples, no WAN (xdc/reference.py), over its own clock."""
+    if not reference or reference.get("evidence") != "measured":
+        return
+    c = reference["curve"]
+    fig.add_trace(go.Scatter(
+        name="one process (reference)", mode="lines+markers", line=dict(color="#222222", dash="dash"),
+        x=[p["t_s"] for p in c], y=[p["heldout_nll"] for p in c], customdata=[[p["useful_tokens_trained"]] for p in c],
+        hovertemplate="t=%{x:.2f} s: NLL %{y:.4f} nats/token (measured)<br>%{customdata[0]:,} useful tokens "
+                      "trained, one process, no WAN<extra>reference</extra>"))
+
+
+def learning_figure(runs: list[dict[str, Any]], reference: dict[str, Any] | None = None) -> go.Figure:
+    """Held-out NLL over the same clock, per policy (and the single-process reference, if measured)."""
     fig = go.Figure()
+    _reference_trace(fig, reference)
     for i, r in enumerate(runs):
         c = r["learning"]["curve"]
         fig.add_trace(go.Scatter(

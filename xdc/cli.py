@@ -163,6 +163,11 @@ def cmd_compare(args: argparse.Namespace, base: dict | None = None, scenario_pat
     index = run_comparison(cfg, scenario, out, tuple(getattr(args, "policies", None) or POLICIES),
                            quiet=args.quiet, on_run=on_run, allow_unfired=True)  # checked above
     print(f"\ncomparison: {out / 'index.json'}  matched frontier: {index['matched_frontier']}")
+    ref = index.get("reference")
+    if ref:
+        print(f"single-process reference (same samples, no WAN): "
+              + (f"final held-out NLL {ref['final_heldout_nll']:.4f} ({ref['wall_s']} s)" if "error" not in ref
+                 else f"FAILED: {ref['error']}"), flush=True)
     if index["interrupted"]:
         print("interrupted: the comparison stopped early", file=sys.stderr)
         return 130
@@ -394,6 +399,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "noise-floor":  # its own parser (xdc/noise_floor.py), options and all
+        from xdc.noise_floor import main as noise_floor_main
+
+        return noise_floor_main(argv[1:], base=DEMO)
     ap = argparse.ArgumentParser(prog="xdc", description="A cross-datacenter training emulator.")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
@@ -431,6 +441,8 @@ def _main(argv: list[str] | None = None) -> int:
     p_cmp.add_argument("--quiet", action="store_true")
     p_cmp.add_argument("--no-analyze", action="store_true", help="skip `xdc analyze` of the comparison")
     p_cmp.add_argument("--allow-unfired", action="store_true", help=ALLOW_UNFIRED_HELP)
+    sub.add_parser("noise-floor", help="seed-to-seed spread of the final NLL, from real runs (handled before "
+                                       "this parser: see xdc noise-floor --help)")
     p_cfg = sub.add_parser("config", help="print the resolved config")
     common(p_cfg)
     p_prep = sub.add_parser("prepare", help="prepare a run directory and the proxies for separately started processes")
