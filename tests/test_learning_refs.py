@@ -84,3 +84,10 @@ def test_the_reference_evaluates_where_the_cluster_does_and_learns(tmp_path: Pat
     ref = out["reference"]
     assert ref["evidence"] == "measured" and ref["final_heldout_nll"] == evals[-1]["heldout_nll"]
     assert ref["gap_by_policy"]["stall"] == pytest.approx(4.0 - evals[-1]["heldout_nll"])
+
+
+def test_the_reference_takes_every_core_only_on_an_idle_machine():
+    from xdc.compare import reference_threads
+
+    assert reference_threads(2, 0.3) == 2 and reference_threads(16, 7.9) == 16
+    assert reference_threads(2, 1.0) == 1 and reference_threads(2, 20.0) == 1
