@@ -48,6 +48,14 @@ def _reference(index: dict[str, Any] | None, cmp_dir: Path | None) -> dict[str, 
             "what": "one process, global batch = sites x per_site_batch, same samples and lr schedule, no WAN"}
 
 
+def _eval_set(h: Any) -> Any:
+    """The evaluation set a run's sites name in their eval events (None where they name none)."""
+    events = getattr(h, "events", None)
+    if events is None:
+        return None
+    return next((e.get("eval_set") for s in h.sites for e in events(s, "eval")), None)
+
+
 def learning_refs(histories: list[Any], sections: list[dict[str, Any]], index: dict[str, Any] | None,
                   cmp_dir: Path | None = None, record_path: Path = NOISE_FLOOR_RECORD) -> dict[str, Any]:
     finals = {s["policy"]: s["learning"]["final_heldout_nll"] for s in sections}
@@ -57,7 +65,9 @@ def learning_refs(histories: list[Any], sections: list[dict[str, Any]], index: d
     record = json.loads(record_path.read_text()) if record_path.is_file() else None
     dataset_ids = {s["provenance"]["dataset_id"] for s in sections}
     cfgs = [h.config for h in histories]
-    floor = match(record, next(iter(dataset_ids)) if len(dataset_ids) == 1 else None, cfgs[0] if cfgs else None)
+    eval_sets = [_eval_set(h) for h in histories]
+    floor = match(record, next(iter(dataset_ids)) if len(dataset_ids) == 1 else None, cfgs[0] if cfgs else None,
+                  eval_sets[0] if eval_sets else None)
     if floor["evidence"] == "measured" and len(cfgs) > 1:
         from xdc.noise_floor import learning_config_hash
 

@@ -91,3 +91,12 @@ def test_the_reference_takes_every_core_only_on_an_idle_machine():
 
     assert reference_threads(2, 0.3) == 2 and reference_threads(16, 7.9) == 16
     assert reference_threads(2, 1.0) == 1 and reference_threads(2, 20.0) == 1
+
+
+def test_a_record_from_another_evaluation_set_is_not_used():
+    cfg = _cfg_dict()
+    rec = {"dataset_id": "d1", "config_hash": learning_config_hash(cfg), "n_seeds": 5, "runs": [], "eval_set": None,
+           **summarise([2.0, 2.1, 2.0, 2.1, 2.0])}
+    assert match(rec, "d1", cfg, None)["evidence"] == "measured"
+    out = match(rec, "d1", cfg, {"windows": 512, "sha256": "ab"})
+    assert out["evidence"] == "unavailable" and "evaluation set" in out["reason"]

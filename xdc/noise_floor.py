@@ -46,6 +46,18 @@ def learning_config_hash(cfg: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(learning_config(cfg), sort_keys=True).encode()).hexdigest()
 
 
+def eval_set_of_run(run_dir: Path) -> Any:
+    """The `eval_set` the sites name in their eval events (None where they name none): the record
+    is only valid for the evaluation set it was measured on."""
+    for path in sorted((run_dir / "logs").glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            if '"eval"' in line:
+                e = json.loads(line)
+                if e.get("event") == "eval":
+                    return e.get("eval_set")
+    return None
+
+
 def summarise(finals: list[float]) -> dict[str, float]:
     """mean, sample std (ddof 1), spread (max - min) and the measurable-difference threshold."""
     std = statistics.stdev(finals) if len(finals) > 1 else float("nan")
@@ -60,6 +72,7 @@ def measure(cfg: RunConfig, seeds: list[int], out: Path, *, quiet: bool = True) 
 
     runs: list[dict[str, Any]] = []
     dataset_ids: set[str] = set()
+    eval_sets: list[Any] = []
     for seed in seeds:
         scfg = replace(cfg, run_id=f"noise-seed{seed}-{new_run_id()}", train=replace(cfg.train, seed=seed))
         t0 = time.monotonic()
@@ -67,15 +80,19 @@ def measure(cfg: RunConfig, seeds: list[int], out: Path, *, quiet: bool = True) 
         if not summary or not summary.get("clean_exit") or summary.get("final_heldout_nll") is None:
             raise RuntimeError(f"seed {seed}: the run did not finish cleanly; see {run_dir}/logs")
         dataset_ids.add(summary.get("dataset_id"))
+        eval_sets.append(eval_set_of_run(Path(run_dir)))
         runs.append({"seed": seed, "run_id": scfg.run_id, "final_heldout_nll": summary["final_heldout_nll"],
                      "useful_tokens": summary.get("useful_tokens"), "wall_s": round(time.monotonic() - t0, 1)})
         print(f"noise floor: seed {seed}: final held-out NLL {summary['final_heldout_nll']:.4f} "
               f"({runs[-1]['wall_s']} s)", flush=True)
     if len(dataset_ids) != 1:
         raise RuntimeError(f"the runs disagree on the dataset id: {sorted(map(str, dataset_ids))}")
+    if any(e != eval_sets[0] for e in eval_sets):
+        raise RuntimeError(f"the runs disagree on the evaluation set: {eval_sets}")
     cfg_dict = to_dict(cfg)
     record = {"kind": RECORD_KIND, "evidence": "measured", "dataset_id": dataset_ids.pop(),
               "config_hash": learning_config_hash(cfg_dict), "learning_config": learning_config(cfg_dict),
+              "eval_set": eval_sets[0],
               "n_seeds": len(runs), "runs": runs, **summarise([r["final_heldout_nll"] for r in runs]),
               "method": "real cluster runs (xdc run), one per train.seed, same data, no faults; threshold = "
                         "max(2 sqrt(2) x std, spread)",
@@ -85,18 +102,21 @@ def measure(cfg: RunConfig, seeds: list[int], out: Path, *, quiet: bool = True) 
     return record
 
 
-def match(record: dict[str, Any] | None, dataset_id: str | None, cfg: dict[str, Any] | None) -> dict[str, Any]:
-    """The record if it was measured for this dataset id and learning config, else why not."""
+def match(record: dict[str, Any] | None, dataset_id: str | None, cfg: dict[str, Any] | None,
+          eval_set: Any = None) -> dict[str, Any]:
+    """The record if it was measured for this dataset id, learning config and evaluation set
+    (the sites' `eval_set` field; None on both sides where the sites name none), else why not."""
     if record is None:
         return {"evidence": "unavailable", "reason": "no noise-floor record (make noise-floor)"}
     if cfg is None or dataset_id is None:
         return {"evidence": "unavailable", "reason": "the runs do not name their dataset id or config"}
     h = learning_config_hash(cfg)
-    if record.get("dataset_id") != dataset_id or record.get("config_hash") != h:
-        what = [w for w, ok in (("dataset id", record.get("dataset_id") == dataset_id),
-                                ("learning config", record.get("config_hash") == h)) if not ok]
+    same = (("dataset id", record.get("dataset_id") == dataset_id), ("learning config", record.get("config_hash") == h),
+            ("evaluation set", record.get("eval_set") == eval_set))
+    if not all(ok for _, ok in same):
+        what = [w for w, ok in same if not ok]
         return {"evidence": "unavailable",
-                "reason": f"the noise floor is not measured for this config: the record's {' and '.join(what)} "
+                "reason": f"the noise floor is not measured for this config: the record's {', '.join(what)} "
                           f"differ{'s' if len(what) == 1 else ''} from this comparison's",
                 "record_config_hash": record.get("config_hash"), "config_hash": h}
     return {"evidence": "measured", **{k: record[k] for k in ("dataset_id", "config_hash", "n_seeds", "mean_nll",
