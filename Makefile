@@ -7,7 +7,7 @@ TOXIPROXY_VERSION := v2.12.0
 # Stamp depends on pyproject so a dependency change reinstalls; otherwise setup is a no-op.
 STAMP := $(VENV)/.setup-stamp
 
-.PHONY: setup browser demo test test-fast bench soak clean compose-generate compose-setup compose-smoke
+.PHONY: setup browser demo test test-fast bench soak noise-floor clean compose-generate compose-setup compose-smoke
 
 setup: $(STAMP) $(BIN)/toxiproxy-server
 
@@ -49,6 +49,11 @@ test: setup browser compose-setup
 
 bench: setup
 	$(BIN)/python -m bench.run_all
+
+# The demo config's noise floor: 5 fault-free cluster runs, one per train.seed (real runs; about
+# 5 x the time of one demo policy); the record lands in bench/results/noise_floor.json (committed).
+noise-floor: setup
+	$(BIN)/xdc noise-floor --demo --seeds 5 --out bench/results/noise_floor.json
 
 # 20 random fault schedules per policy (about an hour on 2 cores); tally in bench/results/soak.json.
 soak: setup

@@ -19,6 +19,7 @@ from typing import Any
 
 from analysis.checkers import run_checkers
 from analysis.learning import run_baselines
+from analysis.learning_refs import learning_refs
 from analysis.load import RunHistory, load_run
 from analysis.proofs import fault_schedule, prove_frontier
 from analysis.summary import byte_ledger, checkpoint_tree, lineage, reconcile, site_time, work_ledger
@@ -343,6 +344,8 @@ def build_artifact(run_dirs: list[Path], index: dict[str, Any] | None = None,
             "index": index,
         },
         "checks": [c.to_dict() for c in checks],
+        # The single-process reference, the noise floor and the verdict on every policy difference.
+        "learning_refs": learning_refs(hs, sections, index, Path(run_dirs[0]).parent if index and run_dirs else None),
     }
     art["generated"]["analysis_s"] = round(time.perf_counter() - t_start, 3)
     return art

@@ -153,6 +153,18 @@ def frontier_figure(runs: list[dict[str, Any]]) -> go.Figure:
     return fig
 
 
+def _reference_trace(fig: go.Figure, reference: dict[str, Any] | None) -> None:
+    """One process on the same samples, no WAN (xdc/reference.py), over its own clock."""
+    if not reference or reference.get("evidence") != "measured":
+        return
+    c = reference["curve"]
+    fig.add_trace(go.Scatter(
+        name="one process (reference)", mode="lines+markers", line=dict(color="#222222", dash="dash"),
+        x=[p["t_s"] for p in c], y=[p["heldout_nll"] for p in c], customdata=[[p["useful_tokens_trained"]] for p in c],
+        hovertemplate="t=%{x:.2f} s: NLL %{y:.4f} nats/token (measured)<br>%{customdata[0]:,} useful tokens "
+                      "trained, one process, no WAN<extra>reference</extra>"))
+
+
 BASELINE_STYLE = {"unigram": ("#8C8C8C", "dot"), "bigram": ("#5A5A5A", "dash")}  # others: ("#2F2F2F", "dashdot")
 
 
@@ -179,16 +191,20 @@ def baseline_lines(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], st
 
 
 def learning_figure(runs: list[dict[str, Any]], references: list[dict[str, Any]] | None = None,
-                    curves: list[dict[str, Any]] | None = None) -> go.Figure:
+                    curves: list[dict[str, Any]] | None = None,
+                    reference: dict[str, Any] | None = None) -> go.Figure:
     """Held-out NLL over the same clock, per policy (error bars: standard error over the eval windows),
     with the count baselines of the same evaluation set as labelled horizontal lines.
 
     More references join through the arguments: `references`, horizontal lines like baseline_lines'
     ({"name", "y", "color", "dash", "hover"}); `curves`, extra series ({"name", "x", "y", "color",
-    "hover"}; x in seconds since run start), e.g. a single-process reference or a noise band's edges.
+    "hover"}; x in seconds since run start), e.g. a noise band's edges; `reference`, the single-process run (xdc/reference.py), drawn dashed.
     """
     fig = go.Figure()
     x_max = 1.0
+    _reference_trace(fig, reference)
+    if reference and reference.get("evidence") == "measured":
+        x_max = max([x_max] + [p["t_s"] for p in reference["curve"]])
     for i, r in enumerate(runs):
         c = r["learning"]["curve"]
         se = [p.get("heldout_nll_se") for p in c]

@@ -372,6 +372,7 @@ def _learning_section(art: dict[str, Any]) -> str:
                     f"<td class='num' title='{escape(str(energy.get('reason', '')))}'>—{ev(energy['evidence'])}</td>"
                     f"{qcell(m['active_time'], '.1f')}{qcell(r['duration'], '.1f')}</tr>")
     v = learning_verdict(art)
+    learning_fig = figures.learning_figure(runs, reference=_refs(art).get("reference"))
     return (
         "<section id='learning' data-section='learning'><h2>Did the model still learn as well?</h2>"
         "<p>Lower held-out loss means the model predicts unseen text better. The lines show what each policy "
@@ -379,11 +380,46 @@ def _learning_section(art: dict[str, Any]) -> str:
         f"<p class='verdict' data-learning-verdict='{escape(v['status'])}'><b>{escape(v['text'])}</b></p>"
         f"{_eval_set_words(runs)}"
         f"<div class='cards'>{''.join(cards)}</div>"
-        f"<div class='chart' data-chart='learning'>{_fig_html(figures.learning_figure(runs), 'chart-learning')}</div>"
+        f"<div class='chart' data-chart='learning'>{_fig_html(learning_fig, 'chart-learning')}</div>"
         f"{_baselines_table(runs)}"
+        + _learning_refs_block(art) +
         "<h3>Run-level measurements</h3><table><thead><tr><th>Run</th><th>Policy</th><th>Final NLL</th><th>SE</th>"
         "<th>Attempted tokens</th><th>Energy</th><th>Active time</th><th>Wall time</th></tr></thead><tbody>"
         + "".join(rows) + "</tbody></table></section>")
+
+
+def _refs(art: dict[str, Any]) -> dict[str, Any]:
+    return art.get("learning_refs") or {}
+
+
+def _learning_refs_block(art: dict[str, Any]) -> str:
+    """The single-process reference's gap per policy, the noise floor, and every policy pair's
+    difference judged against it (analysis/learning_refs.py)."""
+    refs = _refs(art)
+    parts = []
+    ref = refs.get("reference")
+    if ref and ref.get("evidence") == "measured":
+        gaps = ", ".join(f"{escape(p)} {g:+.4f}" for p, g in ref["gap_by_policy"].items() if g is not None)
+        parts.append(f"<p data-ref='reference'>One process trained on the same samples with the same schedule and no "
+                     f"WAN (dashed line, its own clock) ended at <b>{ref['final_heldout_nll']:.4f}</b> nats/token"
+                     f"{ev('measured')}; each policy's final NLL minus it: {gaps}.</p>")
+    elif ref:
+        parts.append(f"<p data-ref='reference'>Single-process reference: {escape(ref.get('reason', ''))}"
+                     f"{ev('unavailable')}</p>")
+    floor = refs.get("noise_floor") or {}
+    if floor.get("evidence") == "measured":
+        parts.append(f"<p data-ref='noise-floor'>Noise floor: over {floor['n_seeds']} model-init seeds of this config "
+                     f"(no faults) the final NLL has std {floor['std_nll']:.4f} and spread {floor['spread_nll']:.4f} "
+                     f"nats{ev('measured')}; a difference under {floor['threshold_nats']:.4f} nats is "
+                     "\u201cno measurable difference\u201d.</p>")
+    elif floor:
+        parts.append(f"<p data-ref='noise-floor'>Noise floor: {escape(floor.get('reason', ''))}{ev('unavailable')}</p>")
+    rows = "".join(f"<tr><td>{escape(d['b'])} \u2212 {escape(d['a'])}</td><td class='num'>{d['difference_nats']:+.4f}</td>"
+                   f"<td>{escape(d['verdict'])}</td></tr>" for d in refs.get("differences", []))
+    if rows:
+        parts.append("<table data-ref='differences'><thead><tr><th>Final NLL difference</th><th>nats/token</th>"
+                     f"<th>Against the noise floor</th></tr></thead><tbody>{rows}</tbody></table>")
+    return "".join(parts)
 
 
 def _checks_section(art: dict[str, Any]) -> str:

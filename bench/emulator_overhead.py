@@ -73,7 +73,7 @@ def run() -> dict:
 
     def timed_step(tr: SiteTrainer, xy: tuple[torch.Tensor, torch.Tensor]) -> float:
         t = time.perf_counter()
-        tr.inner_step(*xy)
+        tr.inner_step(*xy, frontier_tokens=0)  # a timing probe: the lr value does not matter
         return time.perf_counter() - t
 
     # Informational only: 8 bare steps before any WAN node exists (not interleaved).
@@ -119,7 +119,7 @@ def run() -> dict:
         def agent_step(rnd: int, h: int, xy: tuple[torch.Tensor, torch.Tensor]) -> float:
             """Arm B's inner step as the agent runs it: the step, then its work_attempted event."""
             t = time.perf_counter()
-            tr_b.inner_step(*xy)
+            tr_b.inner_step(*xy, frontier_tokens=0)
             start = ((rnd * H + h) * batch) % (len(order) - batch)
             log.emit("work_attempted", round=rnd, inner_step=h, samples=[int(i) for i in order[start:start + batch]],
                      tokens=batch * seq, flops=batch * seq * tr_b.flops_per_token)
@@ -150,7 +150,7 @@ def run() -> dict:
             with log.span("collective", round=rnd, payload_values=int(payload.size)):
                 avg, stats = ars[ME].allreduce_mean(payload, rnd, SITES, 60, ids_round)
             t1 = time.perf_counter()
-            tr_b.apply_outer(avg)
+            tr_b.apply_outer(avg, frontier_tokens=0)
             round_ids = np.concatenate([np.asarray(stats.samples[m], dtype=np.int64) for m in SITES])
             retained = merge_retained(retained, round_ids)
             phash = tr_b.params_hash()

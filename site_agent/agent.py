@@ -47,6 +47,7 @@ from checkpoint_store.blobstore import StoreError
 from site_agent.collective import AllReduce, CollectiveAborted, CollectiveInterrupted, PeerUnreachable
 from site_agent.data import batch_for, eval_fields, eval_set, load_corpus, sample_order
 from site_agent.epochs import interrupts, next_plan
+from site_agent.lr_schedule import step_frontier_tokens
 from site_agent.messages import Plan, Rejected, Shutdown, parse_plan, parse_shutdown
 from site_agent.model import count_params, pick_device
 from site_agent.schedule import ids_at, round_span, site_positions, steps_per_round, target_samples
@@ -476,10 +477,10 @@ class Site:
             round_ids = _round_samples(stats, members)
             if self.pool is not None:  # every rank applies the same vector
                 self.pool.share(rnd, avg)
-            if cfg.train.mode == "sync":
-                self.trainer.apply_grads(avg)
+            if cfg.train.mode == "sync":  # the lr of the round's (one) step: at its start, cs
+                self.trainer.apply_grads(avg, frontier_tokens=cs * cfg.model.seq_len)
             else:
-                self.trainer.apply_outer(avg)
+                self.trainer.apply_outer(avg, frontier_tokens=cs * cfg.model.seq_len)
             self.retained = merge_retained(self.retained, round_ids)
             self.next_round = rnd + 1
             phash = self.trainer.params_hash()
@@ -542,7 +543,7 @@ class Site:
                 if cfg.train.mode == "sync":
                     loss, payload = trainer.compute_grads(x, y)
                 else:
-                    loss = trainer.inner_step(x, y)
+                    loss = trainer.inner_step(x, y, frontier_tokens=step_frontier_tokens(cfg, n, cs, h, ce))
                 losses.append(loss)
                 ids_round += ids
                 tokens = len(ids) * cfg.model.seq_len

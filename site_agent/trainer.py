@@ -7,7 +7,11 @@ calls the same methods in one process, so both follow exactly the same arithmeti
 sync mode, per step:   grads = backward(batch); g = mean over sites (collective); AdamW(g)
 local mode, per round: H x [backward(batch); AdamW] on local params;
                        delta = global - local (pseudo-gradient); d = mean over sites;
-                       outer Nesterov SGD on global with grad d; local <- global
+                       outer (Nesterov) SGD on global with grad d; local <- global
+
+Every optimizer step names the cluster's frontier (`frontier_tokens`: useful tokens trained
+before that step, site_agent/lr_schedule.py) and takes its lr from the schedule at that point,
+so the lr depends on the data position alone; callers cannot forget it (keyword-only, required).
 
 Intra-site data parallelism (optional): with `group` (a torch.distributed gloo group of the
 site's W worker processes), every backward is followed by an all-reduce of the flat grads
@@ -22,6 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from site_agent.lr_schedule import inner_lr_at, outer_lr_at
 from site_agent.model import (build_model, flat_grads, flat_params, load_flat_grads_, load_flat_params_,
                               measure_flops_per_token, params_hash)
 from xdc.config import RunConfig
@@ -45,8 +50,9 @@ class SiteTrainer:
         self.flops_per_token = measure_flops_per_token(self.model, cfg.model, cfg.train.per_site_batch)
         # DiLoCo outer state: the global parameters [P] (float32, CPU) and Nesterov momentum.
         self.global_params = torch.nn.Parameter(flat_params(self.model).clone(), requires_grad=False)
+        # torch refuses nesterov=True without momentum; with momentum 0 it is plain SGD anyway.
         self.outer_opt = torch.optim.SGD([self.global_params], lr=cfg.train.outer_lr,
-                                         momentum=cfg.train.outer_momentum, nesterov=True)
+                                         momentum=cfg.train.outer_momentum, nesterov=cfg.train.outer_momentum > 0)
         self.inner_steps = 0
         self.outer_steps = 0
 
@@ -61,14 +67,17 @@ class SiteTrainer:
         site_loss, grads = self._site_mean(flat_grads(self.model), loss.detach())
         return site_loss, grads.numpy()
 
-    def apply_grads(self, avg_grads: np.ndarray) -> None:
-        """One AdamW step with the cluster-averaged grads [P]."""
+    def apply_grads(self, avg_grads: np.ndarray, *, frontier_tokens: int) -> None:
+        """One AdamW step with the cluster-averaged grads [P], at the lr of `frontier_tokens`."""
         load_flat_grads_(self.model, torch.from_numpy(avg_grads))
+        self._set_inner_lr(frontier_tokens)
         self.inner_opt.step()
         self.inner_steps += 1
 
     # ---------------------------------------------------------------- local mode
-    def inner_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
+    def inner_step(self, x: torch.Tensor, y: torch.Tensor, *, frontier_tokens: int) -> float:
+        """One local AdamW step on x, y [B, T] at the lr of `frontier_tokens`; returns the loss."""
+        self._set_inner_lr(frontier_tokens)
         self.inner_opt.zero_grad(set_to_none=True)
         _, loss = self.model(x.to(self.device), y.to(self.device))
         loss.backward()
@@ -86,12 +95,22 @@ class SiteTrainer:
         """global - local [P] float32: the direction the outer optimizer descends along."""
         return (self.global_params.detach() - flat_params(self.model)).numpy()
 
-    def apply_outer(self, avg_pseudo: np.ndarray) -> None:
+    def apply_outer(self, avg_pseudo: np.ndarray, *, frontier_tokens: int) -> None:
+        """Outer SGD step with the cluster-mean pseudo-gradient [P]; `frontier_tokens` is the
+        round's start (its lr is scheduled only with train.outer_lr_scheduled)."""
         self.global_params.grad = torch.from_numpy(avg_pseudo.copy())
+        lr = outer_lr_at(self.cfg, frontier_tokens)
+        for g in self.outer_opt.param_groups:
+            g["lr"] = lr
         self.outer_opt.step()
         self.outer_opt.zero_grad(set_to_none=True)
         load_flat_params_(self.model, self.global_params.detach())
         self.outer_steps += 1
+
+    def _set_inner_lr(self, frontier_tokens: int) -> None:
+        lr = inner_lr_at(self.cfg, frontier_tokens)
+        for g in self.inner_opt.param_groups:
+            g["lr"] = lr
 
     # ------------------------------------------------------- intra-site averaging
     def _site_mean(self, flat: torch.Tensor, loss: torch.Tensor) -> tuple[float, torch.Tensor]:

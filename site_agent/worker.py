@@ -308,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from site_agent.data import batch_for, load_corpus, sample_order
     from site_agent.model import pick_device
+    from site_agent.lr_schedule import step_frontier_tokens
     from site_agent.schedule import ids_at, site_positions, steps_per_round
     from site_agent.trainer import SiteTrainer
     from xdc.config import config_from_json
@@ -359,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
                     if cfg.train.mode == "sync":
                         loss, _ = trainer.compute_grads(x, y)
                     else:
-                        loss = trainer.inner_step(x, y)
+                        loss = trainer.inner_step(x, y, frontier_tokens=step_frontier_tokens(cfg, n, cs, h, ce))
                     losses.append(loss)
                 sp.update(samples=samples, site_loss=float(np.mean(losses)) if losses else None)
             r2, flag, _n, _i, _e, nbytes, _ = recv_control()
@@ -372,10 +373,10 @@ def main(argv: list[str] | None = None) -> int:
             if flag != APPLY or r2 != rnd:
                 raise IntraSiteError(f"expected APPLY for round {rnd}, got flag {flag} round {r2}")
             avg = _broadcast(torch.empty(trainer.global_params.numel(), dtype=torch.float32)).numpy()
-            if cfg.train.mode == "sync":
-                trainer.apply_grads(avg)
+            if cfg.train.mode == "sync":  # the same frontier rank 0 steps at: the round's start
+                trainer.apply_grads(avg, frontier_tokens=cs * cfg.model.seq_len)
             else:
-                trainer.apply_outer(avg)
+                trainer.apply_outer(avg, frontier_tokens=cs * cfg.model.seq_len)
             phash = trainer.params_hash()
             hashes = gather_hashes(phash, world)
             log.emit("worker_round", round=rnd, param_hash=phash, agrees_with_rank0=hashes[0] == phash,

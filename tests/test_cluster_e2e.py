@@ -11,6 +11,7 @@ import torch
 
 from site_agent.collective import reduce_in_order
 from site_agent.data import batch_for, load_corpus, sample_order
+from site_agent.lr_schedule import inner_lr_at
 from site_agent.schedule import rounds_for_target, site_samples
 from site_agent.trainer import SiteTrainer
 from tests.conftest import assert_ledger_balanced, events
@@ -129,7 +130,8 @@ def test_sync_run_matches_single_process_run_bitwise(sync_run):
             ids = site_samples(order, cfg, step, 0, i, n)
             _, g = ref.compute_grads(*batch_for(corpus, ids, cfg.model.seq_len))
             grads.append(g.copy())
-        ref.apply_grads(reduce_in_order(grads))
+        # The lr of step k is the schedule's at the frontier before it: k x (3 sites x batch) samples.
+        ref.apply_grads(reduce_in_order(grads), frontier_tokens=step * n * cfg.train.per_site_batch * cfg.model.seq_len)
     final = {}
     for site in sites:
         done = [e for e in events(run_dir, site) if e["event"] == "round_done"]
@@ -141,3 +143,7 @@ def test_sync_run_matches_single_process_run_bitwise(sync_run):
     start = [e for e in events(run_dir, sites[0]) if e["event"] == "site_started"][0]["params_hash"]
     assert start != ref.params_hash()
     assert np.isfinite(s["final_heldout_nll"])
+    # The schedule really moved the lr during this run (warm-up, then cosine decay), so the
+    # equality above covers the scheduled lr, not a constant one.
+    lrs = {inner_lr_at(cfg, k * n * cfg.train.per_site_batch * cfg.model.seq_len) for k in range(steps)}
+    assert len(lrs) == steps and cfg.train.lr_schedule == "cosine", lrs

@@ -253,7 +253,7 @@ def test_sync_mode_with_two_workers_matches_a_single_process_bitwise(tmp_path):
                                                                     cfg.model.seq_len))[1].copy())
                      for k in range(W)]
             site_grads.append(((parts[0] + parts[1]) / W).numpy())
-        ref.apply_grads(reduce_in_order(site_grads))
+        ref.apply_grads(reduce_in_order(site_grads), frontier_tokens=step * n * cfg.train.per_site_batch * cfg.model.seq_len)
     for site in sites:
         ev = events(run_dir, site)
         done = [e for e in ev if e["event"] == "round_done"]

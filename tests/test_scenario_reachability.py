@@ -48,7 +48,7 @@ def test_refusal_names_the_fault_its_trigger_and_the_target() -> None:
     with pytest.raises(ScenarioBeyondRun) as e:
         check_scenario_fits(cfg, sc)
     msg = str(e.value)
-    assert "faults[0] (site_crash b)" in msg and "at_useful_tokens=90,000" in msg
+    assert "faults[0] (site_crash b)" in msg and "at_useful_tokens=400,000" in msg
     assert "train.target_useful_tokens=65536" in msg and "--allow-unfired" in msg
     warnings = check_scenario_fits(cfg, sc, allow_unfired=True)
     assert any("faults[0]" in w for w in warnings)
@@ -72,7 +72,7 @@ def test_cli_refuses_the_outage_on_the_default_target(argv: list[str], tmp_path:
     argv = [a if not a.startswith("scenarios/") else str(ROOT / a) for a in argv]
     assert xdc_main(argv) == 2
     err = capsys.readouterr().err
-    assert "scenario error:" in err and "site_crash b" in err and "at_useful_tokens=90,000" in err
+    assert "scenario error:" in err and "site_crash b" in err and "at_useful_tokens=400,000" in err
     assert "65,536 useful tokens" in err and "--allow-unfired" in err
     assert not any(tmp_path.iterdir()), "nothing may start for a refused scenario"
 

@@ -27,13 +27,14 @@ def _train(t: SiteTrainer, corpus, order, start: int, steps: int) -> None:
     for s in range(steps):
         ids = [int(order[start + s * 4 + j]) for j in range(4)]
         x, y = batch_for(corpus, ids, t.cfg.model.seq_len)
+        frontier = (start + s * 4) * t.cfg.model.seq_len  # the lr follows the sample position
         if t.cfg.train.mode == "local":
-            t.inner_step(x, y)
+            t.inner_step(x, y, frontier_tokens=frontier)
         else:
             _, g = t.compute_grads(x, y)
-            t.apply_grads(g)
+            t.apply_grads(g, frontier_tokens=frontier)
     if t.cfg.train.mode == "local":
-        t.apply_outer(t.pseudo_gradient())
+        t.apply_outer(t.pseudo_gradient(), frontier_tokens=start * t.cfg.model.seq_len)
 
 
 def test_rollback_to_round_start_then_redo_gives_the_same_bits():

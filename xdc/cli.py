@@ -126,9 +126,11 @@ def cmd_run(args: argparse.Namespace, base: dict | None = None) -> int:
 
 
 # The embedded default of `xdc demo`: three sites, DiLoCo (H=8), a 20 ms / 40 Mbit/s WAN per link,
-# 262,144 useful tokens (about a minute on a 2-core laptop CPU).
+# 1,179,648 useful tokens (48 rounds of 3 sites x 8 samples x 8 steps x 128 tokens), inner AdamW
+# 3e-3 with a 65,536-token warm-up and a cosine to 10 % at the target (bench/results/recipe_sweep.json).
 DEMO: dict = {
-    "train": {"mode": "local", "target_useful_tokens": 262_144, "eval_every_rounds": 2, "checkpoint_every_rounds": 4},
+    "train": {"mode": "local", "target_useful_tokens": 1_179_648, "lr_warmup_tokens": 65_536,
+              "eval_every_rounds": 6, "checkpoint_every_rounds": 4},
     "wan": {"site_link": {"up": {"latency_ms": 20, "jitter_ms": 2, "bandwidth_kbps": 5000},
                           "down": {"latency_ms": 20, "jitter_ms": 2, "bandwidth_kbps": 5000}}},
 }
@@ -163,6 +165,11 @@ def cmd_compare(args: argparse.Namespace, base: dict | None = None, scenario_pat
     index = run_comparison(cfg, scenario, out, tuple(getattr(args, "policies", None) or POLICIES),
                            quiet=args.quiet, on_run=on_run, allow_unfired=True)  # checked above
     print(f"\ncomparison: {out / 'index.json'}  matched frontier: {index['matched_frontier']}")
+    ref = index.get("reference")
+    if ref:
+        print(f"single-process reference (same samples, no WAN): "
+              + (f"final held-out NLL {ref['final_heldout_nll']:.4f} ({ref['wall_s']} s)" if "error" not in ref
+                 else f"FAILED: {ref['error']}"), flush=True)
     if index["interrupted"]:
         print("interrupted: the comparison stopped early", file=sys.stderr)
         return 130
@@ -397,6 +404,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "noise-floor":  # its own parser (xdc/noise_floor.py), options and all
+        from xdc.noise_floor import main as noise_floor_main
+
+        return noise_floor_main(argv[1:], base=DEMO)
     ap = argparse.ArgumentParser(prog="xdc", description="A cross-datacenter training emulator.")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
@@ -434,6 +446,8 @@ def _main(argv: list[str] | None = None) -> int:
     p_cmp.add_argument("--quiet", action="store_true")
     p_cmp.add_argument("--no-analyze", action="store_true", help="skip `xdc analyze` of the comparison")
     p_cmp.add_argument("--allow-unfired", action="store_true", help=ALLOW_UNFIRED_HELP)
+    sub.add_parser("noise-floor", help="seed-to-seed spread of the final NLL, from real runs (handled before "
+                                       "this parser: see xdc noise-floor --help)")
     p_cfg = sub.add_parser("config", help="print the resolved config")
     common(p_cfg)
     p_prep = sub.add_parser("prepare", help="prepare a run directory and the proxies for separately started processes")

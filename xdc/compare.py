@@ -62,10 +62,70 @@ def with_policy(cfg: RunConfig, policy: str, scenario: Any) -> RunConfig:
     return replace(cfg, recovery=replace(cfg.recovery, policy=policy, oracle_faults=faults))
 
 
+def busy_cores(window_s: float = 0.5) -> float:
+    """Cores kept busy by other work right now: the non-idle share of /proc/stat's CPU time over
+    window_s, times the cores (the 1-minute load average instead where /proc/stat is missing; it
+    lags, and would still count the sites that just finished)."""
+    import os
+    import time
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            vals = [int(v) for v in f.readline().split()[1:]]
+        return sum(vals), vals[3] + (vals[4] if len(vals) > 4 else 0)  # total, idle + iowait
+
+    try:
+        t1, i1 = sample()
+        time.sleep(window_s)
+        t2, i2 = sample()
+    except OSError:
+        return os.getloadavg()[0]
+    return (os.cpu_count() or 1) * (1.0 - (i2 - i1) / max(1, t2 - t1))
+
+
+def reference_threads(cores: int, busy: float) -> int:
+    """torch threads for the reference, which runs alone after the policies: every core, unless
+    other work keeps at least half of them busy. Then intra-op threads wait on each other's time
+    slices: on the 2-core development machine at load ~20, 2 threads trained about 5x fewer
+    tokens per CPU-second than 1 (24,576 tokens in 19 CPU-s vs ~3.5 CPU-s)."""
+    return cores if busy < cores / 2 else 1
+
+
+def run_reference_process(cfg: RunConfig, out: Path, timeout_s: float | None = None) -> dict[str, Any]:
+    """The single-process reference (xdc/reference.py) of `cfg`, as a child process writing
+    out/reference/logs/reference.jsonl; returns {"dir", "final_heldout_nll", "wall_s"} or {"error"}."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from xdc.config import save_config
+
+    ref_dir = out / "reference"
+    ref_dir.mkdir(parents=True, exist_ok=True)
+    save_config(replace(cfg, run_id="reference", runs_dir=str(out)), ref_dir / "config.json")
+    t0 = time.monotonic()
+    threads = str(reference_threads(os.cpu_count() or 1, busy_cores()))
+    env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+    try:
+        p = subprocess.run([sys.executable, "-m", "xdc.reference", "--config", str(ref_dir / "config.json"),
+                            "--out", str(ref_dir), "--threads", threads], env=env, capture_output=True, text=True,
+                           timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"dir": str(ref_dir), "error": f"timed out after {timeout_s} s"}
+    (ref_dir / "reference.out").write_text(p.stdout + p.stderr)
+    if p.returncode != 0:
+        return {"dir": str(ref_dir), "error": f"exit {p.returncode}; see {ref_dir / 'reference.out'}"}
+    events = [json.loads(l) for l in (ref_dir / "logs" / "reference.jsonl").read_text().splitlines() if l.strip()]
+    final = [e["heldout_nll"] for e in events if e.get("event") == "eval"][-1]
+    return {"dir": str(ref_dir.resolve()), "final_heldout_nll": final, "wall_s": round(time.monotonic() - t0, 1)}
+
+
 def run_comparison(cfg: RunConfig, scenario: Any, out: Path, policies: tuple[str, ...] | list[str] = POLICIES, *,
                    quiet: bool = True, timeout_s: float | None = None,
-                   on_run: Any = None, allow_unfired: bool = False) -> dict[str, Any]:
-    """Run every policy in turn; write out/index.json. Stops early (index["interrupted"]) on Ctrl-C.
+                   on_run: Any = None, allow_unfired: bool = False, reference: bool = True) -> dict[str, Any]:
+    """Run every policy in turn, then (reference=True) the single-process reference over the same
+    samples; write out/index.json. Stops early (index["interrupted"]) on Ctrl-C.
     A scenario with a progress trigger past the target raises ScenarioBeyondRun unless allow_unfired."""
     from xdc.launcher import launch, new_run_id
 
@@ -88,6 +148,8 @@ def run_comparison(cfg: RunConfig, scenario: Any, out: Path, policies: tuple[str
                                                              "lost_tokens", "frontier_hash", "final_heldout_nll",
                                                              "work_balanced")},
                               "never_fired": (summary.get("chaos") or {}).get("never_fired", [])})
+    if reference and not index["interrupted"]:
+        index["reference"] = run_reference_process(cfg, out, timeout_s)
     hashes = {r["frontier_hash"] for r in index["runs"]}
     index["matched_frontier"] = bool(index["runs"]) and len(hashes) == 1 and None not in hashes
     (out / "index.json").write_text(json.dumps(index, indent=2, sort_keys=True))

@@ -56,10 +56,20 @@ class TrainConfig:
     inner_lr: float = 3e-3  # AdamW
     inner_weight_decay: float = 0.0
     inner_steps_h: int = 8  # DiLoCo H: inner steps between outer synchronisations (local mode)
-    outer_lr: float = 0.7  # outer Nesterov SGD learning rate (DiLoCo paper value)
-    # The paper's 0.9 is tuned for H ~ 500; at H <= 8 on this model it overshoots (measured:
-    # held-out NLL 4.14 vs 3.73 after 3 outer rounds of H=4), so the default is 0.5.
-    outer_momentum: float = 0.5
+    # Outer SGD on the averaged pseudo-gradient. At H <= 16 and ~50 rounds on this model, plain
+    # averaging (lr 1.0, no momentum) learned most per token; the DiLoCo paper's (0.7, Nesterov
+    # 0.9) is tuned for H ~ 500 and overshoots here (issue 10: 2.79 vs 2.41 nats after 1.18 M
+    # tokens at H=8; (0.7, 0.5) 2.44). See bench/results/recipe_sweep.json.
+    outer_lr: float = 1.0
+    outer_momentum: float = 0.0  # Nesterov momentum of the outer SGD; 0 = plain SGD (no Nesterov)
+    # Learning-rate schedule keyed to useful tokens (site_agent/lr_schedule.py): linear warm-up
+    # over lr_warmup_tokens, then a half cosine to lr_floor_fraction x peak at lr_decay_tokens
+    # (0 = target_useful_tokens). Every policy sees the same lr at the same frontier.
+    lr_schedule: Literal["constant", "cosine"] = "cosine"
+    lr_warmup_tokens: int = 8_192
+    lr_decay_tokens: int = 0
+    lr_floor_fraction: float = 0.1
+    outer_lr_scheduled: bool = False  # the outer lr follows the same schedule too
     target_useful_tokens: int = 65_536  # run ends once this many distinct tokens are retained
     eval_every_rounds: int = 4  # held-out NLL cadence, in rounds (sync: steps, local: outer rounds)
     checkpoint_every_rounds: int = 8

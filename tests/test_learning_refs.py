@@ -1,0 +1,102 @@
+"""The single-process reference run, the noise-floor record and the verdicts the report draws from them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from analysis.learning_refs import learning_refs
+from xdc.config import load_config, to_dict
+from xdc.noise_floor import learning_config_hash, match, summarise
+from xdc.reference import eval_points_tokens, run_reference
+
+TINY = {"model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "seq_len": 32},
+        "train": {"per_site_batch": 4, "inner_steps_h": 2, "target_useful_tokens": 3_200, "eval_every_rounds": 2,
+                  "lr_warmup_tokens": 512, "inner_lr": 1e-2, "device": "cpu"}}
+
+
+@dataclass
+class _H:
+    config: dict
+
+
+def _cfg_dict(**train) -> dict:
+    return to_dict(load_config({**TINY, "train": {**TINY["train"], **train}}))
+
+
+def test_config_hash_ignores_seed_threads_and_cadence_but_not_the_recipe():
+    base = learning_config_hash(_cfg_dict())
+    assert learning_config_hash(_cfg_dict(seed=7, threads_per_site=2, eval_every_rounds=5)) == base
+    assert learning_config_hash(_cfg_dict(inner_lr=3e-3)) != base
+    assert learning_config_hash(_cfg_dict(lr_warmup_tokens=1024)) != base
+
+
+def test_a_record_is_used_only_for_its_own_dataset_and_config():
+    cfg = _cfg_dict()
+    rec = {"dataset_id": "d1", "config_hash": learning_config_hash(cfg), "n_seeds": 5, "runs": [],
+           **summarise([2.00, 2.02, 2.01, 2.03, 1.99])}
+    assert match(rec, "d1", cfg)["evidence"] == "measured"
+    other = match(rec, "d1", _cfg_dict(inner_lr=3e-3))
+    assert other["evidence"] == "unavailable" and "not measured for this config" in other["reason"]
+    assert "dataset id" in match(rec, "d2", cfg)["reason"]
+    assert match(None, "d1", cfg)["evidence"] == "unavailable"
+
+
+def test_differences_inside_the_floor_are_no_measurable_difference(tmp_path: Path):
+    cfg = _cfg_dict()
+    finals = [2.00, 2.02, 2.01, 2.03, 1.99]
+    s = summarise(finals)
+    assert s["spread_nll"] == pytest.approx(0.04) and s["threshold_nats"] >= s["spread_nll"]
+    rec = tmp_path / "nf.json"
+    rec.write_text(json.dumps({"dataset_id": "d1", "config_hash": learning_config_hash(cfg), "n_seeds": 5,
+                               "runs": [], **s}))
+    sections = [{"policy": p, "learning": {"final_heldout_nll": v}, "provenance": {"dataset_id": "d1"}}
+                for p, v in (("stall", 2.00), ("elastic", 2.01), ("restart", 2.50))]
+    out = learning_refs([_H(cfg)] * 3, sections, None, record_path=rec)
+    verdicts = {(d["a"], d["b"]): d["verdict"] for d in out["differences"]}
+    assert verdicts[("stall", "elastic")] == "no measurable difference"
+    assert verdicts[("stall", "restart")] == "measurable"
+    # Another recipe: the same record is not reused.
+    out2 = learning_refs([_H(_cfg_dict(inner_lr=3e-3))] * 3, sections, None, record_path=rec)
+    assert out2["noise_floor"]["evidence"] == "unavailable"
+    assert {d["verdict"] for d in out2["differences"]} == {"noise floor not measured for this config"}
+
+
+def test_the_reference_evaluates_where_the_cluster_does_and_learns(tmp_path: Path):
+    torch.set_num_threads(1)
+    cfg = load_config(TINY)
+    # 3 sites x 4 x 2 = 24 samples (768 tokens) a round; eval every 2 rounds and at the cut end (100 samples).
+    assert eval_points_tokens(cfg, 3) == [0, 1536, 3072, 3200]
+    curve = run_reference(cfg, tmp_path)
+    events = [json.loads(l) for l in (tmp_path / "logs" / "reference.jsonl").read_text().splitlines()]
+    evals = [e for e in events if e["event"] == "eval"]
+    assert [e["useful_tokens_trained"] for e in evals] == [0, 1536, 3072, 3200] == [t for t, _ in curve]
+    assert all(isinstance(e["heldout_nll"], float) for e in evals)
+    assert evals[-1]["heldout_nll"] < evals[0]["heldout_nll"] - 0.5
+    # learning_refs reads it back from a comparison index and states each policy's gap.
+    sections = [{"policy": "stall", "learning": {"final_heldout_nll": 4.0}, "provenance": {"dataset_id": "x"}}]
+    out = learning_refs([_H(to_dict(cfg))], sections, {"reference": {"dir": str(tmp_path)}},
+                        record_path=tmp_path / "none.json")
+    ref = out["reference"]
+    assert ref["evidence"] == "measured" and ref["final_heldout_nll"] == evals[-1]["heldout_nll"]
+    assert ref["gap_by_policy"]["stall"] == pytest.approx(4.0 - evals[-1]["heldout_nll"])
+
+
+def test_the_reference_takes_every_core_only_on_an_idle_machine():
+    from xdc.compare import reference_threads
+
+    assert reference_threads(2, 0.3) == 2 and reference_threads(16, 7.9) == 16
+    assert reference_threads(2, 1.0) == 1 and reference_threads(2, 20.0) == 1
+
+
+def test_a_record_from_another_evaluation_set_is_not_used():
+    cfg = _cfg_dict()
+    rec = {"dataset_id": "d1", "config_hash": learning_config_hash(cfg), "n_seeds": 5, "runs": [], "eval_set": None,
+           **summarise([2.0, 2.1, 2.0, 2.1, 2.0])}
+    assert match(rec, "d1", cfg, None)["evidence"] == "measured"
+    out = match(rec, "d1", cfg, {"windows": 512, "sha256": "ab"})
+    assert out["evidence"] == "unavailable" and "evaluation set" in out["reason"]
