@@ -47,6 +47,7 @@ from checkpoint_store.blobstore import StoreError
 from site_agent.collective import AllReduce, CollectiveAborted, CollectiveInterrupted, PeerUnreachable
 from site_agent.data import batch_for, evaluate_nll, heldout_batch, load_corpus, sample_order
 from site_agent.epochs import interrupts, next_plan
+from site_agent.evaluator import BackgroundEval
 from site_agent.messages import Plan, Rejected, Shutdown, parse_plan, parse_shutdown
 from site_agent.model import count_params, pick_device
 from site_agent.schedule import ids_at, round_span, site_positions, steps_per_round, target_samples
@@ -158,6 +159,9 @@ class Site:
         self.cfg, self.me, self.log, self.node, self.trainer = cfg, me, log, node, trainer
         self.corpus, self.order, self.device, self.stopping, self.pool = corpus, order, device, stopping, pool
         self.hx, self.hy = heldout_batch(corpus, cfg.data, cfg.model.seq_len)
+        # The leader's periodic evaluations run on a copy of the weights in a thread (site_agent.evaluator).
+        self.evaluator = BackgroundEval(trainer.model, log, torch.get_num_threads(),
+                                        lambda m: evaluate_nll(m, self.hx, self.hy, self.device))
         self.coll_q = node.inbox("coll")
         self.ctl_q = node.inbox("membership", "shutdown")
         self.state_q = node.inbox("state_chunk")
@@ -302,6 +306,7 @@ class Site:
         except IntraSiteError as e:  # a worker died, the group timed out, or the ranks disagree
             reason, rc = f"intra-site failure: {e}", 4
             log.emit("intra_site_failure", reason=str(e))
+        self.evaluator.wait()  # its `eval` span is logged before the site stops
         return _exit(log, node, rc, reason, self.pool)
 
     def wait_for_newer_epoch(self) -> None:
@@ -451,6 +456,7 @@ class Site:
         members = list(plan.members)
         n, idx = len(members), members.index(self.me)
         rnd = plan.start_round
+        phash: str | None = None  # params hash of the trainer's state after the last round applied here
         while True:
             cs, ce = round_span(cfg, n, plan.start_round, plan.start_cursor, rnd, self.target)
             if cs >= self.target:
@@ -460,18 +466,20 @@ class Site:
                 raise Interrupted("a newer epoch takes effect at this round")
             self.status["round"] = rnd
             log.set_context(step=(rnd + 1) * self.spr)
-            self.snapshots[rnd] = take_snapshot(self.trainer, rnd, self.retained)
+            # The state at this round's start is the one whose hash the previous iteration logged.
+            self.snapshots[rnd] = take_snapshot(self.trainer, rnd, self.retained, phash)
             self.snapshots = {k: v for k, v in self.snapshots.items() if k >= rnd - 3}
             self.next_round = None  # mid-round: the state is neither this round's start nor its end
             payload, ids_round, losses = self.compute(rnd, n, idx, cs, ce)
             with log.span("collective", round=rnd, payload_values=int(payload.size)) as sp:
+                cpu0 = time.process_time()
                 try:
                     avg, stats = self.allreduce.allreduce_mean(payload, rnd, members,
                                                                cfg.wan.collective_timeout_ms / 1000, ids_round)
                 finally:
                     last = self.allreduce.last_stats
                     sp.update(payload_bytes_sent=last.payload_bytes_sent, messages_sent=last.messages_sent,
-                              rejected=last.rejected)
+                              rejected=last.rejected, cpu_s=time.process_time() - cpu0)
             round_ids = _round_samples(stats, members)
             if self.pool is not None:  # every rank applies the same vector
                 self.pool.share(rnd, avg)
@@ -496,9 +504,7 @@ class Site:
                      retained_samples=int(self.retained.size), samples_sha256=samples_sha256(self.retained))
             last = ce >= self.target
             if self.leader and ((rnd + 1) % cfg.train.eval_every_rounds == 0 or last):
-                with log.span("eval", round=rnd) as sp:
-                    sp["heldout_nll"] = evaluate_nll(self.trainer.model, self.hx, self.hy, self.device)
-                    sp["useful_tokens_trained"] = ce * cfg.model.seq_len
+                self.evaluator.submit(rnd, {"useful_tokens_trained": ce * cfg.model.seq_len})
             if self.leader and ((rnd + 1) % cfg.train.checkpoint_every_rounds == 0 or last):
                 self.checkpoint(rnd, ce)
             # Every round: a process killed later loses at most one round of byte counts.
@@ -506,6 +512,7 @@ class Site:
             if last:
                 break
             rnd += 1
+        self.evaluator.wait()  # the last round's evaluation is logged before the site says it is done
         self.done_epoch = self.epoch
         self.node.send(COORD, "site_done", CONTROL, {"round": self.status["round"]})
         log.emit("target_reached", epoch=self.epoch, round=self.status["round"])
@@ -527,6 +534,7 @@ class Site:
         payload: np.ndarray | None = None
         steps = 1 if cfg.train.mode == "sync" else self.spr
         with log.span("compute", round=rnd) as sp:
+            cpu0 = time.process_time()  # all of this process's threads (WAN I/O, an evaluation) included
             for h in range(steps):
                 # Rank 0 alone may leave mid-round only without workers (they would wait in gloo).
                 if h > 0 and self.pool is None and self.newer_plan_waiting():
@@ -551,7 +559,8 @@ class Site:
                 payload = trainer.pseudo_gradient()
             elif payload is None:
                 payload = np.zeros(trainer.global_params.numel(), dtype=np.float32)
-            sp.update(loss=float(np.mean(losses)) if losses else None, samples=len(ids_round))
+            sp.update(loss=float(np.mean(losses)) if losses else None, samples=len(ids_round),
+                      cpu_s=time.process_time() - cpu0)
         if self.pool is not None:
             self.pool.compute_done()
         share = n * len(ids_round) / max(1, ce - cs)
