@@ -47,6 +47,7 @@ from checkpoint_store.blobstore import StoreError
 from site_agent.collective import AllReduce, CollectiveAborted, CollectiveInterrupted, PeerUnreachable
 from site_agent.data import batch_for, evaluate_nll, heldout_batch, load_corpus, sample_order
 from site_agent.epochs import interrupts, next_plan
+from site_agent.background import OneAtATime
 from site_agent.evaluator import BackgroundEval
 from site_agent.messages import Plan, Rejected, Shutdown, parse_plan, parse_shutdown
 from site_agent.model import count_params, pick_device
@@ -159,6 +160,7 @@ class Site:
         self.cfg, self.me, self.log, self.node, self.trainer = cfg, me, log, node, trainer
         self.corpus, self.order, self.device, self.stopping, self.pool = corpus, order, device, stopping, pool
         self.hx, self.hy = heldout_batch(corpus, cfg.data, cfg.model.seq_len)
+        self.uploads = OneAtATime("checkpoint-upload")  # the leader's periodic checkpoints (see checkpoint())
         # The leader's periodic evaluations run on a copy of the weights in a thread (site_agent.evaluator).
         self.evaluator = BackgroundEval(trainer.model, log, torch.get_num_threads(),
                                         lambda m: evaluate_nll(m, self.hx, self.hy, self.device))
@@ -307,6 +309,10 @@ class Site:
             reason, rc = f"intra-site failure: {e}", 4
             log.emit("intra_site_failure", reason=str(e))
         self.evaluator.wait()  # its `eval` span is logged before the site stops
+        try:
+            self.uploads.wait()  # a checkpoint in flight finishes (as it did when it was written inline)
+        except Exception as e:  # leaving anyway: say so, then stop as planned
+            log.emit("checkpoint_failed", reason=f"{type(e).__name__}: {e}")
         return _exit(log, node, rc, reason, self.pool)
 
     def wait_for_newer_epoch(self) -> None:
@@ -319,6 +325,7 @@ class Site:
     def adopt(self, plan: Plan) -> bool:
         """Take a new epoch's plan; restore the state it names. True if we should train now."""
         log = self.log
+        self.uploads.wait()  # the checkpoint in flight belongs to the epoch we leave; it ends first
         self.plan = plan
         self.epoch = plan.epoch
         self.status["epoch"] = self.epoch
@@ -506,13 +513,14 @@ class Site:
             if self.leader and ((rnd + 1) % cfg.train.eval_every_rounds == 0 or last):
                 self.evaluator.submit(rnd, {"useful_tokens_trained": ce * cfg.model.seq_len})
             if self.leader and ((rnd + 1) % cfg.train.checkpoint_every_rounds == 0 or last):
-                self.checkpoint(rnd, ce)
+                self.checkpoint(rnd, ce, background=True)
             # Every round: a process killed later loses at most one round of byte counts.
             log.emit("wan_counters", counters=self.node.counters.snapshot())
             if last:
                 break
             rnd += 1
         self.evaluator.wait()  # the last round's evaluation is logged before the site says it is done
+        self.uploads.wait()  # and the last checkpoint is durable
         self.done_epoch = self.epoch
         self.node.send(COORD, "site_done", CONTROL, {"round": self.status["round"]})
         log.emit("target_reached", epoch=self.epoch, round=self.status["round"])
@@ -568,40 +576,56 @@ class Site:
             payload = (payload * np.float32(share)).astype(np.float32)
         return payload, ids_round, losses
 
-    def checkpoint(self, rnd: int, cursor: int) -> None:
-        """Leader: write the state after round `rnd` (samples [0, cursor)) to the store; tell the coordinator."""
+    def checkpoint(self, rnd: int, cursor: int, background: bool = False) -> None:
+        """Leader: write the state after round `rnd` (samples [0, cursor)) to the store; tell the coordinator.
+
+        background: the state is copied now and uploaded by a thread while the next round computes
+        (the round loop's periodic checkpoints). One upload at a time, in order; every other use of
+        the store, a new epoch and the site's end first wait for it (`self.uploads.wait()`)."""
         if self.store is None:
             return
+        self.uploads.wait()
         parent = self.plan.frontier_manifest if self.plan is not None else None
         if getattr(self, "last_manifest", None) and getattr(self, "last_manifest_epoch", -1) == self.epoch:
             parent = self.last_manifest
+        # A copy of the state (AdamW's tensors are live otherwise) and of what describes it, as of now.
+        state = {g: {k: v.clone() for k, v in d.items()} for g, d in self.trainer.state_tensors().items()}
+        what = (rnd, cursor, parent, with_lineage(state, self.retained), self.retained.copy(),
+                self.trainer.params_hash(), self.epoch)
+        if background:
+            self.uploads.start(lambda: self._upload(*what))
+        else:
+            self._upload(*what)
+
+    def _upload(self, rnd: int, cursor: int, parent: str | None, blobs: dict[str, dict[str, torch.Tensor]],
+                ids: np.ndarray, phash: str, epoch: int) -> None:
         try:
-            mhash = self._write_checkpoint(rnd, cursor, parent)
+            mhash = self._write_checkpoint(rnd, cursor, parent, blobs, ids, phash, epoch)
         except StoreError as e:
             # Refused (a newer epoch fenced the store while we wrote: we are being replaced) or the
             # store was out of reach: this checkpoint is not durable and nothing else is lost. Train
             # on; a newer epoch is adopted at the next boundary, and the next checkpoint tries again.
             self.log.emit("checkpoint_failed", round=rnd, reason=str(e))
             return
-        self.last_manifest, self.last_manifest_epoch = mhash, self.epoch
+        self.last_manifest, self.last_manifest_epoch = mhash, epoch
         self.node.send(COORD, "checkpoint_durable", CONTROL, {"manifest_hash": mhash, "round": rnd, "cursor": cursor})
 
-    def _write_checkpoint(self, rnd: int, cursor: int, parent: str | None) -> str:
+    def _write_checkpoint(self, rnd: int, cursor: int, parent: str | None, blobs: dict[str, dict[str, torch.Tensor]],
+                          ids: np.ndarray, phash: str, epoch: int) -> str:
         """Write the state and the retained samples; the span logs both the retained samples' hash
         (`samples_sha256`, the matched-frontier hash) and the canonical prefix's (`canonical_sha256`,
         the first `cursor` positions of the canonical order), which agree in a correct run."""
         cfg = self.cfg
-        ids = self.retained
         samples_sha = samples_sha256(ids)
         canonical_sha = samples_sha256(np.asarray(ids_at(self.order, range(0, cursor)), dtype=np.int64))
         assert self.store is not None
         with self.log.span("checkpoint_write", round=rnd) as sp:
             sp.update(samples_sha256=samples_sha, canonical_sha256=canonical_sha, samples=int(ids.size), cursor=cursor)
-            mhash, _manifest = self.store.save(with_lineage(self.trainer.state_tensors(), ids), {
-                "run_id": cfg.run_id, "ckpt_id": f"e{self.epoch}r{rnd}", "round": rnd, "step": (rnd + 1) * self.spr,
-                "epoch": self.epoch, "parent": parent, "samples": int(ids.size), "samples_sha256": samples_sha,
+            mhash, _manifest = self.store.save(blobs, {
+                "run_id": cfg.run_id, "ckpt_id": f"e{epoch}r{rnd}", "round": rnd, "step": (rnd + 1) * self.spr,
+                "epoch": epoch, "parent": parent, "samples": int(ids.size), "samples_sha256": samples_sha,
                 "canonical_sha256": canonical_sha, "cursor": cursor, "useful_tokens": int(ids.size) * cfg.model.seq_len,
-                "params_hash": self.trainer.params_hash(), "dataset_id": self.corpus.dataset_id,
+                "params_hash": phash, "dataset_id": self.corpus.dataset_id,
                 "config": to_dict(cfg)}, timeout_s=120.0)
             sp.update(manifest_hash=mhash, useful_tokens=int(ids.size) * cfg.model.seq_len)
         return mhash
