@@ -53,7 +53,6 @@ def _size_for(kbps: int) -> int:
 
 def run() -> dict:
     wan = WanConfig(curve=True)
-    part_elems = wan.chunk_bytes // 4
     spec0 = LinkSpec(up=LinkProfile(0, 0, 0), down=LinkProfile(0, 0, 0))
     points: dict[int, list[dict]] = {b: [] for b in [*LADDER_KBPS, 0]}
     t_start = time.monotonic()
@@ -68,37 +67,7 @@ def run() -> dict:
             tag += 1
             apply_link_spec(cl.client, "a_to_b", LinkSpec(up=LinkProfile(0, 0, kbps), down=LinkProfile(0, 0, 0)))
             size = _size_for(kbps)
-            data = np.random.default_rng(tag).standard_normal(size // 4).astype(np.float32)
-            result: dict = {}
-            done = threading.Event()
-
-            def receiver(my_tag: int = tag) -> None:
-                got = 0
-                while got < size:
-                    try:
-                        msg = inbox.get(timeout=300)
-                    except queue.Empty:
-                        result["error"] = f"receiver got {got} of {size} bytes in 300 s"
-                        break
-                    if msg.body.get("tag") != my_tag:
-                        continue
-                    got += msg.array(0).nbytes
-                result["t_done"] = time.monotonic()
-                done.set()
-
-            rx = threading.Thread(target=receiver, daemon=True)
-            rx.start()
-            t0 = time.monotonic()
-            for off in range(0, data.size, part_elems):
-                a.send("b", "blob", TrafficClass.COLLECTIVE.value, {"tag": tag, "offset": off},
-                       [data[off:off + part_elems]])
-            done.wait(600)
-            rx.join(1)
-            if "error" in result or "t_done" not in result:
-                raise BenchError(f"B={kbps} KB/s: {result.get('error', 'receiver did not finish')}")
-            if not a.wait_acked(60, "b"):
-                raise BenchError(f"B={kbps} KB/s: unacked messages after delivery")
-            measured = result["t_done"] - t0
+            measured = transfer(cl, "a", "b", inbox, size, tag, what=f"B={kbps} KB/s")
             goodput = size / measured
             return {"kbps": kbps, "size_bytes": size, "measured_s": measured, "goodput_bytes_per_s": goodput,
                     "fraction_of_configured": goodput / (kbps * KB) if kbps else None}
@@ -148,6 +117,44 @@ def run() -> dict:
     return write_result(NAME, ratio=ratio, goal=f">= {GOAL:.1f}", passed=ratio >= GOAL, raw=raw,
                         reference="fixed_goal", measures=["wan/", "bench/emulator_ceiling.py", "bench/common.py"],
                         env=env_info(version), notes=notes)
+
+
+def transfer(cl: BenchCluster, src: str, dst: str, inbox: "queue.Queue", size: int, tag: int, what: str = "") -> float:
+    """Send `size` bytes of float32 from src to dst as reliable messages of wan.chunk_bytes (kind
+    "blob", traffic class collective); seconds from before the first send to a receiver thread taking
+    the last byte off dst's `inbox` (registered for "blob"). Waits for the acks before returning."""
+    part_elems = cl.wan.chunk_bytes // 4
+    data = np.random.default_rng(tag).standard_normal(size // 4).astype(np.float32)
+    result: dict = {}
+    done = threading.Event()
+
+    def receiver() -> None:
+        got = 0
+        while got < size:
+            try:
+                msg = inbox.get(timeout=300)
+            except queue.Empty:
+                result["error"] = f"receiver got {got} of {size} bytes in 300 s"
+                break
+            if msg.body.get("tag") != tag:
+                continue
+            got += msg.array(0).nbytes
+        result["t_done"] = time.monotonic()
+        done.set()
+
+    rx = threading.Thread(target=receiver, daemon=True)
+    rx.start()
+    t0 = time.monotonic()
+    for off in range(0, data.size, part_elems):
+        cl.nodes[src].send(dst, "blob", TrafficClass.COLLECTIVE.value, {"tag": tag, "offset": off},
+                           [data[off:off + part_elems]])
+    done.wait(600)
+    rx.join(1)
+    if "error" in result or "t_done" not in result:
+        raise BenchError(f"{what}: {result.get('error', 'receiver did not finish')}")
+    if not cl.nodes[src].wait_acked(60, dst):
+        raise BenchError(f"{what}: unacked messages after delivery")
+    return result["t_done"] - t0
 
 
 if __name__ == "__main__":
