@@ -6,6 +6,9 @@ B_link = B / (n - 1), so a site's total egress is B (the collective sends to bot
 each over its own link). Three threads run `AllReduce.allreduce_mean` on a float32 vector of the
 default model's size at the same time. Reference: the bandwidth lower bound of an all-reduce,
 2 (n-1)/n * P / B (P = payload bytes). `ratio` = median measured / bound; goal <= 1.25.
+
+This is the shaped-link benchmark (bandwidth-bound links). The same all-reduce on unshaped links,
+over 2 x latency + the bandwidth term at the emulator's own ceiling, is `collective_unshaped`.
 """
 
 from __future__ import annotations
@@ -51,41 +54,7 @@ def run() -> dict:
         ars = {s: AllReduce(cl.nodes[s], queues[s], s, wan.chunk_bytes, "none") for s in SITES}
 
         def one_round(rnd: int) -> dict:
-            vecs = {s: rng.standard_normal(n_params).astype(np.float32) for s in SITES}
-            barrier = threading.Barrier(n + 1)
-            out: dict[str, tuple] = {}
-            errors: list[BaseException] = []
-
-            def worker(s: str) -> None:
-                try:
-                    barrier.wait()
-                    t0 = time.monotonic()
-                    res, stats = ars[s].allreduce_mean(vecs[s], rnd, SITES, timeout_s=120)
-                    out[s] = (t0, time.monotonic(), res, stats)
-                except BaseException as e:  # reported below
-                    errors.append(e)
-
-            threads = [threading.Thread(target=worker, args=(s,), daemon=True) for s in SITES]
-            for t in threads:
-                t.start()
-            barrier.wait()
-            for t in threads:
-                t.join(180)
-            if errors or len(out) != n:
-                raise BenchError(f"round {rnd}: {errors or 'a worker did not finish'}")
-            expected = reduce_in_order([vecs[s] for s in SITES])
-            for s in SITES:
-                if not np.array_equal(out[s][2], expected):
-                    raise BenchError(f"round {rnd}: site {s} got a wrong all-reduce result")
-            start = min(v[0] for v in out.values())
-            end = max(v[1] for v in out.values())
-            for s in SITES:  # let acks drain so the next round starts on idle links
-                if not cl.nodes[s].wait_acked(30):
-                    raise BenchError(f"round {rnd}: {s} has unacked messages")
-            return {"round": rnd, "measured_s": end - start,
-                    "per_site_s": {s: out[s][1] - out[s][0] for s in SITES},
-                    "payload_bytes_sent": {s: out[s][3].payload_bytes_sent for s in SITES},
-                    "messages_sent": {s: out[s][3].messages_sent for s in SITES}}
+            return allreduce_round(cl, ars, SITES, n_params, rnd, rng)
 
         warm = one_round(0)  # first round: numpy/allocator warm-up, not counted
         print(f"  warm-up round: {warm['measured_s']:.3f} s (bound {bound_s:.3f} s)", flush=True)
@@ -119,6 +88,49 @@ def run() -> dict:
                         passed=GOAL_LOW <= ratio <= GOAL, raw=raw, reference="analytic_bound",
                         measures=["wan/", "site_agent/collective.py", "bench/collective_efficiency.py", "bench/common.py"],
                         env=env_info(version), notes=notes)
+
+
+def allreduce_round(cl: BenchCluster, ars: dict[str, AllReduce], sites: list[str], n_params: int, rnd: int,
+                    rng: np.random.Generator) -> dict:
+    """One all-reduce of random float32 [n_params] vectors, one thread per site started together
+    (barrier); checked bitwise against reduce_in_order; measured = first start to last finish.
+    Waits until every node's messages are acked, so the next round starts on idle links."""
+    n = len(sites)
+    vecs = {s: rng.standard_normal(n_params).astype(np.float32) for s in sites}
+    barrier = threading.Barrier(n + 1)
+    out: dict[str, tuple] = {}
+    errors: list[BaseException] = []
+
+    def worker(s: str) -> None:
+        try:
+            barrier.wait()
+            t0 = time.monotonic()
+            res, stats = ars[s].allreduce_mean(vecs[s], rnd, sites, timeout_s=120)
+            out[s] = (t0, time.monotonic(), res, stats)
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(s,), daemon=True) for s in sites]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    for t in threads:
+        t.join(180)
+    if errors or len(out) != n:
+        raise BenchError(f"round {rnd}: {errors or 'a worker did not finish'}")
+    expected = reduce_in_order([vecs[s] for s in sites])
+    for s in sites:
+        if not np.array_equal(out[s][2], expected):
+            raise BenchError(f"round {rnd}: site {s} got a wrong all-reduce result")
+    start = min(v[0] for v in out.values())
+    end = max(v[1] for v in out.values())
+    for s in sites:
+        if not cl.nodes[s].wait_acked(30):
+            raise BenchError(f"round {rnd}: {s} has unacked messages")
+    return {"round": rnd, "measured_s": end - start,
+            "per_site_s": {s: out[s][1] - out[s][0] for s in sites},
+            "payload_bytes_sent": {s: out[s][3].payload_bytes_sent for s in sites},
+            "messages_sent": {s: out[s][3].messages_sent for s in sites}}
 
 
 if __name__ == "__main__":

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from bench.common import RESULTS, ROOT
 
-BENCHMARKS = ["wan_fidelity", "collective_efficiency", "emulator_overhead", "heartbeat_under_load", "recovery",
-              "storm_goodput",
+BENCHMARKS = ["wan_fidelity", "collective_efficiency", "collective_unshaped", "emulator_ceiling", "emulator_overhead",
+              "cluster_throughput", "heartbeat_under_load", "recovery", "storm_goodput",
               "analysis_speed"]
 # A benchmark module that writes more than one result file.
 RESULT_NAMES = {"recovery": ["recovery_failover", "recovery_rejoin"]}

@@ -47,6 +47,8 @@ from checkpoint_store.blobstore import StoreError
 from site_agent.collective import AllReduce, CollectiveAborted, CollectiveInterrupted, PeerUnreachable
 from site_agent.data import batch_for, eval_fields, eval_set, load_corpus, sample_order
 from site_agent.epochs import interrupts, next_plan
+from site_agent.background import OneAtATime
+from site_agent.evaluator import BackgroundEval
 from site_agent.lr_schedule import step_frontier_tokens
 from site_agent.messages import Plan, Rejected, Shutdown, parse_plan, parse_shutdown
 from site_agent.model import count_params, pick_device
@@ -160,6 +162,10 @@ class Site:
         self.corpus, self.order, self.device, self.stopping, self.pool = corpus, order, device, stopping, pool
         self.evalset = eval_set(corpus, cfg.data, cfg.model.seq_len)  # fixed windows over the held-out split
         self.hx, self.hy = self.evalset.tensors()
+        self.uploads = OneAtATime("checkpoint-upload")  # the leader's periodic checkpoints (see checkpoint())
+        # The leader's periodic evaluations run on a copy of the weights in a thread (site_agent.evaluator).
+        self.evaluator = BackgroundEval(trainer.model, log, torch.get_num_threads(),
+                                        lambda m: eval_fields(m, self.evalset, self.hx, self.hy, self.device))
         self.coll_q = node.inbox("coll")
         self.ctl_q = node.inbox("membership", "shutdown")
         self.state_q = node.inbox("state_chunk")
@@ -304,6 +310,11 @@ class Site:
         except IntraSiteError as e:  # a worker died, the group timed out, or the ranks disagree
             reason, rc = f"intra-site failure: {e}", 4
             log.emit("intra_site_failure", reason=str(e))
+        self.evaluator.wait()  # its `eval` span is logged before the site stops
+        try:
+            self.uploads.wait()  # a checkpoint in flight finishes (as it did when it was written inline)
+        except Exception as e:  # leaving anyway: say so, then stop as planned
+            log.emit("checkpoint_failed", reason=f"{type(e).__name__}: {e}")
         return _exit(log, node, rc, reason, self.pool)
 
     def wait_for_newer_epoch(self) -> None:
@@ -316,6 +327,7 @@ class Site:
     def adopt(self, plan: Plan) -> bool:
         """Take a new epoch's plan; restore the state it names. True if we should train now."""
         log = self.log
+        self.uploads.wait()  # the checkpoint in flight belongs to the epoch we leave; it ends first
         self.plan = plan
         self.epoch = plan.epoch
         self.status["epoch"] = self.epoch
@@ -453,6 +465,7 @@ class Site:
         members = list(plan.members)
         n, idx = len(members), members.index(self.me)
         rnd = plan.start_round
+        phash: str | None = None  # params hash of the trainer's state after the last round applied here
         while True:
             cs, ce = round_span(cfg, n, plan.start_round, plan.start_cursor, rnd, self.target)
             if cs >= self.target:
@@ -462,18 +475,20 @@ class Site:
                 raise Interrupted("a newer epoch takes effect at this round")
             self.status["round"] = rnd
             log.set_context(step=(rnd + 1) * self.spr)
-            self.snapshots[rnd] = take_snapshot(self.trainer, rnd, self.retained)
+            # The state at this round's start is the one whose hash the previous iteration logged.
+            self.snapshots[rnd] = take_snapshot(self.trainer, rnd, self.retained, phash)
             self.snapshots = {k: v for k, v in self.snapshots.items() if k >= rnd - 3}
             self.next_round = None  # mid-round: the state is neither this round's start nor its end
             payload, ids_round, losses = self.compute(rnd, n, idx, cs, ce)
             with log.span("collective", round=rnd, payload_values=int(payload.size)) as sp:
+                cpu0 = time.process_time()
                 try:
                     avg, stats = self.allreduce.allreduce_mean(payload, rnd, members,
                                                                cfg.wan.collective_timeout_ms / 1000, ids_round)
                 finally:
                     last = self.allreduce.last_stats
                     sp.update(payload_bytes_sent=last.payload_bytes_sent, messages_sent=last.messages_sent,
-                              rejected=last.rejected)
+                              rejected=last.rejected, cpu_s=time.process_time() - cpu0)
             round_ids = _round_samples(stats, members)
             if self.pool is not None:  # every rank applies the same vector
                 self.pool.share(rnd, avg)
@@ -498,16 +513,16 @@ class Site:
                      retained_samples=int(self.retained.size), samples_sha256=samples_sha256(self.retained))
             last = ce >= self.target
             if self.leader and ((rnd + 1) % cfg.train.eval_every_rounds == 0 or last):
-                with log.span("eval", round=rnd) as sp:
-                    sp.update(eval_fields(self.trainer.model, self.evalset, self.hx, self.hy, self.device))
-                    sp["useful_tokens_trained"] = ce * cfg.model.seq_len
+                self.evaluator.submit(rnd, {"useful_tokens_trained": ce * cfg.model.seq_len})
             if self.leader and ((rnd + 1) % cfg.train.checkpoint_every_rounds == 0 or last):
-                self.checkpoint(rnd, ce)
+                self.checkpoint(rnd, ce, background=True)
             # Every round: a process killed later loses at most one round of byte counts.
             log.emit("wan_counters", counters=self.node.counters.snapshot())
             if last:
                 break
             rnd += 1
+        self.evaluator.wait()  # the last round's evaluation is logged before the site says it is done
+        self.uploads.wait()  # and the last checkpoint is durable
         self.done_epoch = self.epoch
         self.node.send(COORD, "site_done", CONTROL, {"round": self.status["round"]})
         log.emit("target_reached", epoch=self.epoch, round=self.status["round"])
@@ -529,6 +544,7 @@ class Site:
         payload: np.ndarray | None = None
         steps = 1 if cfg.train.mode == "sync" else self.spr
         with log.span("compute", round=rnd) as sp:
+            cpu0 = time.process_time()  # all of this process's threads (WAN I/O, an evaluation) included
             for h in range(steps):
                 # Rank 0 alone may leave mid-round only without workers (they would wait in gloo).
                 if h > 0 and self.pool is None and self.newer_plan_waiting():
@@ -553,7 +569,8 @@ class Site:
                 payload = trainer.pseudo_gradient()
             elif payload is None:
                 payload = np.zeros(trainer.global_params.numel(), dtype=np.float32)
-            sp.update(loss=float(np.mean(losses)) if losses else None, samples=len(ids_round))
+            sp.update(loss=float(np.mean(losses)) if losses else None, samples=len(ids_round),
+                      cpu_s=time.process_time() - cpu0)
         if self.pool is not None:
             self.pool.compute_done()
         share = n * len(ids_round) / max(1, ce - cs)
@@ -561,40 +578,56 @@ class Site:
             payload = (payload * np.float32(share)).astype(np.float32)
         return payload, ids_round, losses
 
-    def checkpoint(self, rnd: int, cursor: int) -> None:
-        """Leader: write the state after round `rnd` (samples [0, cursor)) to the store; tell the coordinator."""
+    def checkpoint(self, rnd: int, cursor: int, background: bool = False) -> None:
+        """Leader: write the state after round `rnd` (samples [0, cursor)) to the store; tell the coordinator.
+
+        background: the state is copied now and uploaded by a thread while the next round computes
+        (the round loop's periodic checkpoints). One upload at a time, in order; every other use of
+        the store, a new epoch and the site's end first wait for it (`self.uploads.wait()`)."""
         if self.store is None:
             return
+        self.uploads.wait()
         parent = self.plan.frontier_manifest if self.plan is not None else None
         if getattr(self, "last_manifest", None) and getattr(self, "last_manifest_epoch", -1) == self.epoch:
             parent = self.last_manifest
+        # A copy of the state (AdamW's tensors are live otherwise) and of what describes it, as of now.
+        state = {g: {k: v.clone() for k, v in d.items()} for g, d in self.trainer.state_tensors().items()}
+        what = (rnd, cursor, parent, with_lineage(state, self.retained), self.retained.copy(),
+                self.trainer.params_hash(), self.epoch)
+        if background:
+            self.uploads.start(lambda: self._upload(*what))
+        else:
+            self._upload(*what)
+
+    def _upload(self, rnd: int, cursor: int, parent: str | None, blobs: dict[str, dict[str, torch.Tensor]],
+                ids: np.ndarray, phash: str, epoch: int) -> None:
         try:
-            mhash = self._write_checkpoint(rnd, cursor, parent)
+            mhash = self._write_checkpoint(rnd, cursor, parent, blobs, ids, phash, epoch)
         except StoreError as e:
             # Refused (a newer epoch fenced the store while we wrote: we are being replaced) or the
             # store was out of reach: this checkpoint is not durable and nothing else is lost. Train
             # on; a newer epoch is adopted at the next boundary, and the next checkpoint tries again.
             self.log.emit("checkpoint_failed", round=rnd, reason=str(e))
             return
-        self.last_manifest, self.last_manifest_epoch = mhash, self.epoch
+        self.last_manifest, self.last_manifest_epoch = mhash, epoch
         self.node.send(COORD, "checkpoint_durable", CONTROL, {"manifest_hash": mhash, "round": rnd, "cursor": cursor})
 
-    def _write_checkpoint(self, rnd: int, cursor: int, parent: str | None) -> str:
+    def _write_checkpoint(self, rnd: int, cursor: int, parent: str | None, blobs: dict[str, dict[str, torch.Tensor]],
+                          ids: np.ndarray, phash: str, epoch: int) -> str:
         """Write the state and the retained samples; the span logs both the retained samples' hash
         (`samples_sha256`, the matched-frontier hash) and the canonical prefix's (`canonical_sha256`,
         the first `cursor` positions of the canonical order), which agree in a correct run."""
         cfg = self.cfg
-        ids = self.retained
         samples_sha = samples_sha256(ids)
         canonical_sha = samples_sha256(np.asarray(ids_at(self.order, range(0, cursor)), dtype=np.int64))
         assert self.store is not None
         with self.log.span("checkpoint_write", round=rnd) as sp:
             sp.update(samples_sha256=samples_sha, canonical_sha256=canonical_sha, samples=int(ids.size), cursor=cursor)
-            mhash, _manifest = self.store.save(with_lineage(self.trainer.state_tensors(), ids), {
-                "run_id": cfg.run_id, "ckpt_id": f"e{self.epoch}r{rnd}", "round": rnd, "step": (rnd + 1) * self.spr,
-                "epoch": self.epoch, "parent": parent, "samples": int(ids.size), "samples_sha256": samples_sha,
+            mhash, _manifest = self.store.save(blobs, {
+                "run_id": cfg.run_id, "ckpt_id": f"e{epoch}r{rnd}", "round": rnd, "step": (rnd + 1) * self.spr,
+                "epoch": epoch, "parent": parent, "samples": int(ids.size), "samples_sha256": samples_sha,
                 "canonical_sha256": canonical_sha, "cursor": cursor, "useful_tokens": int(ids.size) * cfg.model.seq_len,
-                "params_hash": self.trainer.params_hash(), "dataset_id": self.corpus.dataset_id,
+                "params_hash": phash, "dataset_id": self.corpus.dataset_id,
                 "config": to_dict(cfg)}, timeout_s=120.0)
             sp.update(manifest_hash=mhash, useful_tokens=int(ids.size) * cfg.model.seq_len)
         return mhash

@@ -40,10 +40,13 @@ class Snapshot:
     retained: np.ndarray = field(default_factory=_no_ids)  # int64 [k], sorted: samples retained up to here
 
 
-def take_snapshot(trainer: SiteTrainer, rnd: int, retained: np.ndarray | None = None) -> Snapshot:
+def take_snapshot(trainer: SiteTrainer, rnd: int, retained: np.ndarray | None = None,
+                  params_hash: str | None = None) -> Snapshot:
+    """The trainer's state now. `params_hash`: the hash of exactly this state when the caller has just
+    computed it (the round loop has: the hash it logged after applying the previous round); else computed."""
     blobs = {g: {k: v.clone() for k, v in d.items()} for g, d in trainer.state_tensors().items()}
     ids = _no_ids() if retained is None else np.array(retained, dtype=np.int64)
-    return Snapshot(rnd, blobs, trainer.params_hash(), ids)
+    return Snapshot(rnd, blobs, params_hash if params_hash is not None else trainer.params_hash(), ids)
 
 
 def samples_sha256(ids: np.ndarray) -> str:
