@@ -64,7 +64,7 @@ clean:
 
 # ---- docker compose (see README "Docker compose and several hosts") ----------------------------
 SMOKE_RUN ?= smoke-$(shell date +%Y%m%d-%H%M%S)
-SMOKE_SCENARIO ?= scenarios/one-outage.yaml
+SMOKE_SCENARIO ?= scenarios/compose-smoke.yaml
 # A native run of the same config and scenario to compare the matched-frontier hash with (optional).
 SMOKE_NATIVE ?=
 # auto: use the pinned upstream images when present or pullable, else build local ones from Debian's

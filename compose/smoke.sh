@@ -20,7 +20,7 @@
 set -euo pipefail
 
 SMOKE_RUN=${SMOKE_RUN:?set SMOKE_RUN}
-SMOKE_SCENARIO=${SMOKE_SCENARIO:-scenarios/one-outage.yaml}
+SMOKE_SCENARIO=${SMOKE_SCENARIO:-scenarios/compose-smoke.yaml}
 SMOKE_NATIVE=${SMOKE_NATIVE:-}
 BIN=${BIN:-.venv/bin}
 PROJECT=xdc
@@ -102,6 +102,14 @@ docker image prune -f --filter label=org.xdc.project=xdc >/dev/null
 say "up (run $SMOKE_RUN)"
 "${COMPOSE[@]}" up -d --quiet-pull
 t_up=$(now_ns)
+# The chaos driver attaches at once, while the sites are still importing torch: started after the
+# probe instead, it raced the run (on an idle machine the 131,072-token run ended before it attached,
+# and the probe's `exec` into a site that had exited hung). It returns when the coordinator has
+# exited by itself; a run that never ends fails the smoke.
+say "chaos: $SMOKE_SCENARIO"
+timeout "${SMOKE_RUN_TIMEOUT_S:-900}" \
+  "$BIN/xdc" chaos "$SMOKE_SCENARIO" --run "$RUN_DIR" --docker --project "$PROJECT" --toxiproxy "$API" &
+chaos_pid=$!
 
 # From inside site-a: other processes by name and by IP (each on its own network), and the way out.
 ip_of() {
@@ -116,7 +124,8 @@ done
 for ns in $(awk '$1 == "nameserver" && $2 !~ /^127\./ && $2 !~ /:/ {print $2}' /etc/resolv.conf | head -1); do
   probe_args+=(--outside "$ns:53")
 done
-"${COMPOSE[@]}" exec -T site-a python /app/compose/netprobe.py "${probe_args[@]}" > "$RUN_DIR/netprobe.json"
+timeout 120 "${COMPOSE[@]}" exec -T site-a python /app/compose/netprobe.py "${probe_args[@]}" > "$RUN_DIR/netprobe.json" \
+  || die "the network probe from inside site-a failed or hung (exit $?)"
 say "probe from site-a: $(tr -d '\n ' < "$RUN_DIR/netprobe.json" | cut -c1-160)..."
 # The networks as the engine has them: internal or not, and which services are attached.
 for net in $(docker network ls -q --filter "label=com.docker.compose.project=$PROJECT"); do
@@ -130,10 +139,7 @@ for line in sys.stdin:
                   "services": sorted(re.sub(r"^xdc[-_](.*)[-_]\d+$", r"\1", c) for c in containers)}
 json.dump(nets, open(sys.argv[1], "w"), indent=1, sort_keys=True)' "$RUN_DIR/networks.json"
 
-say "chaos: $SMOKE_SCENARIO"
-# It returns when the coordinator has exited by itself; a run that never ends fails the smoke.
-timeout "${SMOKE_RUN_TIMEOUT_S:-900}" \
-  "$BIN/xdc" chaos "$SMOKE_SCENARIO" --run "$RUN_DIR" --docker --project "$PROJECT" --toxiproxy "$API" \
+wait "$chaos_pid" \
   || die "xdc chaos failed or the run did not end within ${SMOKE_RUN_TIMEOUT_S:-900} s (exit $?)"
 # The end of the run, as the native launcher ends it: once the coordinator has finished, the sites
 # get 30 s to exit by themselves (a restarted site may still be dialling peers that are gone); then

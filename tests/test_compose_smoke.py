@@ -21,7 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-SCENARIO = "scenarios/one-outage.yaml"
+SCENARIO = "scenarios/compose-smoke.yaml"
 CONFIG = "compose/run.yaml"
 
 

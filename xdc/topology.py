@@ -231,7 +231,7 @@ def compose_spec(sites: tuple[str, ...] | list[str] = ("a", "b", "c")) -> dict:
             healthcheck=healthy_when_logging(s), **pid_host)
     # Chaos as its own profile: `docker compose --profile chaos up chaos` (the docker CLI in the
     # image drives the project's containers through the mounted Docker socket).
-    chaos = xdc_service(["xdc", "chaos", "${XDC_SCENARIO:-scenarios/one-outage.yaml}", "--run", RUN_DIR_IN_CONTAINER,
+    chaos = xdc_service(["xdc", "chaos", "${XDC_SCENARIO:-scenarios/compose-smoke.yaml}", "--run", RUN_DIR_IN_CONTAINER,
                          "--docker", "--project", COMPOSE_PROJECT], [network_name(COORD)],
                         depends_on={"init": {"condition": "service_completed_successfully"}},
                         profiles=["chaos"])
