@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import sys
+import threading
 
 
 def _connect(host: str, port: int, timeout_s: float) -> dict:
@@ -33,11 +35,30 @@ def _connect(host: str, port: int, timeout_s: float) -> dict:
         return {"ok": False, "error": f"{type(e).__name__}: {e}"}
 
 
-def _resolve(name: str) -> dict:
-    try:
-        return {"ok": True, "error": None, "address": socket.gethostbyname(name)}
-    except OSError as e:
-        return {"ok": False, "error": f"{type(e).__name__}: {e}", "address": None}
+def _resolve(name: str, timeout_s: float) -> dict:
+    """Name -> address, bounded in time: getaddrinfo has no timeout of its own, and on an internal
+    network an unknown name can wait on an upstream resolver the container cannot reach (the smoke's
+    probe hung past 120 s that way), so the lookup runs in a daemon thread that is abandoned."""
+    box: dict = {}
+
+    def look() -> None:
+        try:
+            box["r"] = {"ok": True, "error": None, "address": socket.gethostbyname(name)}
+        except OSError as e:
+            box["r"] = {"ok": False, "error": f"{type(e).__name__}: {e}", "address": None}
+
+    t = threading.Thread(target=look, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    return box.get("r") or {"ok": False, "error": f"timeout: no answer in {timeout_s} s", "address": None}
+
+
+def _resolve_connect(name: str, port: int, timeout_s: float) -> dict:
+    """Resolve (bounded), then connect to the address; an unresolved name is unreachable."""
+    r = _resolve(name, timeout_s)
+    if not r["ok"]:
+        return {**r, "error": f"not resolved: {r['error']}"}
+    return {**r, **_connect(r["address"], port, timeout_s)}
 
 
 def has_default_route(route_table: str) -> bool:
@@ -61,9 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     via_host, via_port = args.via.rsplit(":", 1)
     out = {
         "hostname": socket.gethostname(),
-        "names": {n: {**_resolve(n), **_connect(n, args.port, args.timeout_s)} for n in args.name},
+        "names": {n: _resolve_connect(n, args.port, args.timeout_s) for n in args.name},
         "ips": {},
-        "via": {"target": args.via, **_resolve(via_host), **_connect(via_host, int(via_port), args.timeout_s)},
+        "via": {"target": args.via, **_resolve_connect(via_host, int(via_port), args.timeout_s)},
     }
     for item in args.ip:
         svc, ip = item.split("=", 1)
@@ -76,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         out["default_route"] = has_default_route(f.read())
     json.dump(out, sys.stdout, indent=1, sort_keys=True)
     print()
-    return 0
+    sys.stdout.flush()
+    os._exit(0)  # abandoned lookups may still block in getaddrinfo; do not wait for them at exit
 
 
 if __name__ == "__main__":
