@@ -72,6 +72,19 @@ def comparison(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     return out, index
 
 
+@pytest.fixture
+def toxiproxy(tmp_path: Path) -> Iterator[Any]:
+    """A real toxiproxy-server on loopback for one test (its client); stopped afterwards."""
+    from wan.toxiproxy import ToxiproxyServer
+
+    server = ToxiproxyServer(log_path=tmp_path / "toxiproxy.out")
+    client = server.start()
+    try:
+        yield client
+    finally:
+        server.stop()
+
+
 def events(run_dir: Path, process: str) -> list[dict]:
     path = run_dir / "logs" / f"{process}.jsonl"
     return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]

@@ -17,7 +17,7 @@ import pytest
 from coordinator import membership as mb
 from wan.keys import generate_cluster_keys
 from wan.node import Route, WanNode
-from wan.toxiproxy import ToxiproxyServer, free_port
+from wan.toxiproxy import free_port
 from xdc.config import WanConfig
 from xdc.eventlog import EventLog, read_events
 
@@ -79,16 +79,6 @@ def test_connection_evidence_replaces_the_previous_one() -> None:
 
 
 # ----------------------------------------------------------------------------- live
-
-
-@pytest.fixture
-def toxiproxy(tmp_path: Path):
-    server = ToxiproxyServer(log_path=tmp_path / "toxiproxy.out")
-    client = server.start()
-    try:
-        yield client
-    finally:
-        server.stop()
 
 
 def _coord_and_site(tmp: Path, toxi):

@@ -12,19 +12,9 @@ import pytest
 from site_agent.collective import AllReduce, reduce_in_order
 from wan.keys import generate_cluster_keys
 from wan.node import Route, WanNode
-from wan.toxiproxy import ToxiproxyServer, free_port
+from wan.toxiproxy import free_port
 from xdc.config import WanConfig
 from xdc.eventlog import EventLog, read_events
-
-
-@pytest.fixture
-def toxiproxy(tmp_path: Path):
-    server = ToxiproxyServer(log_path=tmp_path / "toxiproxy.out")
-    client = server.start()
-    try:
-        yield client
-    finally:
-        server.stop()
 
 
 def _pair(tmp: Path, toxi, wan: WanConfig, run_id: str = "r1"):
