@@ -381,13 +381,18 @@ class BlobStore:
         h = self.frontier_hash()
         if h is None:
             return None
+        return h, self.checkpoint(h)
+
+    def checkpoint(self, h: str) -> dict[str, Any]:
+        """The manifest of checkpoint `h` (frontier or not), with it and every blob verified;
+        CorruptCheckpoint if it or a blob is missing or damaged."""
         manifest = self.read_manifest(h)
         for _name, sha in sorted(manifest.get("blobs", {}).items()):
             path = self._blob_path(sha)
             if not path.exists():
                 raise CorruptCheckpoint(path, sha, "missing", what="blob")
             self.verify_blob(sha)
-        return h, manifest
+        return manifest
 
     def manifests(self) -> dict[str, dict[str, Any]]:
         """Every stored manifest (the lineage tree, abandoned branches included), each hash-verified."""

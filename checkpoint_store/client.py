@@ -189,8 +189,19 @@ class StoreClient:
     # ------------------------------------------------------------------ read
     def frontier(self, timeout_s: float) -> tuple[str, dict[str, Any]] | None:
         """(hash, manifest) of the store's durable frontier, or None if it has none yet."""
+        return self._manifest_request({}, timeout_s)
+
+    def checkpoint(self, manifest_hash: str, timeout_s: float) -> dict[str, Any]:
+        """The manifest of one named checkpoint (frontier or older), verified by the store and here.
+        StoreError (ckpt_error) if the store does not hold it intact."""
+        got = self._manifest_request({"manifest_hash": manifest_hash}, timeout_s)
+        if got is None or got[0] != manifest_hash:
+            raise StoreError(f"asked the store for checkpoint {manifest_hash}, got {got[0] if got else None}")
+        return got[1]
+
+    def _manifest_request(self, extra: dict[str, Any], timeout_s: float) -> tuple[str, dict[str, Any]] | None:
         req = self._new_id("fr")
-        self._send("ckpt_frontier_get", {"req": req})
+        self._send("ckpt_frontier_get", {"req": req, **extra})
         reply = self._wait((req,), time.monotonic() + timeout_s, "frontier")
         self._done(req)
         if reply.kind != "ckpt_frontier":

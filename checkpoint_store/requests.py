@@ -72,10 +72,16 @@ class ManifestPut:
 
 @dataclass(frozen=True)
 class FrontierGet:
+    """The durable frontier, or (with `manifest_hash`) one named checkpoint: a restore reads the
+    checkpoint its plan names even after a newer one became the frontier."""
+    manifest_hash: str | None = None
+
     @staticmethod
     def from_body(body: Any) -> FrontierGet:
-        body_of("ckpt_frontier_get", body)
-        return FrontierGet()
+        k = "ckpt_frontier_get"
+        b = body_of(k, body)
+        return FrontierGet(get_str(k, b, "manifest_hash", pattern=SHA256, max_len=64, what="a sha256",
+                                   default=None))
 
 
 @dataclass(frozen=True)

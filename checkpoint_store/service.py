@@ -9,7 +9,8 @@ the request's epoch, and carry the request's `req`):
     ckpt_chunk        {req?, upload, offset, sha256} + uint8 buffer   -> (nothing; ckpt_error on failure)
     ckpt_finish       {req, upload, sha256}                          -> ckpt_blob_ok {req, sha256, bytes}
     ckpt_manifest     {req, manifest}                                -> ckpt_durable {req, manifest_hash, round}
-    ckpt_frontier_get {req}                                          -> ckpt_frontier {req, manifest_hash, manifest}
+    ckpt_frontier_get {req, manifest_hash?}                          -> ckpt_frontier {req, manifest_hash, manifest}
+                      (the frontier; or the named checkpoint, verified, when manifest_hash is given)
     ckpt_blob_get     {req, sha256, offset, length}                  -> ckpt_blob_part {req, sha256, offset, total} + uint8 buffer
 Any failure                                                          -> ckpt_error {req, reason}
 A chunk's error reply carries `req` = its `req`, else its upload id. Once an upload was refused
@@ -44,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from checkpoint_store.blobstore import BlobStore, CorruptCheckpoint, StoreError
-from checkpoint_store.requests import PARSERS, BlobGet, Chunk, Finish, ManifestPut, request_id
+from checkpoint_store.requests import PARSERS, BlobGet, Chunk, Finish, FrontierGet, ManifestPut, request_id
 from coordinator.journal import AnnouncedEpochs
 from coordinator.messages import BadMessage
 from wan.frames import Message
@@ -199,9 +200,12 @@ class StoreService:
                       blobs=manifest["blobs"], src=msg.src)
         self._reply(msg, "ckpt_durable", {"req": req, "manifest_hash": h, "round": manifest["round"]})
 
-    def _on_frontier(self, msg: Message, req: Any, _typed: Any) -> None:
-        fr = self.store.frontier()
-        h, manifest = fr if fr is not None else (None, None)
+    def _on_frontier(self, msg: Message, req: Any, typed: FrontierGet) -> None:
+        if typed.manifest_hash is not None:
+            h, manifest = typed.manifest_hash, self.store.checkpoint(typed.manifest_hash)
+        else:
+            fr = self.store.frontier()
+            h, manifest = fr if fr is not None else (None, None)
         self._reply(msg, "ckpt_frontier", {"req": req, "manifest_hash": h, "manifest": manifest})
 
     def _on_blob_get(self, msg: Message, req: Any, g: BlobGet) -> None:

@@ -274,7 +274,7 @@ class Site:
                     log.emit("restore_abandoned", epoch=self.epoch, reason=str(e))
                     self.next_round = None
                     continue
-                except (RuntimeError, ValueError) as e:
+                except (RuntimeError, ValueError, StoreError) as e:
                     # The state this plan names could not be had or did not verify: never train on
                     # it; ask to be admitted again (as a joiner, state comes from elsewhere).
                     log.emit("restore_failed", epoch=self.epoch, error=f"{type(e).__name__}: {e}")
@@ -399,10 +399,9 @@ class Site:
             return
         if self.store is None:
             raise RuntimeError("restore from the store, but this site has no route to it")
-        got = self.store.frontier(timeout_s=60.0)
-        if got is None or got[0] != want:
-            raise RuntimeError(f"the store's frontier {got[0] if got else None} is not the planned {want}")
-        manifest = got[1]
+        # By hash, not "the frontier": a background upload may have made a newer checkpoint the
+        # frontier since the coordinator planned this restore; the plan's checkpoint is still there.
+        manifest = self.store.checkpoint(want, timeout_s=60.0)
         blobs = self.store.load(manifest, timeout_s=120.0)
         retained = retained_of(blobs, f"checkpoint {want}", manifest.get("samples_sha256"))
         load_blobs(self.trainer, blobs)

@@ -546,3 +546,24 @@ def test_malformed_requests_are_answered_with_a_precise_reason_and_the_store_ser
     fields = {"run_id": "t1", "ckpt_id": "ok", "round": 1, "step": 8, "epoch": 0, "parent": None, "samples": 64}
     h, _m = client.save({"model": {"w": torch.randn(256)}}, fields, timeout_s=20)
     assert client.frontier(timeout_s=20)[0] == h
+
+
+@pytest.mark.integration
+def test_restore_reads_the_planned_checkpoint_after_a_newer_one_became_the_frontier(cluster: Cluster) -> None:
+    """A restore names its checkpoint by hash: a background upload that makes a newer checkpoint the
+    frontier between the plan and the restore must not make the planned one unreadable."""
+    store = cluster.start_store()
+    client = cluster.client()
+    base = {"run_id": "t1", "step": 8, "epoch": 0, "samples": 64}
+    old_w, new_w = torch.arange(512, dtype=torch.float32), -torch.arange(512, dtype=torch.float32)
+    h1, m1 = client.save({"model": {"w": old_w}}, {**base, "ckpt_id": "r1", "round": 1, "parent": None}, timeout_s=20)
+    h2, m2 = client.save({"model": {"w": new_w}}, {**base, "ckpt_id": "r2", "round": 2, "parent": h1}, timeout_s=20)
+    assert client.frontier(timeout_s=20) == (h2, m2)
+    assert client.checkpoint(h1, timeout_s=20) == m1  # the older one, by hash
+    _tensors_equal_bits(client.load(m1, timeout_s=20)["model"], {"w": old_w})
+    # A checkpoint the store never held: a precise refusal, and the store serves on.
+    with pytest.raises(StoreError, match="corrupt_checkpoint: .*missing"):
+        client.checkpoint("ab" * 32, timeout_s=20)
+    reply = cluster.request("ckpt_frontier_get", {"req": "bad-hash", "manifest_hash": "not-a-hash"}, "bad-hash")
+    assert reply["kind"] == "ckpt_error" and "manifest_hash" in reply["reason"], reply
+    assert store.poll() is None and client.frontier(timeout_s=20) == (h2, m2)
