@@ -29,19 +29,19 @@ def _pct(xs: Sequence[float], q: float) -> float:
 
 
 def poll_calibration(mono_ns: Sequence[int], period_ms: float) -> dict[str, Any]:
-    """Achieved rate and interval statistics of the polls (ms); `missed` = intervals over 1.5 periods."""
+    """Achieved rate and interval statistics of the polls (ms); `late_polls` = intervals over 1.5 periods."""
     n = len(mono_ns)
     if n < 2:
         return {"points": n, "period_ms": period_ms, "achieved_rate_hz": None, "target_rate_hz": 1000 / period_ms,
                 "interval_median_ms": None, "interval_p95_ms": None, "interval_max_ms": None, "jitter_ms": None,
-                "missed_polls": 0, "duration_s": 0.0}
+                "late_polls": 0, "duration_s": 0.0}
     iv = [(b - a) / 1e6 for a, b in zip(mono_ns, mono_ns[1:])]
     dur = (mono_ns[-1] - mono_ns[0]) / 1e9
     return {"points": n, "period_ms": period_ms, "duration_s": dur,
             "achieved_rate_hz": (n - 1) / dur if dur > 0 else None, "target_rate_hz": 1000 / period_ms,
             "interval_median_ms": statistics.median(iv), "interval_p95_ms": _pct(iv, 0.95),
             "interval_max_ms": max(iv), "jitter_ms": statistics.pstdev(iv),
-            "missed_polls": sum(1 for x in iv if x > 1.5 * period_ms)}
+            "late_polls": sum(1 for x in iv if x > 1.5 * period_ms)}
 
 
 def change_times(series: Iterable[tuple[int, int, float | None, str]]) -> list[int]:
