@@ -87,14 +87,14 @@ class Sampler:
         first = self.i
         if self.next_ns is None or self.next_ns < t0 - self.period_ns:
             self.next_ns = t0
-        while True:
+        while not stop():
             now = self.clock.mono_ns()
-            if (duration_ns is not None and now - t0 >= duration_ns) or stop():
-                break
             if now > self.next_ns + self.period_ns:  # fell behind: skip the polls that cannot happen any more
                 skipped = (now - self.next_ns) // self.period_ns
                 self.missed += int(skipped)
                 self.next_ns += skipped * self.period_ns
+            if duration_ns is not None and self.next_ns - t0 >= duration_ns:
+                break  # the stage is [t0, t0 + duration): the poll at its end belongs to the next stage
             self.clock.sleep_until(self.next_ns)
             if stop():
                 break
