@@ -208,7 +208,10 @@ def energy_section(h: RunHistory, useful_tokens: int, inv: EnergyInvalidators | 
     no_meter = None if primary else ("no energy meter readable: " + _unavailable_reason(meters, ("gpu_energy", "cpu_energy")))
     cal = poll_calibration([p["mono_ns"] for p in tr.points if p.get("stage") == "run"], period_ms)
     # Phases on the machine timeline over the run stage.
-    timeline = machine_timeline(site_phases(h), *run_b) if run_b else []
+    sp = site_phases(h)
+    if run_b and sp:  # a trace that ends before the logs' last span (truncated): the rest is uncovered, not dropped
+        run_b = (run_b[0], max(run_b[1], max(int(p["end_ns"]) for p in sp)))
+    timeline = machine_timeline(sp, *run_b) if run_b else []
     spans: dict[str, list[tuple[int, int]]] = {p: [] for p in ENERGY_PHASES}
     for a, b, p in timeline:
         spans[p].append((a, b))

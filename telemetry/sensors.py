@@ -241,9 +241,9 @@ def _process_name(args: list[str]) -> str:
         return f"{after('--site')}.w{after('--rank')}"
     if after("--site"):
         return str(after("--site"))
-    if "coordinator" in module:
+    if "coordinator" in module or "coordinator" in args:  # `python -m coordinator.service` or `xdc coordinator`
         return "coord"
-    if "checkpoint_store" in module:
+    if "checkpoint_store" in module or "store" in args:
         return "store"
     return module or args[0]
 
