@@ -271,17 +271,21 @@ class ProcessCpuMeter:
         self.next_scan = 0
         self.pids: dict[int, str] = {}
         self.last: dict[int, float] = {}  # pid -> last CPU seconds read
+        self.active: set[int] = set()
         self.note = "utime + stime from /proc/<pid>/stat of every process with this run's --run-dir"
 
     def read(self) -> Reading:
         now = self.clock.mono_ns()
         if now >= self.next_scan:
             try:
-                self.pids.update(self.list_pids())
+                found = self.list_pids()
             except OSError as e:
                 return Unavailable(self.sensor_id, Reason.ERROR, f"process scan: {e}")
+            self.pids.update(found)
+            # Only processes the last scan found are read: a pid that exited may be reused by another process.
+            self.active = set(found)
             self.next_scan = now + self.scan_period_ns
-        for pid in list(self.pids):
+        for pid in self.active:
             v = self.cpu_s(pid)
             if v is None:
                 continue  # exited: keep its last value

@@ -282,3 +282,18 @@ def test_missing_pynvml_package_is_no_library():
     sensors, handle = open_gpu_sensors(importer=importer)
     r = sensors[0].read()
     assert handle is None and r.reason == Reason.NO_LIBRARY and "nvidia-ml-py" in r.detail
+
+
+def test_cpu_meter_keeps_an_exited_process_and_does_not_read_a_reused_pid():
+    from telemetry.sensors import ModeledCpuEnergy, ProcessCpuMeter
+
+    clock = FakeClock()
+    scans = iter([{11: "a", 12: "coord"}, {11: "a", 13: "a"}])  # coord exits; a restarts as pid 13
+    cpu = {11: 2.0, 12: 1.0, 13: 0.5}
+    meter = ProcessCpuMeter(clock, lambda: next(scans), cpu_s=lambda pid: cpu.get(pid), scan_period_ns=10**9)
+    model = ModeledCpuEnergy(meter, watts_per_core=15.0)
+    assert meter.read().value == 3.0 and model.read().value == 45.0
+    cpu[12] = 99.0  # pid 12 reused by an unrelated process before the next scan is not read after it
+    clock.advance_ns(10**9)
+    assert meter.read().value == pytest.approx(2.0 + 1.0 + 0.5)
+    assert meter.by_process() == {"a": 2.5, "coord": 1.0} and model.evidence == "modeled"
