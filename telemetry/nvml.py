@@ -92,12 +92,10 @@ class NvmlSensor:
             v = float(self.get())
         except self.nv.NVMLError as e:
             reason = classify(self.nv, e)
-            why = Unavailable(self.sensor_id, reason, f"{type(e).__name__}: {e}")
+            why = Unavailable(self.sensor_id, reason, f"{'read before, now ' if self.ever_read else ''}"
+                                                      f"{type(e).__name__}: {e}")
             if reason == Reason.NOT_SUPPORTED and not self.ever_read:
                 self.unsupported = why  # a support answer, not a transient failure: stop asking
-            elif reason == Reason.NOT_SUPPORTED or (reason == Reason.ERROR and self.ever_read):
-                why = Unavailable(self.sensor_id, Reason.DISAPPEARED if reason != Reason.NOT_SUPPORTED else reason,
-                                  f"read before, now {type(e).__name__}: {e}")
             return why
         except _FieldError as e:
             if not self.ever_read and e.reason == Reason.NOT_SUPPORTED:
