@@ -202,6 +202,10 @@ def energy_section(h: RunHistory, useful_tokens: int, inv: EnergyInvalidators | 
                        "changes": e["changes"], "readable_polls": e["readable_polls"], "polls": e["polls"],
                        "lost_after_wall_ns": e["lost_after_wall_ns"],
                        "disappeared": e["lost_after_wall_ns"] is not None})
+    t_run0 = run_b[0] if run_b else 0
+    trace_info["sensors_lost"] = [f"{m['sensor']} stopped reading {(m['lost_after_wall_ns'] - t_run0) / 1e9:.2f} s into "
+                                  f"the run ({run_series[m['sensor']][-1][3]}); later spans are not covered by it"
+                                  for m in meters if m["disappeared"]]
     # The primary meter: GPU energy counters (summed), else RAPL; only a counter readable at start.
     primary = [sid for sid, r in sensors.items() if r["quantity"] == "gpu_energy" and r["support"] == "ok"] or \
               [sid for sid, r in sensors.items() if r["quantity"] == "cpu_energy" and r["support"] == "ok"]
@@ -251,7 +255,9 @@ def energy_section(h: RunHistory, useful_tokens: int, inv: EnergyInvalidators | 
             parts = [counters[s].integrate(spans[p]) for s in primary]
             val = None if any(x[0] is None for x in parts) else sum(x[0] for x in parts)  # type: ignore[misc]
             cov = min(x[1] for x in parts)
-            m_e = _q(val, "J", "measured", coverage=cov, claim=phase_claims[p]["status"])
+            m_e = _q(val, "J", "measured", coverage=cov, claim=phase_claims[p]["status"],
+                     **({} if val is not None else {"reason": "no readable point of the meter covers this phase "
+                                                              "(it was lost, or the trace is truncated)"}))
         else:
             m_e = _q(None, "J", "unavailable", reason=no_meter)
         mod_val, mod_cov = modeled.integrate(spans[p]) if modeled else (None, 0.0)

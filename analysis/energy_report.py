@@ -92,7 +92,7 @@ def _run_block(r: dict[str, Any]) -> str:
     idle = e.get("idle_baseline", {})
     idle_rows = "".join(f"<tr><td>{escape(kind)}</td><td>{escape(stage)}</td>{_qty(q)}</tr>"
                         for kind, rows in idle.items() for stage, q in rows.items())
-    problems = "".join(f"<li>{escape(p)}</li>" for p in tr.get("problems", []))
+    problems = "".join(f"<li>{escape(p)}</li>" for p in [*tr.get("problems", []), *tr.get("sensors_lost", [])])
     return (
         f"<h3>{escape(r['policy'])} — {escape(r['run_id'])}</h3>"
         f"<p class='verdict' data-energy-evidence='{escape(e['evidence'])}' data-energy-gate='{escape(e['gate']['status'])}'>"

@@ -13,7 +13,7 @@ import pytest
 from analysis.energy import energy_section, machine_timeline
 from analysis.load import RunHistory
 from telemetry.sampler import Sampler
-from telemetry.sensors import FakeClock, Sample
+from telemetry.sensors import FakeClock, Reason, Sample, Unavailable
 from telemetry.trace import TRACE_NAME, TraceWriter, read_trace
 
 MS = 1_000_000
@@ -24,19 +24,21 @@ class Meter:
 
     sensor_id, quantity, unit, kind, evidence = "nvml0.energy", "gpu_energy", "J", "counter", "measured"
 
-    def __init__(self, clock: FakeClock) -> None:
-        self.clock, self.t0 = clock, clock.mono_ns()
+    def __init__(self, clock: FakeClock, lost_after_ms: int | None = None) -> None:
+        self.clock, self.t0, self.lost_after_ms = clock, clock.mono_ns(), lost_after_ms
 
-    def read(self) -> Sample:
+    def read(self) -> Sample | Unavailable:
+        if self.lost_after_ms is not None and self.clock.mono_ns() - self.t0 >= self.lost_after_ms * MS:
+            return Unavailable(self.sensor_id, Reason.DISAPPEARED, "NVMLError_GpuIsLost: GPU is lost")
         return Sample(self.sensor_id, 50.0 * ((self.clock.mono_ns() - self.t0) // (100 * MS)) / 10)
 
 
-def synthetic_run(tmp_path: Path) -> tuple[RunHistory, dict]:
+def synthetic_run(tmp_path: Path, lost_after_ms: int | None = None) -> tuple[RunHistory, dict]:
     """0.5 s baseline, 3 s run (site a: compute 0-1.5 s, checkpoint 1.5-2.5 s; site b: collective 1.0-2.0 s),
     0.5 s baseline, on a fake clock; returns the history and the sampler's closing event."""
     clock = FakeClock()
     run_dir = tmp_path / "run"
-    s = Sampler([Meter(clock)], clock, TraceWriter(run_dir / "logs" / TRACE_NAME), 20, run_id="r")
+    s = Sampler([Meter(clock, lost_after_ms)], clock, TraceWriter(run_dir / "logs" / TRACE_NAME), 20, run_id="r")
     s.start()
     s.run_stage("baseline_before", 500 * MS)
     s.run_stage("run", 3000 * MS)
@@ -96,6 +98,18 @@ def test_a_truncated_trace_is_reported_not_a_crash(tmp_path):
     assert any("no end line" in p for p in sec["trace"]["problems"])
     cover = {p["phase"]: p["energy"].get("coverage") for p in sec["phases"]}
     assert cover["compute"] == pytest.approx(1.0) and 0 < min(cover.values()) < 1  # the run's end is not in the trace
+
+
+def test_a_meter_lost_mid_run_is_reported_and_leaves_later_phases_uncovered(tmp_path):
+    h, _closed = synthetic_run(tmp_path, lost_after_ms=1800)  # 0.5 s baseline + 1.3 s of the run
+    sec = energy_section(h, useful_tokens=1000)
+    assert sec["trace"]["sensors_lost"] and "nvml0.energy stopped reading 1.30 s into the run" in \
+        sec["trace"]["sensors_lost"][0]
+    rows = {p["phase"]: p for p in sec["phases"]}
+    assert rows["compute"]["energy"]["coverage"] == pytest.approx(1.0)
+    assert rows["checkpoint"]["energy"]["value"] is None and rows["checkpoint"]["energy"]["evidence"] == "unavailable"
+    meter = next(m for m in sec["meters"] if m["sensor"] == "nvml0.energy")
+    assert meter["disappeared"] and meter["last_status"] == "unavailable:disappeared"
 
 
 def test_no_sampler_means_unavailable_with_the_reason(tmp_path):
