@@ -246,6 +246,7 @@ def energy_section(h: RunHistory, useful_tokens: int, inv: EnergyInvalidators | 
         return sum(vals) / len(vals) if vals else None
 
     modeled_note = sensors.get(MODELED_SENSOR, {}).get("note", "")
+    how = {"derived": modeled_note} if modeled_note else {"reason": "no modeled meter in this trace"}
     phases_out = []
     for p in ENERGY_PHASES:
         if not spans[p]:
@@ -261,7 +262,7 @@ def energy_section(h: RunHistory, useful_tokens: int, inv: EnergyInvalidators | 
         else:
             m_e = _q(None, "J", "unavailable", reason=no_meter)
         mod_val, mod_cov = modeled.integrate(spans[p]) if modeled else (None, 0.0)
-        mod_e = _q(mod_val, "J", "modeled", coverage=mod_cov, derived=modeled_note)
+        mod_e = _q(mod_val, "J", "modeled", coverage=mod_cov, **how)
         iw = idle_w("measured")
         eff_p = eff[primary[0]]["effective_update_period_ms"] if primary else None
         eff_m = eff[MODELED_SENSOR]["effective_update_period_ms"] if modeled else None
@@ -287,7 +288,7 @@ def energy_section(h: RunHistory, useful_tokens: int, inv: EnergyInvalidators | 
     else:
         run_measured = _q(None, "J", "unavailable", reason=no_meter or "no run-stage points")
     mv = modeled.integrate([run_b])[0] if (modeled and run_b) else None
-    run_modeled = _q(mv, "J", "modeled", derived=modeled_note)
+    run_modeled = _q(mv, "J", "modeled", **how)
     cpu = next((e for e in reversed(evs) if e["event"] == "cpu_by_process"), None)
     per_site = None
     if cpu is not None:

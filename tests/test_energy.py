@@ -180,3 +180,23 @@ def test_a_real_run_reports_energy_unavailable_or_modeled_with_the_reason_and_th
     assert {p["phase"] for p in e["phases"]} >= {"compute", "collective", "checkpoint"}
     html = render_report(art)
     assert f"data-trace-sha256='{sha}'" in html and "data-energy-gate='unknown'" in html
+
+
+def test_the_schema_refuses_a_modeled_number_passed_off_as_measured(tmp_path):
+    import jsonschema
+
+    from analysis.artifact import SCHEMA_PATH
+
+    defs = json.loads(SCHEMA_PATH.read_text())["$defs"]
+    validator = jsonschema.Draft202012Validator({"$ref": "#/$defs/energy", "$defs": defs})
+    h, _closed = synthetic_run(tmp_path)
+    sec = json.loads(json.dumps(energy_section(h, useful_tokens=1000)))
+    validator.validate(sec)
+    bad = json.loads(json.dumps(sec))
+    bad["run_energy"]["modeled"] = {"value": 3.0, "unit": "J", "evidence": "measured"}
+    with pytest.raises(jsonschema.ValidationError):
+        validator.validate(bad)
+    bad = json.loads(json.dumps(sec))
+    bad["phases"][0]["energy"] = {"value": 3.0, "unit": "J", "evidence": "unavailable"}  # a number with no meter
+    with pytest.raises(jsonschema.ValidationError):
+        validator.validate(bad)
