@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.checkers import run_checkers
+from analysis.energy import energy_metric, energy_section
 from analysis.learning import run_baselines
 from analysis.learning_refs import learning_refs
 from analysis.load import RunHistory, load_run
@@ -242,6 +243,7 @@ def analyse_run(h: RunHistory) -> tuple[dict[str, Any], dict[str, Any]]:
     first_epoch = next((e for e in h.logs.get("coord", []) if e["event"] == "membership_epoch"), None)
     active_ns = (int(commits[-1]["wall_ns"]) - int(first_epoch["wall_ns"])) if (commits and first_epoch) else None
     total = work["total"]
+    energy = energy_section(h, work["useful_tokens"])  # analysis/energy.py: validity first, then phases
     section = {
         "run_id": h.run_id,
         "policy": h.policy,
@@ -268,8 +270,7 @@ def analyse_run(h: RunHistory) -> tuple[dict[str, Any], dict[str, Any]]:
                              "measured" if active_ns is not None else "unavailable",
                              note="first membership epoch to the last commit"),
             "idle_time_all_sites": q(sum(v["idle_s"] for v in st.values()), "s"),
-            "energy": q(None, "J", "unavailable", reason="no energy counter was read in this run (no NVML "
-                        "energy counter on this device, and none logged)"),
+            "energy": energy_metric(energy),
         },
         "work": {"evidence": "measured", "unit": "tokens / FLOP", "flops_evidence": "modeled",
                  "flops_derived": FLOPS_DERIVED, "per_site": work["per_site"],
@@ -293,6 +294,7 @@ def analyse_run(h: RunHistory) -> tuple[dict[str, Any], dict[str, Any]]:
                    for e in h.logs.get("chaos", []) if e["event"] == "fault_injected"],
         "fault_schedule": faults.to_dict(),
         "provenance": _provenance(h),
+        "energy": energy,
         "bad_lines": [b.__dict__ for b in h.bad_lines],
         "config": cfg,
     }

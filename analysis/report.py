@@ -12,6 +12,7 @@ Sections (ids are stable; the browser test finds them):
   completion  Mechanical completion: the same durable frontier, matched-frontier hashes, lineage
   learning    Did the model still learn as well? Verdict against the count baselines, NLL over time with
               the baselines drawn, eval set id, final NLL ± SE, baselines table, run-level table
+  energy      Energy: meter validity before effect, then run and phase energy (analysis/energy_report.py)
   checks      The checkers' verdicts with evidence
   provenance  Code revision, dataset, runtime, scenario, input hashes, raw traces on demand
 """
@@ -25,10 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from analysis import figures
+from analysis.energy_report import energy_section_html, write_energy_traces
 from analysis.learning import verdict
 from analysis.load import RunHistory
 
-SECTIONS = ("recovery", "work", "bytes", "completion", "learning", "checks", "provenance")
+SECTIONS = ("recovery", "work", "bytes", "completion", "learning", "energy", "checks", "provenance")
 CHART_SECTIONS = ("recovery", "work", "bytes", "completion", "learning")
 MAX_TRACE_EVENTS = 200_000  # per run; beyond this the trace file says it is truncated
 
@@ -514,7 +516,7 @@ def render_report(art: dict[str, Any]) -> str:
     title = f"xdc report — {scen.get('name', art['runs'][0]['run_id'])}"
     nav = "".join(f"<a href='#{s}'>{s}</a>" for s in SECTIONS)
     body = (_recovery_section(art) + _work_section(art) + _bytes_section(art) + _completion_section(art)
-            + _learning_section(art) + _checks_section(art) + _provenance_section(art))
+            + _learning_section(art) + energy_section_html(art) + _checks_section(art) + _provenance_section(art))
     return ("<!doctype html><html lang='en'><head><meta charset='utf-8'>"
             "<meta name='viewport' content='width=device-width,initial-scale=1'>"
             f"<title>{escape(title)}</title><style>{CSS}</style>"
@@ -527,6 +529,7 @@ def render_report(art: dict[str, Any]) -> str:
 def write_report(art: dict[str, Any], histories: list[RunHistory], out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     write_traces(histories, art, out_dir)
+    write_energy_traces(histories, art, out_dir)
     path = out_dir / "index.html"
     tmp = path.with_suffix(".tmp")
     tmp.write_text(render_report(art), encoding="utf-8")

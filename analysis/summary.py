@@ -131,7 +131,7 @@ def byte_ledger(logs: dict[str, list[dict[str, Any]]], committed_rounds: set[tup
     for proc, events in logs.items():
         snaps = [e for e in events if e["event"] == "wan_counters"]
         if not snaps:
-            if proc not in ("launcher", "chaos") and ".w" not in proc:
+            if proc not in ("launcher", "chaos", "telemetry") and ".w" not in proc:
                 missing.append(proc)
             continue
         # A restarted process starts from zero: take the last snapshot of every incarnation and add them.
@@ -227,6 +227,12 @@ def site_time(logs: dict[str, list[dict[str, Any]]], sites: list[str]) -> dict[s
     return out
 
 
+def _energy(run_dir: Path) -> dict[str, Any]:
+    from analysis.energy import energy_summary  # here: analysis.energy imports this module
+
+    return energy_summary(run_dir)
+
+
 def summarize(run_dir: Path, *, proxy_bytes: dict[str, Any], exit_codes: dict[str, int | None],
               interrupted: bool = False) -> dict[str, Any]:
     run_dir = Path(run_dir)
@@ -292,6 +298,6 @@ def summarize(run_dir: Path, *, proxy_bytes: dict[str, Any], exit_codes: dict[st
         "n_params": started.get("n_params"),
         "flops_per_token": {"value": started.get("flops_per_token"), "evidence": "measured",
                             "source": "torch.utils.flop_counter.FlopCounterMode"},
-        "energy": {"evidence": "unavailable", "reason": "no energy counter read in this run"},
+        "energy": _energy(run_dir),
         "config": cfg,
     }

@@ -464,6 +464,9 @@ def _main(argv: list[str] | None = None) -> int:
         p.add_argument("--run-dir", required=True, help="a prepared run directory")
         if name == "site":
             p.add_argument("--site", required=True)
+    p_smp = sub.add_parser("sampler", help="the energy/telemetry sampler of a run, in the foreground (for a "
+                                           "hand-started cluster: start it first, stop it last with Ctrl-C)")
+    p_smp.add_argument("--run-dir", required=True, help="a prepared run directory")
     p_sum = sub.add_parser("summarize", help="write RUN/summary.json from the logs of a finished run")
     p_sum.add_argument("--run-dir", required=True)
     p_sum.add_argument("--toxiproxy", metavar="HOST:PORT", help="read Toxiproxy's byte counters from this API")
@@ -486,6 +489,10 @@ def _main(argv: list[str] | None = None) -> int:
         return cmd_prepare(args)
     if args.cmd in ("store", "coordinator", "site"):
         return cmd_process(args)
+    if args.cmd == "sampler":
+        from telemetry.sampler import main as sampler_main
+
+        return sampler_main(["--run-dir", str(args.run_dir)])
     if args.cmd == "summarize":
         return cmd_summarize(args)
     if args.cmd == "compose":

@@ -145,6 +145,38 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True)
+class EnergyInvalidators:
+    """Meter-validity rules, frozen before any energy effect is read (telemetry/validity.py).
+
+    When one fires, the claim it guards is withdrawn: its numbers stay visible as diagnostics only.
+    """
+
+    # Logger calibration: the 95th-percentile interval between polls may be at most this many poll periods.
+    poll_max_p95_factor: float = 2.0
+    # A power gauge whose value effectively changes less often than this many poll periods cannot be
+    # integrated into energy (seed: polled every 20 ms, board power changed about every 495 ms).
+    gauge_max_update_factor: float = 4.0
+    # A cumulative energy counter must update at least this often (NVML's about every 100 ms).
+    counter_max_update_ms: float = 250.0
+    # A phase's energy needs at least this many counter updates inside the phase's time.
+    counter_min_updates_per_phase: int = 3
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    """The energy/telemetry sampler: one extra process per machine (telemetry/sampler.py)."""
+
+    enabled: bool = True
+    poll_period_ms: int = 20
+    idle_baseline_s: float = 1.0  # sampled with the run's processes not running, before and after the run
+    # The `modeled` CPU meter: measured CPU seconds of the run's processes x this declared power (`prior`).
+    modeled_cpu_watts_per_core: float = 15.0
+    process_scan_period_ms: int = 1000  # how often /proc is scanned for the run's processes
+    rapl_root: str = "/sys/class/powercap"
+    invalidators: EnergyInvalidators = field(default_factory=EnergyInvalidators)
+
+
+@dataclass(frozen=True)
 class RunConfig:
     run_id: str = ""
     runs_dir: str = "runs"
@@ -154,6 +186,7 @@ class RunConfig:
     wan: WanConfig = field(default_factory=WanConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
 
     def link_spec(self, link_name: str) -> LinkSpec:
         for name, spec in self.wan.link_overrides:

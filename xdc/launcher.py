@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from analysis.summary import summarize
 from site_agent.baselines import run_baselines
+from telemetry import launch as telemetry_hook
 from wan.keys import generate_cluster_keys
 from wan.toxiproxy import ToxiproxyClient, ToxiproxyError, ToxiproxyServer, apply_link_spec, free_port
 from xdc.config import RunConfig, save_config
@@ -211,6 +212,7 @@ class Launcher:
         summary: dict = {}
         try:
             self.prepare()
+            telemetry_hook.start(self)  # the energy sampler first: its idle baseline before the run
             self._spawn(STORE, "checkpoint_store.service")
             self._spawn(COORD, "coordinator.service")
             for site in self.cfg.cluster.sites:
@@ -221,6 +223,7 @@ class Launcher:
         finally:
             self._stop_chaos()
             self._stop_all()
+            telemetry_hook.stop(self)  # last: its idle baseline after the run, then its trace's hash
             proxy_bytes = {}
             if self.toxi is not None:
                 try:
