@@ -97,7 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--outer-scheduled", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--set", action="append", default=[], help="extra KEY=VALUE config overrides")
-    ap.add_argument("--eval-windows", type=int, default=256)
+    ap.add_argument("--eval-windows", type=int, default=0,
+                    help="0 (default): the sites' own evaluation set (DataConfig.eval_windows, site_agent/data.py"
+                         " eval_set), the one the baselines and the report use; N > 0: N windows of this script's"
+                         " older spread grid")
     ap.add_argument("--eval-every-tokens", type=int, default=196_608)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--label", default="")
@@ -113,8 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     for o in args.set:
         data = merge(data, parse_override(o))
     cfg = load_config(data)
-    hx, hy, eval_desc = spread_heldout(cfg, args.eval_windows)
-    from site_agent.data import evaluate_nll, load_corpus
+    from site_agent.data import eval_set, evaluate_nll, load_corpus
+
+    if args.eval_windows > 0:
+        hx, hy, eval_desc = spread_heldout(cfg, args.eval_windows)
+    else:
+        es = eval_set(load_corpus(cfg.data), cfg.data, cfg.model.seq_len)
+        hx, hy = es.tensors()
+        eval_desc = f"sites' eval set {es.eval_set_id[:16]} ({es.n_windows} windows of {es.seq_len})"
 
     def evaluate(model: torch.nn.Module) -> float:
         return evaluate_nll(model, hx, hy, torch.device("cpu"), batch=64)
