@@ -18,7 +18,7 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any
 
-from xdc.noise_floor import match
+from analysis.noise_floor_record import learning_config_hash, match
 
 ROOT = Path(__file__).resolve().parent.parent
 NOISE_FLOOR_RECORD = ROOT / "bench" / "results" / "noise_floor.json"
@@ -69,8 +69,6 @@ def learning_refs(histories: list[Any], sections: list[dict[str, Any]], index: d
     floor = match(record, next(iter(dataset_ids)) if len(dataset_ids) == 1 else None, cfgs[0] if cfgs else None,
                   eval_sets[0] if eval_sets else None)
     if floor["evidence"] == "measured" and len(cfgs) > 1:
-        from xdc.noise_floor import learning_config_hash
-
         if len({learning_config_hash(c) for c in cfgs}) != 1:
             floor = {"evidence": "unavailable", "reason": "the runs differ in their learning config"}
     diffs = []

@@ -55,7 +55,7 @@ BUSY_LOAD_PER_CORE = 1.5
 
 def _cfg_dict(rounds: int, runs_dir: str, extra: dict | None = None) -> dict:
     from xdc.cli import DEMO
-    from xdc.config import load_config, merge
+    from ground.config import load_config, merge
 
     train = dict(DEMO["train"])
     base = load_config({"train": train})
@@ -139,7 +139,7 @@ def round_budget(run_dir: Path, sites: list[str], tokens_per_round: int, skip: i
 
 # ------------------------------------------------------------------------------------ the arms
 def cluster_arm(rounds: int, extra: dict | None = None) -> dict[str, Any]:
-    from xdc.config import load_config
+    from ground.config import load_config
     from xdc.launcher import Launcher
 
     with tempfile.TemporaryDirectory(prefix="xdc-bench-ct-") as tmp:
@@ -175,7 +175,7 @@ def _single_main(rounds: int) -> None:
 
     from site_agent.data import batch_for, evaluate_nll, heldout_batch, load_corpus, sample_order
     from site_agent.trainer import SiteTrainer
-    from xdc.config import load_config, merge
+    from ground.config import load_config, merge
 
     torch.set_num_threads(os.cpu_count() or 1)
     cfg0 = load_config(_cfg_dict(rounds, "/tmp"))

@@ -31,7 +31,7 @@ import numpy as np
 from bench.common import KB, MiB, BenchCluster, BenchError, env_info, median, percentile, write_result
 from coordinator import membership as mb
 from wan.frames import TrafficClass
-from xdc.config import LinkProfile, LinkSpec, RecoveryConfig, WanConfig
+from ground.config import LinkProfile, LinkSpec, RecoveryConfig, WanConfig
 
 NAME = "heartbeat_under_load"
 RATE_KBPS = 1250  # 10 Mbit/s

@@ -37,8 +37,10 @@ cannot drain for are met as `elastic` meets them, and may cost work like any pol
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
+
+from ground.plans import Drain, Plan, Restore
 
 
 class Policy(str, enum.Enum):
@@ -46,12 +48,6 @@ class Policy(str, enum.Enum):
     RESTART = "restart"
     ELASTIC = "elastic"
     ORACLE = "oracle"
-
-
-class Restore(str, enum.Enum):
-    NONE = "none"  # members resume from their own snapshot of `start_round`
-    DONOR = "donor"  # joiners receive state from `donor` (peer state transfer)
-    STORE = "store"  # everyone loads the durable frontier from the checkpoint store
 
 
 @dataclass(frozen=True)
@@ -86,46 +82,6 @@ class ClusterView:
     # (round, cursor) where the current epoch takes effect when that is beyond the round in flight
     # (a rejoin or a drain scheduled for the next boundary, not begun yet); None otherwise.
     scheduled: tuple[int, int] | None = None
-
-
-@dataclass(frozen=True)
-class Drain:
-    """The oracle drains `site` ahead of its fault, which fires when the commit record reaches `at_cursor`."""
-
-    site: str
-    at_cursor: int
-
-
-@dataclass(frozen=True)
-class Plan:
-    members: tuple[str, ...]
-    paused: bool
-    start_round: int
-    start_cursor: int
-    restore: Restore
-    donor: str | None = None
-    joiners: tuple[str, ...] = ()
-    manifest_hash: str | None = None
-    parent_commit: str | None = None  # the commit the next commit descends from (a branch point on restore)
-    drain: Drain | None = None  # oracle only: this epoch drains a site ahead of the fault it anticipates
-
-    def to_json(self) -> dict[str, Any]:
-        """The plan as journaled and as sent to the sites (a site reads the fields it knows; `drain`
-        is a map {site, at_cursor} or null)."""
-        d = asdict(self)
-        d["restore"] = self.restore.value
-        d["members"], d["joiners"] = list(self.members), list(self.joiners)
-        return d
-
-    @staticmethod
-    def from_json(d: dict[str, Any]) -> Plan:
-        """Inverse of to_json (a journal written before `drain` existed reads as drain=None)."""
-        drain = d.get("drain")
-        return Plan(members=tuple(d["members"]), paused=bool(d["paused"]), start_round=int(d["start_round"]),
-                    start_cursor=int(d["start_cursor"]), restore=Restore(d["restore"]), donor=d.get("donor"),
-                    joiners=tuple(d.get("joiners", ())), manifest_hash=d.get("manifest_hash"),
-                    parent_commit=d.get("parent_commit"),
-                    drain=Drain(str(drain["site"]), int(drain["at_cursor"])) if drain else None)
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,11 @@ import torch
 from site_agent.collective import reduce_in_order
 from site_agent.data import batch_for, load_corpus, sample_order
 from site_agent.lr_schedule import inner_lr_at
-from site_agent.schedule import rounds_for_target, site_samples
+from ground.schedule import rounds_for_target, site_samples
 from site_agent.trainer import SiteTrainer
 from tests.conftest import assert_ledger_balanced, events
 from wan.frames import TRAFFIC_CLASSES
-from xdc.config import config_from_json
+from ground.config import config_from_json
 
 # Bytes no traffic class owns: per connection, the ZMTP greeting and CURVE handshake
 # (HELLO 200 B, WELCOME 168 B, INITIATE ~260 B + metadata, READY + metadata: under 2 KiB),

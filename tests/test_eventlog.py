@@ -1,4 +1,4 @@
-"""The event record (xdc/eventlog.py): ids, stamps, context, spans, threads, torn lines."""
+"""The event record (ground/eventlog.py): ids, stamps, context, spans, threads, torn lines."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from xdc.eventlog import EventLog, read_events, read_run_events
+from ground.eventlog import EventLog, read_events, read_run_events
 
 STAMP_FIELDS = ("id", "event", "wall_ns", "mono_ns", "run_id", "process", "pid", "epoch", "step")
 
@@ -158,7 +158,7 @@ def test_read_run_events_orders_processes_by_monotonic_time(tmp_path: Path) -> N
 
 
 def test_restarted_process_continues_its_event_sequence(tmp_path):
-    from xdc.eventlog import EventLog, read_events
+    from ground.eventlog import EventLog, read_events
 
     first = EventLog(tmp_path / "b.jsonl", "r", "b")
     first.emit("one")

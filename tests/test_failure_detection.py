@@ -18,8 +18,8 @@ from coordinator import membership as mb
 from wan.keys import generate_cluster_keys
 from wan.node import Route, WanNode
 from wan.toxiproxy import free_port
-from xdc.config import WanConfig
-from xdc.eventlog import EventLog, read_events
+from ground.config import WanConfig
+from ground.eventlog import EventLog, read_events
 
 MS = 1_000_000
 CFG = mb.MembershipConfig(expected_sites=("a", "b", "c"), heartbeat_timeout_ms=2000, disconnect_grace_ms=300)

@@ -20,12 +20,12 @@ import torch
 from site_agent import worker as worker_mod
 from site_agent.collective import reduce_in_order
 from site_agent.data import batch_for, load_corpus, sample_order
-from site_agent.schedule import rounds_for_target, site_samples
+from ground.schedule import rounds_for_target, site_samples
 from site_agent.trainer import SiteTrainer
 from site_agent.worker import IntraSiteMismatch, WorkerPool, check_workers, rank_slice, threads_per_worker
 from tests.conftest import ROOT, assert_ledger_balanced, events, run_cluster
-from xdc.config import ConfigError, config_from_json, load_config, save_config
-from xdc.eventlog import EventLog, read_events
+from ground.config import ConfigError, config_from_json, load_config, save_config
+from ground.eventlog import EventLog, read_events
 
 W = 2
 SITES = ("a", "b", "c")

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from xdc.config import LinkProfile, LinkSpec
+from ground.config import LinkProfile, LinkSpec
 
 Stream = Literal["upstream", "downstream"]
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from xdc.config import RunConfig
+from ground.config import RunConfig
 
 POLICIES = ("stall", "restart", "elastic", "oracle")
 
@@ -22,9 +22,9 @@ class ScenarioBeyondRun(ValueError):
 
 def run_end(cfg: RunConfig) -> tuple[int, int]:
     """(useful tokens, step) of the last commit of a fault-free run with every site."""
-    from site_agent.schedule import rounds_for_target, steps_per_round, target_samples
+    from ground.schedule import rounds_for_target, steps_per_round, target_tokens
 
-    tokens = target_samples(cfg) * cfg.model.seq_len
+    tokens = target_tokens(cfg)
     step = rounds_for_target(cfg, len(cfg.cluster.sites)) * steps_per_round(cfg)
     return tokens, step
 
@@ -99,7 +99,7 @@ def run_reference_process(cfg: RunConfig, out: Path, timeout_s: float | None = N
     import sys
     import time
 
-    from xdc.config import save_config
+    from ground.config import save_config
 
     ref_dir = out / "reference"
     ref_dir.mkdir(parents=True, exist_ok=True)
