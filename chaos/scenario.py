@@ -712,21 +712,3 @@ def load_scenario(path: str | Path, sites: Iterable[str] | None = None) -> Scena
     except OSError as e:
         raise ScenarioError(str(p), None, "", f"cannot read scenario file: {e.strerror or e}") from None
     return parse_scenario(text, str(p), fmt="toml" if p.suffix.lower() == ".toml" else "yaml", sites=sites)
-
-
-def scenario_names(directory: str | Path) -> list[str]:
-    """The scenario files shipped in a directory, by stem."""
-    return sorted(p.stem for p in Path(directory).glob("*.y*ml")) + \
-        sorted(p.stem for p in Path(directory).glob("*.toml"))
-
-
-def describe_kinds() -> str:
-    """One line per kind and per parameter (for `xdc chaos --help`)."""
-    out = []
-    for k, spec in KINDS.items():
-        out.append(f"{k} (target: {spec.target}): {spec.doc}")
-        for name, p in spec.params.items():
-            dflt = f", default {p.default!r}" if p.default is not None else ""
-            out.append(f"    {name}: {p.type}{dflt}  {p.doc}")
-    return "\n".join(out)
-

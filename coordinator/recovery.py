@@ -1,4 +1,4 @@
-"""Recovery policies as pure functions: (now, view of the cluster, policy) -> (plan or None, reason).
+"""Recovery policies as pure functions: (view of the cluster, policy) -> (plan or None, reason).
 
 The coordinator builds a `ClusterView` from what it knows (members, sites confirmed failed,
 restarted sites waiting to join, the last committed round and sample cursor, the durable
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, replace
-from typing import Any
 
 from ground.plans import Drain, Plan, Restore
 
@@ -140,9 +139,8 @@ def _at_next_boundary(v: ClusterView) -> tuple[int, int] | None:
     return v.committed_round + 2, cursor
 
 
-def decide_recovery(now_ns: int, v: ClusterView, policy: Policy) -> tuple[Plan | None, str]:
-    """A new epoch's plan, or None to keep the current one; always with the reason."""
-    del now_ns  # decisions depend on the view only; the clock is kept for the signature's sake
+def decide_recovery(v: ClusterView, policy: Policy) -> tuple[Plan | None, str]:
+    """A new epoch's plan, or None to keep the current one; always with the reason (the view only: no clock)."""
     lost = tuple(m for m in v.members if m in v.failed)
     survivors = tuple(m for m in v.members if m not in v.failed)
     proven = tuple(m for m in survivors if m not in v.unproven)  # hold the lineage's state for sure

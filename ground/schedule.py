@@ -41,19 +41,10 @@ def rounds_for_target(cfg: RunConfig, n_members: int) -> int:
     return -(-target_samples(cfg) // samples_per_round(cfg, n_members))
 
 
-def site_samples(order: np.ndarray, cfg: RunConfig, rnd: int, step_in_round: int, site_index: int,
-                 n_members: int) -> list[int]:
-    """Canonical sample ids of one site's batch in one inner step."""
-    b = cfg.train.per_site_batch
-    base = rnd * samples_per_round(cfg, n_members) + step_in_round * n_members * b + site_index * b
-    n = order.size
-    return [int(order[(base + j) % n]) for j in range(b)]
-
-
 # ---------------------------------------------------------------------------------------------
 # Cursor-based schedule: rounds resume from any (round, cursor) a membership epoch names, with
 # any number of members, and the last round is cut at the target so every policy ends at the
-# same samples. Without truncation and from (0, 0) this equals `site_samples` above.
+# same samples.
 
 
 def round_span(cfg: RunConfig, n_members: int, start_round: int, start_cursor: int, rnd: int,

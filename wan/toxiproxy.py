@@ -88,10 +88,6 @@ class Proxy:
     enabled: bool
 
     @property
-    def listen_host(self) -> str:
-        return self.listen.rsplit(":", 1)[0]
-
-    @property
     def listen_port(self) -> int:
         return int(self.listen.rsplit(":", 1)[1])
 
