@@ -47,7 +47,7 @@ def detector_suspicions(samples: list[tuple[int, int, int]], cfg: mb.MembershipC
     connection lost at or 0); every one that is not "none" is a false suspicion."""
     out = []
     for now, last_hb, lost in samples:
-        m = mb.Membership(epoch=1, members=("a",), sites={"a": mb.Site("a", mb.SiteState.ACTIVE, last_hb, 1, lost)})
+        m = mb.Membership(epoch=1, members=("a",), sites={"a": mb.SiteRecord("a", mb.SiteState.ACTIVE, last_hb, 1, lost)})
         d, why = mb.decide(now, m, cfg)
         if d.action != mb.Action.NONE:
             out.append(why)

@@ -35,7 +35,7 @@ class Rules:
         self.mcfg = membership_config(cfg)
         self.target = target_samples(cfg)
         self.out: list[Output] = []
-        self.m, self.plan, self.recent, self.oracle = s.membership, s.plan, s.recent, s.oracle
+        self.membership, self.plan, self.recent, self.oracle = s.membership, s.plan, s.recent, s.oracle
         self.oracle_dropped, self.replanned = set(s.oracle_dropped), set(s.replanned)
         self.resync, self.checkpoint_first = s.resync, s.checkpoint_first
         self.commits = list(s.commits)
@@ -47,7 +47,7 @@ class Rules:
         self.shutdown_sent = s.shutdown_sent
 
     def freeze(self) -> CoordState:
-        return CoordState(membership=self.m, plan=self.plan, recent=self.recent, oracle=self.oracle,
+        return CoordState(membership=self.membership, plan=self.plan, recent=self.recent, oracle=self.oracle,
                           oracle_dropped=frozenset(self.oracle_dropped), replanned=frozenset(self.replanned),
                           resync=self.resync, checkpoint_first=self.checkpoint_first, commits=tuple(self.commits),
                           tip=self.tip, committed_round=self.committed_round, committed_cursor=self.committed_cursor,
@@ -77,9 +77,9 @@ class Rules:
                 self.plan = plan
                 self.oracle = self.oracle.after_plan(plan)
                 self.oracle_dropped |= {(str(s), int(i)) for s, i in r.get("held_out", [])}
-                sites = {s: mb.Site(s, mb.SiteState.ACTIVE if s in plan.members else mb.SiteState.FAILED, now)
+                sites = {s: mb.SiteRecord(s, mb.SiteState.ACTIVE if s in plan.members else mb.SiteState.FAILED, now)
                          for s in self.cfg.cluster.sites}
-                self.m = mb.Membership(epoch=r["epoch"], members=plan.members, sites=sites)
+                self.membership = mb.Membership(epoch=r["epoch"], members=plan.members, sites=sites)
                 self._apply_plan_lineage(plan)
             elif r["type"] == "frontier":
                 self.frontier = Frontier(r["round"], r["cursor"], r["manifest_hash"], r.get("commit_id"))
@@ -92,9 +92,9 @@ class Rules:
             # (reliable messages are resent on reconnect). A decision taken before they arrive
             # would roll the members back past rounds they no longer hold snapshots of.
             self.settle_until_ns = now + self.mcfg.heartbeat_timeout_ms * 1_000_000
-            self.out.append(Context({"epoch": self.m.epoch}))
-            self.emit("coordinator_recovered", records=len(records), epoch=self.m.epoch,
-                      members=list(self.m.members), commits=len(self.commits), tip=self.tip,
+            self.out.append(Context({"epoch": self.membership.epoch}))
+            self.emit("coordinator_recovered", records=len(records), epoch=self.membership.epoch,
+                      members=list(self.membership.members), commits=len(self.commits), tip=self.tip,
                       committed_cursor=self.committed_cursor,
                       recent_epochs={str(e): list(m) for e, m in self.epoch_members.items()},
                       fence_epoch=self.recent.fence,
@@ -134,11 +134,11 @@ class Rules:
 
     def on_message(self, msg: Received, now_ns: int) -> None:
         """Check the epoch and the body against the kind's typed message, then dispatch (BadMessage if bad)."""
-        if msg.epoch < 0 or msg.epoch > self.m.epoch:
+        if msg.epoch < 0 or msg.epoch > self.membership.epoch:
             # Never announced: no site can be in a later epoch than the coordinator (it journals an
             # epoch before anyone hears of it, and recovers it from the journal after a crash).
             self._reject(msg, f"future_epoch: message epoch {msg.epoch} was never announced "
-                              f"(current epoch {self.m.epoch})")
+                              f"(current epoch {self.membership.epoch})")
             return
         typed = parse(msg.kind, msg.body)
         handlers = {"join": self._on_join, "heartbeat": self._on_heartbeat, "round_done": self._on_round_done,
@@ -151,19 +151,21 @@ class Rules:
         if (msg.src, msg.inc) in self.oracle_dropped:
             self.emit("join_deferred", site=msg.src, reason="oracle dropped this incarnation before its fault")
             return
-        before = self.m.sites.get(msg.src)
-        if j.rejoin and msg.src in self.m.members and self._answer_active_rejoin(msg, before):
+        before = self.membership.sites.get(msg.src)
+        if j.rejoin and msg.src in self.membership.members and self._answer_active_rejoin(msg, before):
             return
-        if j.rejoin and msg.src in self.m.members:
+        if j.rejoin and msg.src in self.membership.members:
             # A member lost its state (a restore failed twice): it leaves and comes back as a joiner.
-            self.m = mb.set_state(self.m, msg.src, "removed")
-        self.m = mb.on_join(self.m, msg.src, now_ns, msg.inc)
-        self.emit("site_joined", site=msg.src, incarnation=msg.inc, pid=j.pid, state=self.m.sites[msg.src].state.value,
+            self.membership = mb.set_state(self.membership, msg.src, "removed")
+        self.membership = mb.on_join(self.membership, msg.src, now_ns, msg.inc)
+        self.emit("site_joined", site=msg.src, incarnation=msg.inc, pid=j.pid,
+                  state=self.membership.sites[msg.src].state.value,
                   previous_state=before.state.value if before else None)
-        if self.m.epoch > 0 and msg.src in self.m.members and self.m.sites[msg.src].state == mb.SiteState.ACTIVE:
+        m = self.membership
+        if m.epoch > 0 and msg.src in m.members and m.sites[msg.src].state == mb.SiteState.ACTIVE:
             self.send_plan([msg.src])  # a lost reply: tell it again
 
-    def _answer_active_rejoin(self, msg: Received, before: mb.Site | None) -> bool:
+    def _answer_active_rejoin(self, msg: Received, before: mb.SiteRecord | None) -> bool:
         """A member asks to be admitted again although it is alive (same incarnation, heartbeating):
         it could not apply a plan (e.g. it skipped an epoch). That is not its death: it gets the
         current plan again. Once per (incarnation, epoch): asking twice in the same epoch means it
@@ -171,12 +173,12 @@ class Rules:
         if before is None or before.incarnation != msg.inc or before.state not in (mb.SiteState.ACTIVE,
                                                                                    mb.SiteState.SUSPECT):
             return False
-        key = (msg.src, msg.inc, self.m.epoch)
-        if msg.epoch < self.m.epoch:
-            why = f"it asked in epoch {msg.epoch}, before it had epoch {self.m.epoch}: sent the current plan"
+        key = (msg.src, msg.inc, self.membership.epoch)
+        if msg.epoch < self.membership.epoch:
+            why = f"it asked in epoch {msg.epoch}, before it had epoch {self.membership.epoch}: sent the current plan"
         elif key not in self.replanned:
             self.replanned.add(key)
-            why = (f"an active member (same incarnation) could not apply epoch {self.m.epoch}: it is alive, "
+            why = (f"an active member (same incarnation) could not apply epoch {self.membership.epoch}: it is alive, "
                    f"not failed; sent the current plan again")
         else:
             return False
@@ -186,24 +188,25 @@ class Rules:
         return True
 
     def _on_heartbeat(self, msg: Received, hb: Heartbeat, now_ns: int) -> None:
-        if hb.epoch > self.m.epoch:
+        if hb.epoch > self.membership.epoch:
             self._reject(msg, f"future_epoch: heartbeat says epoch {hb.epoch}, never announced "
-                              f"(current epoch {self.m.epoch})")
+                              f"(current epoch {self.membership.epoch})")
             return
         # A coordinator restarted from its journal does not know the members' incarnations (0) until
         # they speak: learn it from the first heartbeat, or a drain would hold out incarnation 0 and
         # readmit the drained, still-live process. A known incarnation is changed only by a join.
-        known = self.m.sites.get(msg.src)
-        self.m = mb.on_heartbeat(self.m, msg.src, now_ns, msg.inc if known is not None and not known.incarnation else 0)
+        known = self.membership.sites.get(msg.src)
+        learned = msg.inc if known is not None and not known.incarnation else 0
+        self.membership = mb.on_heartbeat(self.membership, msg.src, now_ns, learned)
         # A member we removed is still alive (it hung, or was partitioned): tell it, so it rejoins.
-        site = self.m.sites.get(msg.src)
-        if site is not None and self.m.epoch > 0 and msg.src not in self.m.members \
-                and hb.epoch not in (0, self.m.epoch) and site.state == mb.SiteState.FAILED:
+        site = self.membership.sites.get(msg.src)
+        if site is not None and self.membership.epoch > 0 and msg.src not in self.membership.members \
+                and hb.epoch not in (0, self.membership.epoch) and site.state == mb.SiteState.FAILED:
             self.send_plan([msg.src])
 
     def _on_site_done(self, msg: Received, d: SiteDone, _now_ns: int) -> None:
-        if msg.epoch == self.m.epoch and msg.src in self.m.members:
-            self.m = mb.on_done(self.m, msg.src)
+        if msg.epoch == self.membership.epoch and msg.src in self.membership.members:
+            self.membership = mb.on_done(self.membership, msg.src)
             self.emit("site_done", site=msg.src, round=d.round)
 
     def _on_telemetry(self, msg: Received, t: Telemetry, _now_ns: int) -> None:
@@ -213,11 +216,11 @@ class Rules:
         first, why = checkpoint_before_waiting(self.policy)
         self.emit("preemption_notice", site=msg.src, grace_s=p.grace_s, checkpoint_first=first, reason=why)
         self.checkpoint_first = first
-        self.m = mb.set_state(self.m, msg.src, "announced_failure")
+        self.membership = mb.set_state(self.membership, msg.src, "announced_failure")
         self.emit("site_failed", site=msg.src, reason="announced its preemption")
 
     def _on_checkpoint_durable(self, msg: Received, c: CheckpointDurable, _now_ns: int) -> None:
-        if msg.epoch != self.m.epoch and msg.epoch not in self.epoch_members:
+        if msg.epoch != self.membership.epoch and msg.epoch not in self.epoch_members:
             self._reject(msg, f"stale epoch {msg.epoch}")
             return
         commit = next((x["commit_id"] for x in reversed(self.commits)
@@ -243,14 +246,14 @@ class Rules:
         self.emit("frontier", **asdict(f))
 
     def _on_peer_unreachable(self, msg: Received, p: PeerUnreachable, _now_ns: int) -> None:
-        if msg.epoch != self.m.epoch:
+        if msg.epoch != self.membership.epoch:
             self._reject(msg, f"stale epoch {msg.epoch}")
             return
-        if msg.src in self.m.members and p.peer in self.m.members \
-                and self.m.sites[msg.src].state == mb.SiteState.ACTIVE:
+        if msg.src in self.membership.members and p.peer in self.membership.members \
+                and self.membership.sites[msg.src].state == mb.SiteState.ACTIVE:
             # Tie-break for a partition reported from both sides: drop the larger name.
             victim = max(p.peer, msg.src) if p.mutual else p.peer
-            self.m = mb.set_state(self.m, victim, "announced_failure")
+            self.membership = mb.set_state(self.membership, victim, "announced_failure")
             self.emit("site_failed", site=victim, reason=f"{msg.src} cannot reach {p.peer}: {p.detail}")
 
     def _on_round_done(self, msg: Received, r: RoundDone, _now_ns: int) -> None:
@@ -261,13 +264,13 @@ class Rules:
             return
         # The current epoch, or the previous one for the round it still had in flight when a
         # change was scheduled for the next boundary (nothing in flight is thrown away).
-        if self.plan is not None and msg.epoch == self.m.epoch and msg.src in self.m.members:
-            epoch, members = self.m.epoch, self.m.members
+        if self.plan is not None and msg.epoch == self.membership.epoch and msg.src in self.membership.members:
+            epoch, members = self.membership.epoch, self.membership.members
         elif (msg.epoch in self.epoch_members and msg.src in self.epoch_members[msg.epoch]
               and self.plan is not None and rnd < self.plan.start_round and rnd == self.committed_round + 1):
             epoch, members = msg.epoch, self.epoch_members[msg.epoch]
         else:
-            self._reject(msg, f"epoch {msg.epoch} is not current {self.m.epoch} or not a member", round=rnd)
+            self._reject(msg, f"epoch {msg.epoch} is not current {self.membership.epoch} or not a member", round=rnd)
             return
         key = (epoch, rnd)
         self.reports.setdefault(key, {})[msg.src] = r
@@ -310,36 +313,37 @@ class Rules:
             return
         # Checkpoint first: a preemption notice under restart (the paused survivors' leader), or the
         # oracle's drain before a fault (the continuing members' leader), for this epoch only.
-        first = bool(self.recent.checkpoint_first_epoch == self.m.epoch
+        first = bool(self.recent.checkpoint_first_epoch == self.membership.epoch
                      and (self.plan.paused or self.plan.drain is not None))
-        body = EpochPlan.announce(self.m.epoch, self.plan, target_samples=self.target, checkpoint_first=first,
+        body = EpochPlan.announce(self.membership.epoch, self.plan, target_samples=self.target, checkpoint_first=first,
                                   frontier_manifest=self.frontier.manifest_hash if self.frontier else None).to_body()
         for s in to:
-            self.out.append(Send(s, "membership", body, self.m.epoch))
+            self.out.append(Send(s, "membership", body, self.membership.epoch))
 
     # ------------------------------------------------------------------ decisions
     def view(self) -> ClusterView:
         # A member back in JOINING asked to rejoin: for the current epoch it is as good as failed.
-        failed = tuple(s for s, st in self.m.sites.items() if st.state == mb.SiteState.FAILED
-                       or (s in self.m.members and st.state == mb.SiteState.JOINING))
-        joiners = tuple(sorted(s for s, st in self.m.sites.items()
-                               if st.state == mb.SiteState.JOINING and s not in self.m.members))
+        failed = tuple(s for s, st in self.membership.sites.items() if st.state == mb.SiteState.FAILED
+                       or (s in self.membership.members and st.state == mb.SiteState.JOINING))
+        joiners = tuple(sorted(s for s, st in self.membership.sites.items()
+                               if st.state == mb.SiteState.JOINING and s not in self.membership.members))
         paused = bool(self.plan and self.plan.paused)
         # The current epoch was scheduled for a boundary the commit record has not reached yet.
         scheduled = ((self.plan.start_round, self.plan.start_cursor)
                      if self.plan is not None and not paused and self.plan.start_round > self.committed_round + 1
                      else None)
-        return ClusterView(expected=tuple(self.cfg.cluster.sites), epoch=self.m.epoch, members=self.m.members,
+        return ClusterView(expected=tuple(self.cfg.cluster.sites), epoch=self.membership.epoch,
+                           members=self.membership.members,
                            paused=paused, failed=failed, joiners=joiners,
                            committed_round=self.committed_round, committed_cursor=self.committed_cursor,
                            frontier=self.frontier, target_samples=self.target, drop_before=self.oracle.ahead(),
-                           round_samples=0 if paused else samples_per_round(self.cfg, len(self.m.members)),
-                           unproven=tuple(sorted(self.unproven & set(self.m.members))), scheduled=scheduled)
+                           round_samples=0 if paused else samples_per_round(self.cfg, len(self.membership.members)),
+                           unproven=tuple(sorted(self.unproven & set(self.membership.members))), scheduled=scheduled)
 
     def new_epoch(self, plan: Plan, reason: str) -> None:
-        old_members = set(self.m.members)
-        epoch = self.m.epoch + 1
-        sites = dict(self.m.sites)
+        old_members = set(self.membership.members)
+        epoch = self.membership.epoch + 1
+        sites = dict(self.membership.sites)
         for s in plan.members:
             sites[s] = replace(sites[s], state=mb.SiteState.ACTIVE)
         held_out: list[tuple[str, int]] = []
@@ -356,7 +360,7 @@ class Rules:
         self.recent = after_epoch(self.recent, epoch, plan.members, first)
         if plan.drain is not None:
             self.oracle = self.oracle.after_plan(plan)
-        self.m = mb.Membership(epoch=epoch, members=plan.members, sites=sites)
+        self.membership = mb.Membership(epoch=epoch, members=plan.members, sites=sites)
         self.plan = plan
         self._apply_plan_lineage(plan)
         # Keep the partial reports of every epoch still remembered: the round in flight under an
@@ -373,17 +377,17 @@ class Rules:
                   joiners=list(plan.joiners), manifest_hash=plan.manifest_hash, parent_commit=plan.parent_commit,
                   drain=plan.to_json()["drain"], policy=self.policy.value, reason=reason)
         # Everyone who should know: the new members and the sites that were just removed.
-        alive = set(self.m.sites)
+        alive = set(self.membership.sites)
         self.send_plan(sorted((set(plan.members) | old_members) & alive))
 
     def tick(self, t: Tick, now_ns: int) -> None:
         # Read after the messages: a member heard since its connection closed is no longer listed.
-        self.m = mb.on_connections(self.m, dict(t.lost))
+        self.membership = mb.on_connections(self.membership, dict(t.lost))
         self.step_membership(now_ns)
         self._check_complete()
 
     def step_membership(self, now_ns: int) -> None:
-        d, reason = mb.decide(now_ns, self.m, self.mcfg)
+        d, reason = mb.decide(now_ns, self.membership, self.mcfg)
         if reason != self.last_reason:
             self.emit("membership_decision", action=d.action.value, reason=reason, site=d.site or None)
             self.last_reason = reason
@@ -391,11 +395,11 @@ class Rules:
             self.new_epoch(Plan(d.members, False, 0, 0, Restore.NONE), reason)
             return
         if d.action != mb.Action.NONE:
-            self.m = mb.apply(self.m, d)
+            self.membership = mb.apply(self.membership, d)
             event = {mb.Action.SUSPECT: "site_suspected", mb.Action.CLEAR_SUSPICION: "suspicion_cleared",
                      mb.Action.CONFIRM_FAILED: "site_failed", mb.Action.CONNECTION_LOST: "site_failed"}[d.action]
             self.emit(event, site=d.site, reason=reason)
-        if self.m.epoch == 0 or self.shutdown_sent:
+        if self.membership.epoch == 0 or self.shutdown_sent:
             return
         if now_ns < self.settle_until_ns:
             return  # restarted: the members' resent round reports first (see recover)
@@ -422,11 +426,11 @@ class Rules:
 
     def _check_complete(self) -> None:
         """Every member done and the target committed: the run is complete; every site is told to stop."""
-        members = self.m.members
-        done = members and all(self.m.sites[s].state == mb.SiteState.DONE for s in members)
+        members = self.membership.members
+        done = members and all(self.membership.sites[s].state == mb.SiteState.DONE for s in members)
         if done and self.committed_cursor >= self.target and not self.shutdown_sent:
             self.emit("run_complete", commits=len(self.commits),
                       useful_tokens=tokens_of_samples(self.cfg, self.committed_cursor), tip=self.tip)
-            for s in sorted(self.m.sites):
-                self.out.append(Send(s, "shutdown", {"reason": "all sites done"}, self.m.epoch))
+            for s in sorted(self.membership.sites):
+                self.out.append(Send(s, "shutdown", {"reason": "all sites done"}, self.membership.epoch))
             self.shutdown_sent = True

@@ -179,7 +179,7 @@ def test_a_restart_from_the_journal_rebuilds_the_same_commit_record_and_settles_
 
 
 # ------------------------------------------------------------------------------------ replay
-STAMPS = ("id", "wall_ns", "mono_ns", "run_id", "process", "pid", "epoch", "step")
+STAMPS = ("event", "id", "wall_ns", "mono_ns", "run_id", "process", "pid", "epoch", "step")
 
 
 def _json(v: Any) -> Any:

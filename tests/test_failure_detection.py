@@ -26,7 +26,7 @@ CFG = mb.MembershipConfig(expected_sites=("a", "b", "c"), heartbeat_timeout_ms=2
 
 
 def cluster(t_ns: int = 0) -> mb.Membership:
-    sites = {s: mb.Site(s, mb.SiteState.ACTIVE, t_ns, 1) for s in ("a", "b", "c")}
+    sites = {s: mb.SiteRecord(s, mb.SiteState.ACTIVE, t_ns, 1) for s in ("a", "b", "c")}
     return mb.Membership(epoch=1, members=("a", "b", "c"), sites=sites)
 
 

@@ -396,7 +396,7 @@ class WanNode:
         keypair = None
         if self.wan.curve:
             if not self._keys_dir:
-                raise keymod.KeyError_("wan.curve is on but no keys directory was given")
+                raise keymod.CurveKeyError("wan.curve is on but no keys directory was given")
             keypair = keymod.load_keypair(self._keys_dir, self.name)
         self._router: zmq.Socket | None = None
         self._monitors: dict[zmq.Socket, tuple[str, zmq.Socket]] = {}
