@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.noise_floor_record import learning_config_hash, match
+from ground.eventlog import read_events
 
 ROOT = Path(__file__).resolve().parent.parent
 NOISE_FLOOR_RECORD = ROOT / "bench" / "results" / "noise_floor.json"
@@ -36,7 +37,7 @@ def _reference(index: dict[str, Any] | None, cmp_dir: Path | None) -> dict[str, 
     path = d / "logs" / "reference.jsonl"
     if not path.is_file():
         return {"evidence": "unavailable", "reason": f"{path} is missing"}
-    events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    events = read_events(path)
     evals = [e for e in events if e.get("event") == "eval"]
     if not evals:
         return {"evidence": "unavailable", "reason": f"{path} has no eval events"}

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT, BenchError, env_info, median, write_result
+from ground.eventlog import read_events
 
 NAME = "cluster_throughput"
 GOAL = 0.80
@@ -69,7 +70,7 @@ def _cfg_dict(rounds: int, runs_dir: str, extra: dict | None = None) -> dict:
 # ------------------------------------------------------------------------------ the round budget
 def _events(run_dir: Path, proc: str) -> list[dict[str, Any]]:
     path = run_dir / "logs" / f"{proc}.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_events(path)
 
 
 def round_budget(run_dir: Path, sites: list[str], tokens_per_round: int, skip: int = SKIP_ROUNDS) -> dict[str, Any]:

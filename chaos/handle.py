@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Protocol, runtime_checkable
 
 from chaos.scenario import SERVICES, parse_link_target
+from ground.eventlog import read_events
 from wan.toxiproxy import ToxiproxyClient, ToxiproxyError
 
 UPSTREAM, DOWNSTREAM = "upstream", "downstream"
@@ -333,11 +334,7 @@ def spawn_like_launcher(run_dir: str | Path) -> Callable[[str], subprocess.Popen
 
     def spawn(name: str) -> subprocess.Popen:
         modules: dict[str, str] = {}
-        for line in (run_dir / "logs" / "launcher.jsonl").read_text().splitlines():
-            try:
-                ev = json.loads(line)
-            except json.JSONDecodeError:
-                continue
+        for ev in read_events(run_dir / "logs" / "launcher.jsonl"):
             if ev.get("event") == "process_started" and ev.get("module"):
                 modules[ev["name"]] = ev["module"]
         if name not in modules:

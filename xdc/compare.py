@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ground.config import RunConfig
+from ground.eventlog import read_events
 
 POLICIES = ("stall", "restart", "elastic", "oracle")
 
@@ -116,7 +117,7 @@ def run_reference_process(cfg: RunConfig, out: Path, timeout_s: float | None = N
     (ref_dir / "reference.out").write_text(p.stdout + p.stderr)
     if p.returncode != 0:
         return {"dir": str(ref_dir), "error": f"exit {p.returncode}; see {ref_dir / 'reference.out'}"}
-    events = [json.loads(l) for l in (ref_dir / "logs" / "reference.jsonl").read_text().splitlines() if l.strip()]
+    events = read_events(ref_dir / "logs" / "reference.jsonl")
     final = [e["heldout_nll"] for e in events if e.get("event") == "eval"][-1]
     return {"dir": str(ref_dir.resolve()), "final_heldout_nll": final, "wall_s": round(time.monotonic() - t0, 1)}
 

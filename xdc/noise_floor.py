@@ -26,17 +26,16 @@ from typing import Any
 
 from analysis.noise_floor_record import learning_config, learning_config_hash
 from ground.config import RunConfig, to_dict
+from ground.eventlog import read_events
 
 RECORD_KIND = "xdc-noise-floor/1"
 def eval_set_of_run(run_dir: Path) -> Any:
     """The `eval_set` the sites name in their eval events (None where they name none): the record
     is only valid for the evaluation set it was measured on."""
     for path in sorted((run_dir / "logs").glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            if '"eval"' in line:
-                e = json.loads(line)
-                if e.get("event") == "eval":
-                    return e.get("eval_set")
+        for e in read_events(path):
+            if e.get("event") == "eval":
+                return e.get("eval_set")
     return None
 
 
