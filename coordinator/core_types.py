@@ -16,6 +16,7 @@ from coordinator.replay import RecentEpochs
 from ground.config import RunConfig
 from ground.messages import RoundDone
 from ground.plans import Plan
+from ground.records import Commit
 
 EVENTS = frozenset({
     "commit", "commit_refused", "coordinator_recovered", "frontier", "frontier_deferred", "join_deferred",
@@ -91,7 +92,7 @@ class CoordState:
     replanned: frozenset[tuple[str, int, int]] = frozenset()  # (site, incarnation, epoch) re-sent its plan
     resync: bool = False
     checkpoint_first: bool = False  # the next pause asks the leader to checkpoint first (preemption)
-    commits: tuple[dict[str, Any], ...] = ()
+    commits: tuple[Commit, ...] = ()
     tip: str | None = None  # the newest commit of the current lineage
     committed_round: int = -1
     committed_cursor: int = 0  # sample positions

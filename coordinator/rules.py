@@ -19,6 +19,7 @@ from ground.config import RunConfig
 from ground.messages import (BadMessage, CheckpointDurable, Heartbeat, Join, PeerUnreachable, PreemptNotice,
                              RoundDone, SiteDone, Telemetry, parse)
 from ground.plans import EpochPlan, Plan, Restore
+from ground.records import Commit, EpochRecord
 from ground.schedule import samples_per_round, target_samples, tokens_of_samples
 
 # Members run at most about one round ahead of the commit record; a report further ahead is absurd.
@@ -70,16 +71,18 @@ class Rules:
             self.emit("journal_torn_tail", detail=problem)
         for r in records:
             if r["type"] == "commit":
-                self.commits.append(r)
-                self._advance(r)
+                commit = Commit.from_json(r)
+                self.commits.append(commit)
+                self._advance(commit)
             elif r["type"] == "epoch":
-                plan = Plan.from_json(r["plan"])
+                rec = EpochRecord.from_json(r)
+                plan = rec.plan
                 self.plan = plan
                 self.oracle = self.oracle.after_plan(plan)
-                self.oracle_dropped |= {(str(s), int(i)) for s, i in r.get("held_out", [])}
+                self.oracle_dropped |= set(rec.held_out)
                 sites = {s: mb.SiteRecord(s, mb.SiteState.ACTIVE if s in plan.members else mb.SiteState.FAILED, now)
                          for s in self.cfg.cluster.sites}
-                self.membership = mb.Membership(epoch=r["epoch"], members=plan.members, sites=sites)
+                self.membership = mb.Membership(epoch=rec.epoch, members=plan.members, sites=sites)
                 self._apply_plan_lineage(plan)
             elif r["type"] == "frontier":
                 self.frontier = Frontier(r["round"], r["cursor"], r["manifest_hash"], r.get("commit_id"))
@@ -100,12 +103,12 @@ class Rules:
                       fence_epoch=self.recent.fence,
                       pending_checkpoints=[[r, c] for r, c in sorted(self.pending_frontiers)])
 
-    def _advance(self, commit: dict[str, Any]) -> None:
-        self.tip = commit["commit_id"]
-        self.committed_round = commit["round"]
-        self.committed_cursor = commit["cursor_end"]
-        self.oracle = self.oracle.after_commit(commit["cursor_end"])
-        self.unproven -= set(commit["members"])  # a commit proves its members held the lineage's state
+    def _advance(self, commit: Commit) -> None:
+        self.tip = commit.commit_id
+        self.committed_round = commit.round
+        self.committed_cursor = commit.cursor_end
+        self.oracle = self.oracle.after_commit(commit.cursor_end)
+        self.unproven -= set(commit.members)  # a commit proves its members held the lineage's state
 
     def _apply_plan_lineage(self, plan: Plan) -> None:
         """A restore from the store branches the lineage at the frontier's commit. Whoever gets state
@@ -158,7 +161,7 @@ class Rules:
             # A member lost its state (a restore failed twice): it leaves and comes back as a joiner.
             self.membership = mb.set_state(self.membership, msg.src, "removed")
         self.membership = mb.on_join(self.membership, msg.src, now_ns, msg.inc)
-        self.emit("site_joined", site=msg.src, incarnation=msg.inc, pid=j.pid,
+        self.emit("site_joined", site=msg.src, incarnation=msg.inc, site_pid=j.pid,
                   state=self.membership.sites[msg.src].state.value,
                   previous_state=before.state.value if before else None)
         m = self.membership
@@ -223,8 +226,8 @@ class Rules:
         if msg.epoch != self.membership.epoch and msg.epoch not in self.epoch_members:
             self._reject(msg, f"stale epoch {msg.epoch}")
             return
-        commit = next((x["commit_id"] for x in reversed(self.commits)
-                       if x["round"] == c.round and x["cursor_end"] == c.cursor), None)
+        commit = next((x.commit_id for x in reversed(self.commits) if x.round == c.round and x.cursor_end == c.cursor),
+                      None)
         if commit is None:
             # The leader checkpoints a round as soon as its collective is done, before the commit
             # record has it; that round may yet be aborted. Only a committed state may become the
@@ -294,19 +297,20 @@ class Rules:
             self.resync = True
             return
         first = got[members[0]]
-        record = {"type": "commit", "commit_id": f"e{epoch}r{rnd}", "parent": self.tip, "round": rnd,
-                  "step": first.step, "epoch": epoch, "members": list(members), "param_hash": first.param_hash,
-                  "cursor_start": first.cursor_start, "cursor_end": first.cursor_end,
-                  "tokens": {s: r.tokens for s, r in got.items()}, "flops": {s: r.flops for s, r in got.items()}}
-        record["useful_tokens"] = tokens_of_samples(self.cfg, record["cursor_end"])
+        commit = Commit(commit_id=f"e{epoch}r{rnd}", parent=self.tip, round=rnd, step=first.step, epoch=epoch,
+                        members=members, param_hash=first.param_hash, cursor_start=first.cursor_start,
+                        cursor_end=first.cursor_end, tokens={s: r.tokens for s, r in got.items()},
+                        flops={s: r.flops for s, r in got.items()},
+                        useful_tokens=tokens_of_samples(self.cfg, first.cursor_end))
+        record = commit.to_json()
         self.out.append(Journal(record))  # durable before anyone is told
-        self.commits.append(record)
-        self._advance(record)
-        self.out.append(Context({"step": record["step"]}))
+        self.commits.append(commit)
+        self._advance(commit)
+        self.out.append(Context({"step": commit.step}))
         self.emit("commit", **{k: v for k, v in record.items() if k != "type"})
-        pending = self.pending_frontiers.pop((rnd, record["cursor_end"]), None)
+        pending = self.pending_frontiers.pop((rnd, commit.cursor_end), None)
         if pending is not None:  # its checkpoint was durable before the round committed
-            self._set_frontier(Frontier(rnd, record["cursor_end"], pending, record["commit_id"]))
+            self._set_frontier(Frontier(rnd, commit.cursor_end, pending, commit.commit_id))
 
     def send_plan(self, to: list[str]) -> None:
         if self.plan is None:
@@ -370,8 +374,7 @@ class Rules:
         # epoch was scheduled; _on_round_done decides precisely which of those reports count.
         self.out.append(Fence(self.recent.fence))
         self.out.append(Context({"epoch": epoch}))
-        self.out.append(Journal({"type": "epoch", "epoch": epoch, "plan": plan.to_json(), "reason": reason,
-                                 "held_out": [list(h) for h in held_out], "checkpoint_first": first}))
+        self.out.append(Journal(EpochRecord(epoch, plan, reason, tuple(held_out), first).to_json()))
         self.emit("membership_epoch", members=list(plan.members), paused=plan.paused, start_round=plan.start_round,
                   start_cursor=plan.start_cursor, restore=plan.restore.value, donor=plan.donor,
                   joiners=list(plan.joiners), manifest_hash=plan.manifest_hash, parent_commit=plan.parent_commit,

@@ -20,7 +20,8 @@ from coordinator import membership as mb
 from ground.config import RunConfig, config_from_json, load_config
 from ground.eventlog import read_events
 from ground.journal import Journal
-from ground.plans import Drain, EpochPlan, Restore
+from ground.plans import Drain, EpochPlan, Plan, Restore
+from ground.records import Commit, EpochRecord
 
 SITES = ("a", "b", "c")
 MS = 1_000_000  # ns
@@ -176,6 +177,25 @@ def test_a_restart_from_the_journal_rebuilds_the_same_commit_record_and_settles_
     assert state.settle_until_ns == 10 * MS + 1000 * MS and any(isinstance(o, core.Fence) for o in out)
     s2, _ = core.step(state, core.Tick(), 20 * MS, cfg)  # settling: no new epoch although nobody heartbeats
     assert s2.membership.epoch == 1
+
+
+def test_the_journal_records_are_typed_and_read_back_equal_from_the_journal_file(tmp_path: Path) -> None:
+    c = formed(config(policy="oracle", oracle_faults=[["b", 250 * 128]]))
+    commit_round(c, 0, 0, 96, SITES, 1)
+    c.feed(core.Tick(), after_ms=1)  # the drain's epoch
+    j = Journal(tmp_path / "journal.jsonl")
+    for o in c.outputs:
+        if isinstance(o, core.Journal):
+            j.append(o.record)
+    j.close()
+    records, problem = Journal.load(tmp_path / "journal.jsonl")
+    assert problem is None
+    commits = [Commit.from_json(r) for r in records if r["type"] == "commit"]
+    epochs = [EpochRecord.from_json(r) for r in records if r["type"] == "epoch"]
+    assert commits == list(c.state.commits) and commits[0].useful_tokens == 96 * 128
+    assert [e.epoch for e in epochs] == [1, 2] and epochs[1].plan.drain == Drain("b", 250)
+    assert epochs[1].held_out == (("b", 1),) and epochs[1].checkpoint_first
+    assert epochs[0].plan == Plan(SITES, False, 0, 0, Restore.NONE)
 
 
 # ------------------------------------------------------------------------------------ replay
