@@ -43,8 +43,10 @@ browser:
 demo: setup
 	$(BIN)/xdc demo
 
+# The import layers first (pyproject's [tool.importlinter]; no exceptions), then the suite.
 # The suite includes the compose smoke (tests/test_compose_smoke.py), so it needs the engine too.
 test: setup browser compose-setup
+	$(BIN)/lint-imports
 	XDC_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -q
 
 bench: setup
@@ -57,7 +59,7 @@ noise-floor: setup
 
 # 20 random fault schedules per policy (about an hour on 2 cores); tally in bench/results/soak.json.
 soak: setup
-	$(BIN)/python -m chaos.soak --schedules 20 --out bench/results/soak.json
+	$(BIN)/python -m bench.soak --schedules 20 --out bench/results/soak.json
 
 clean:
 	rm -rf $(VENV) runs
@@ -72,7 +74,7 @@ SMOKE_NATIVE ?=
 XDC_LOCAL_IMAGES ?= auto
 COMPOSE_VERSION := v2.29.7
 
-# Regenerate compose/docker-compose.yml (+ .gpu.yml) from the one topology (xdc/topology.py).
+# Regenerate compose/docker-compose.yml (+ .gpu.yml) from the one topology (ground/topology.py).
 compose-generate: setup
 	$(BIN)/xdc compose generate
 

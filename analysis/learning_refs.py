@@ -18,7 +18,8 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any
 
-from xdc.noise_floor import match
+from analysis.noise_floor_record import learning_config_hash, match
+from ground.eventlog import read_events
 
 ROOT = Path(__file__).resolve().parent.parent
 NOISE_FLOOR_RECORD = ROOT / "bench" / "results" / "noise_floor.json"
@@ -36,7 +37,7 @@ def _reference(index: dict[str, Any] | None, cmp_dir: Path | None) -> dict[str, 
     path = d / "logs" / "reference.jsonl"
     if not path.is_file():
         return {"evidence": "unavailable", "reason": f"{path} is missing"}
-    events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    events = read_events(path)
     evals = [e for e in events if e.get("event") == "eval"]
     if not evals:
         return {"evidence": "unavailable", "reason": f"{path} has no eval events"}
@@ -69,8 +70,6 @@ def learning_refs(histories: list[Any], sections: list[dict[str, Any]], index: d
     floor = match(record, next(iter(dataset_ids)) if len(dataset_ids) == 1 else None, cfgs[0] if cfgs else None,
                   eval_sets[0] if eval_sets else None)
     if floor["evidence"] == "measured" and len(cfgs) > 1:
-        from xdc.noise_floor import learning_config_hash
-
         if len({learning_config_hash(c) for c in cfgs}) != 1:
             floor = {"evidence": "unavailable", "reason": "the runs differ in their learning config"}
     diffs = []

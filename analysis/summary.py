@@ -23,7 +23,7 @@ from typing import Any
 
 from analysis.learning import run_baselines
 from wan.frames import TRAFFIC_CLASSES
-from xdc.eventlog import read_events
+from ground.eventlog import read_events
 
 
 def load_logs(run_dir: Path) -> dict[str, list[dict[str, Any]]]:

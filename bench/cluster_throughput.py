@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT, BenchError, env_info, median, write_result
+from ground.eventlog import read_events
 
 NAME = "cluster_throughput"
 GOAL = 0.80
@@ -55,7 +56,7 @@ BUSY_LOAD_PER_CORE = 1.5
 
 def _cfg_dict(rounds: int, runs_dir: str, extra: dict | None = None) -> dict:
     from xdc.cli import DEMO
-    from xdc.config import load_config, merge
+    from ground.config import load_config, merge
 
     train = dict(DEMO["train"])
     base = load_config({"train": train})
@@ -69,7 +70,7 @@ def _cfg_dict(rounds: int, runs_dir: str, extra: dict | None = None) -> dict:
 # ------------------------------------------------------------------------------ the round budget
 def _events(run_dir: Path, proc: str) -> list[dict[str, Any]]:
     path = run_dir / "logs" / f"{proc}.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_events(path)
 
 
 def round_budget(run_dir: Path, sites: list[str], tokens_per_round: int, skip: int = SKIP_ROUNDS) -> dict[str, Any]:
@@ -139,7 +140,7 @@ def round_budget(run_dir: Path, sites: list[str], tokens_per_round: int, skip: i
 
 # ------------------------------------------------------------------------------------ the arms
 def cluster_arm(rounds: int, extra: dict | None = None) -> dict[str, Any]:
-    from xdc.config import load_config
+    from ground.config import load_config
     from xdc.launcher import Launcher
 
     with tempfile.TemporaryDirectory(prefix="xdc-bench-ct-") as tmp:
@@ -175,7 +176,7 @@ def _single_main(rounds: int) -> None:
 
     from site_agent.data import batch_for, evaluate_nll, heldout_batch, load_corpus, sample_order
     from site_agent.trainer import SiteTrainer
-    from xdc.config import load_config, merge
+    from ground.config import load_config, merge
 
     torch.set_num_threads(os.cpu_count() or 1)
     cfg0 = load_config(_cfg_dict(rounds, "/tmp"))

@@ -22,7 +22,7 @@ import numpy as np
 from bench.common import KB, BenchCluster, BenchError, env_info, median, write_result
 from site_agent.collective import AllReduce, reduce_in_order
 from site_agent.model import build_model, count_params
-from xdc.config import LinkProfile, LinkSpec, ModelConfig, WanConfig
+from ground.config import LinkProfile, LinkSpec, ModelConfig, WanConfig
 
 NAME = "collective_efficiency"
 SITES = ["a", "b", "c"]

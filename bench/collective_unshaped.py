@@ -26,7 +26,7 @@ from bench.common import MiB, BenchCluster, env_info, median, write_result
 from bench.emulator_ceiling import transfer
 from site_agent.collective import AllReduce
 from site_agent.model import build_model, count_params
-from xdc.config import LinkProfile, LinkSpec, ModelConfig, WanConfig
+from ground.config import LinkProfile, LinkSpec, ModelConfig, WanConfig
 
 NAME = "collective_unshaped"
 SITES = ["a", "b", "c"]

@@ -28,8 +28,8 @@ from wan.frames import TrafficClass
 from wan.keys import generate_cluster_keys
 from wan.node import Route, WanNode
 from wan.toxiproxy import ToxiproxyServer, apply_link_spec, free_port
-from xdc.config import LinkSpec, WanConfig
-from xdc.eventlog import EventLog
+from ground.config import LinkSpec, WanConfig
+from ground.eventlog import EventLog
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"

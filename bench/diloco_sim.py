@@ -4,7 +4,7 @@
 
 Simulates the cluster's arithmetic in one process: `workers` SiteTrainers (the sites' class,
 same init from train.seed), each taking its per-site batch of the canonical sample order at the
-positions the cluster would (site_agent/schedule.py), every inner step at the lr of its frontier
+positions the cluster would (ground/schedule.py), every inner step at the lr of its frontier
 (site_agent/lr_schedule.py); after H steps the pseudo-gradients are averaged in site order
 (reduce_in_order, as the collective does) and every worker takes the same outer step.
 `--H 0` is the single-process reference (xdc/reference.py): one model on the global batch.
@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from xdc.config import RunConfig, load_config, merge, parse_override, to_dict
+from ground.config import RunConfig, load_config, merge, parse_override, to_dict
 
 
 def spread_heldout(cfg: RunConfig, n_windows: int) -> tuple[torch.Tensor, torch.Tensor, str]:
@@ -46,7 +46,7 @@ def simulate_diloco(cfg: RunConfig, n_workers: int, evaluate, eval_every_tokens:
     from site_agent.collective import reduce_in_order
     from site_agent.data import batch_for, load_corpus, sample_order
     from site_agent.lr_schedule import step_frontier_tokens
-    from site_agent.schedule import ids_at, round_span, site_positions, steps_per_round, target_samples
+    from ground.schedule import ids_at, round_span, site_positions, steps_per_round, target_samples
     from site_agent.trainer import SiteTrainer
 
     corpus = load_corpus(cfg.data)

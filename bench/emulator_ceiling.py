@@ -26,7 +26,7 @@ import numpy as np
 from bench.common import KB, MiB, BenchCluster, BenchError, env_info, median, write_result
 from wan.frames import TrafficClass
 from wan.toxiproxy import apply_link_spec
-from xdc.config import LinkProfile, LinkSpec, WanConfig
+from ground.config import LinkProfile, LinkSpec, WanConfig
 
 NAME = "emulator_ceiling"
 LADDER_KBPS = [5_000, 20_000, 50_000, 100_000, 200_000, 400_000]  # KB/s (KB = 1000 B)

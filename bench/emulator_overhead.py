@@ -42,8 +42,8 @@ from site_agent.state import merge_retained, samples_sha256, take_snapshot
 from site_agent.data import batch_for, load_corpus, sample_order
 from site_agent.model import count_params
 from site_agent.trainer import SiteTrainer
-from xdc.config import LinkSpec, RunConfig, WanConfig, merge, load_config, to_dict
-from xdc.eventlog import EventLog
+from ground.config import LinkSpec, RunConfig, WanConfig, merge, load_config, to_dict
+from ground.eventlog import EventLog
 
 NAME = "emulator_overhead"
 SITES = ["a", "b", "c"]

@@ -31,7 +31,7 @@ import numpy as np
 from bench.common import KB, MiB, BenchCluster, BenchError, env_info, median, percentile, write_result
 from coordinator import membership as mb
 from wan.frames import TrafficClass
-from xdc.config import LinkProfile, LinkSpec, RecoveryConfig, WanConfig
+from ground.config import LinkProfile, LinkSpec, RecoveryConfig, WanConfig
 
 NAME = "heartbeat_under_load"
 RATE_KBPS = 1250  # 10 Mbit/s
@@ -47,7 +47,7 @@ def detector_suspicions(samples: list[tuple[int, int, int]], cfg: mb.MembershipC
     connection lost at or 0); every one that is not "none" is a false suspicion."""
     out = []
     for now, last_hb, lost in samples:
-        m = mb.Membership(epoch=1, members=("a",), sites={"a": mb.Site("a", mb.SiteState.ACTIVE, last_hb, 1, lost)})
+        m = mb.Membership(epoch=1, members=("a",), sites={"a": mb.SiteRecord("a", mb.SiteState.ACTIVE, last_hb, 1, lost)})
         d, why = mb.decide(now, m, cfg)
         if d.action != mb.Action.NONE:
             out.append(why)

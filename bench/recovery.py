@@ -31,7 +31,7 @@ from typing import Any
 
 from bench.common import env_info, median, percentile, write_result
 from chaos.scenario import Scenario
-from xdc.config import load_config, merge
+from ground.config import load_config, merge
 from xdc.launcher import launch
 
 ROUND = 12_288

@@ -18,7 +18,6 @@ reports 82.3 %, a DiLoCo fault-tolerance harness 85-88 % under kill/partition st
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -26,7 +25,8 @@ from typing import Any
 
 from bench.common import env_info, write_result
 from chaos.scenario import Scenario
-from xdc.config import load_config, merge
+from ground.config import load_config, merge
+from ground.eventlog import read_events
 from xdc.launcher import launch
 
 NAME = "storm_goodput"
@@ -59,7 +59,7 @@ def storm(minutes: float) -> Scenario:
 
 
 def _active_s(run_dir: Path) -> float:
-    evs = [json.loads(l) for l in (run_dir / "logs" / "coord.jsonl").read_text().splitlines() if l.strip()]
+    evs = read_events(run_dir / "logs" / "coord.jsonl")
     start = next(e["mono_ns"] for e in evs if e["event"] == "coordinator_started")
     done = [e["mono_ns"] for e in evs if e["event"] == "run_complete"]
     if not done:
@@ -87,8 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = load_config(merge(merge(base, {"recovery": {"policy": pol}}), {"runs_dir": str(Path(tmp) / pol)}))
             run_dir, s = launch(cfg, quiet=True, timeout_s=3600, scenario=scenario)
             t = _active_s(run_dir)
-            fired = sum(1 for l in (run_dir / "logs" / "chaos.jsonl").read_text().splitlines()
-                        if '"fault_injected"' in l)
+            fired = sum(1 for e in read_events(run_dir / "logs" / "chaos.jsonl") if e.get("event") == "fault_injected")
             per_policy[pol] = {"active_s": t, "efficiency": t_ff / t, "useful_tokens": s.get("useful_tokens"),
                                "lost_tokens": s.get("lost_tokens"), "faults_fired": fired}
             print(f"{pol}: {t:.1f} s vs fault-free {t_ff:.1f} s -> efficiency {t_ff / t:.3f} "

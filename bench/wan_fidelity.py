@@ -20,7 +20,7 @@ import numpy as np
 
 from bench.common import KB, MiB, BenchCluster, BenchError, env_info, median, write_result
 from wan.frames import TrafficClass
-from xdc.config import LinkProfile, LinkSpec, WanConfig
+from ground.config import LinkProfile, LinkSpec, WanConfig
 
 NAME = "wan_fidelity"
 LATENCY_MS = 20

@@ -1,7 +1,7 @@
 """The `ClusterHandle` of a docker-compose cluster: the same fault parts, acted out with the docker CLI.
 
 Every process of the cluster is one container of the compose project (service `coordinator`,
-`store`, `site-<name>`, see `xdc.topology.service_name`); the nemeses of chaos/nemesis.py send
+`store`, `site-<name>`, see `ground.topology.service_name`); the nemeses of chaos/nemesis.py send
 signals and restarts, and this handle turns them into docker commands:
 
     SIGKILL / SIGTERM / any other signal   docker kill --signal <SIG> <container>
@@ -62,7 +62,7 @@ class DockerHandle:
                  docker: str = "docker", toxiproxy: Any = None, toxiproxy_api: str | None = None,
                  log: EventSink | None = None, run_id: str | None = None,
                  sleep: Callable[[float], None] = time.sleep) -> None:
-        from xdc.topology import Topology, service_name
+        from ground.topology import Topology, service_name
 
         self.run_dir = Path(run_dir)
         self.project = project
@@ -166,7 +166,7 @@ class DockerHandle:
 
 def until_coordinator_exits(handle: DockerHandle, taken_down: Callable[[], set[str]]) -> Callable[[], bool]:
     """The run is over once the coordinator's container exited by itself (not by a fault)."""
-    from xdc.topology import COORD
+    from ground.topology import COORD
 
     def check() -> bool:
         try:

@@ -35,7 +35,7 @@ from typing import Any, Callable
 from chaos.handle import ClusterHandle, EventSink
 from chaos.nemesis import CoordinatorCrash, Nemesis, SiteCrash, SitePreempt, StoreOutage, nemesis_for
 from chaos.scenario import Fault, Scenario, Trigger
-from xdc.eventlog import LogTail
+from ground.eventlog import LogTail
 
 PENDING, ACTIVE, HEALED, FAILED, HEAL_FAILED = "pending", "active", "healed", "failed", "heal_failed"
 HEAL_RETRY_S = 2.0  # a heal that failed (e.g. Toxiproxy's API stalled flushing a toxic) is tried again this often

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Protocol, runtime_checkable
 
 from chaos.scenario import SERVICES, parse_link_target
+from ground.eventlog import read_events
 from wan.toxiproxy import ToxiproxyClient, ToxiproxyError
 
 UPSTREAM, DOWNSTREAM = "upstream", "downstream"
@@ -128,7 +129,7 @@ def _proxies_of_topology(topology: Any) -> dict[str, tuple[str, str]]:
 
 def proxies_for_sites(sites: Iterable[str]) -> dict[str, tuple[str, str]]:
     """{proxy: (client, server)} of a cluster of these sites (the same names `Topology` uses)."""
-    from xdc.topology import Topology
+    from ground.topology import Topology
 
     return {name: (c, s) for name, c, s in Topology.link_names(tuple(sites))}
 
@@ -169,7 +170,7 @@ def launcher_pids(run_dir: str | Path) -> dict[str, int]:
     (or shared by two different names) is therefore the launcher's own and is ignored: a chaos
     driver must never signal the launcher.
     """
-    from xdc.eventlog import read_events
+    from ground.eventlog import read_events
 
     try:
         events = [ev for ev in read_events(Path(run_dir) / "logs" / "launcher.jsonl") if isinstance(ev, dict)]
@@ -203,7 +204,7 @@ def toxiproxy_client(api: str, where: Path) -> ToxiproxyClient:
 
 def chaos_log(run_dir: Path, run_id: str | None) -> "EventSink":
     """RUN/logs/chaos.jsonl as process "chaos" (run id from the run's config unless given)."""
-    from xdc.eventlog import EventLog
+    from ground.eventlog import EventLog
 
     if run_id is None:
         try:
@@ -228,7 +229,7 @@ class NativeHandle:
     def __init__(self, run_dir: str | Path, procs: dict[str, subprocess.Popen] | None = None,
                  spawn: Callable[[str], subprocess.Popen] | None = None, *, toxiproxy: ToxiproxyClient | None = None,
                  log: EventSink | None = None, run_id: str | None = None) -> None:
-        from xdc.topology import Topology
+        from ground.topology import Topology
 
         self.run_dir = Path(run_dir)
         self.procs = procs
@@ -333,11 +334,7 @@ def spawn_like_launcher(run_dir: str | Path) -> Callable[[str], subprocess.Popen
 
     def spawn(name: str) -> subprocess.Popen:
         modules: dict[str, str] = {}
-        for line in (run_dir / "logs" / "launcher.jsonl").read_text().splitlines():
-            try:
-                ev = json.loads(line)
-            except json.JSONDecodeError:
-                continue
+        for ev in read_events(run_dir / "logs" / "launcher.jsonl"):
             if ev.get("event") == "process_started" and ev.get("module"):
                 modules[ev["name"]] = ev["module"]
         if name not in modules:

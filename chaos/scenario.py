@@ -387,10 +387,10 @@ def _plain(v: Any) -> Any:
 
 # ------------------------------------------------------------------------------ validation
 
-Path_ = tuple[Any, ...]
+FieldPath = tuple[Any, ...]
 
 
-def _dotted(path: Path_) -> str:
+def _dotted(path: FieldPath) -> str:
     out = ""
     for p in path:
         out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
@@ -398,12 +398,12 @@ def _dotted(path: Path_) -> str:
 
 
 class _Validator:
-    def __init__(self, source: str, lines: Mapping[Path_, int], sites: Iterable[str] | None) -> None:
+    def __init__(self, source: str, lines: Mapping[FieldPath, int], sites: Iterable[str] | None) -> None:
         self.source = source
         self.lines = lines
         self.sites = tuple(sites) if sites is not None else None
 
-    def line(self, path: Path_) -> int | None:
+    def line(self, path: FieldPath) -> int | None:
         p = tuple(path)
         while True:
             if p in self.lines:
@@ -412,15 +412,15 @@ class _Validator:
                 return None
             p = p[:-1]
 
-    def err(self, path: Path_, reason: str) -> ScenarioError:
+    def err(self, path: FieldPath, reason: str) -> ScenarioError:
         return ScenarioError(self.source, self.line(path), _dotted(path), reason)
 
-    def mapping(self, v: Any, path: Path_, what: str) -> Mapping[str, Any]:
+    def mapping(self, v: Any, path: FieldPath, what: str) -> Mapping[str, Any]:
         if not isinstance(v, Mapping):
             raise self.err(path, f"expected {what} (a mapping), got {_tname(v)}")
         return v
 
-    def unknown(self, d: Mapping[str, Any], known: Iterable[str], path: Path_) -> None:
+    def unknown(self, d: Mapping[str, Any], known: Iterable[str], path: FieldPath) -> None:
         known = list(known)
         for k in d:
             if k not in known:
@@ -428,7 +428,7 @@ class _Validator:
                 extra = f" (did you mean {hint[0]!r}?)" if hint else ""
                 raise self.err((*path, k), f"unknown field{extra}; known: {known}")
 
-    def number(self, v: Any, path: Path_, *, minimum: float | None = 0, exclusive: bool = False,
+    def number(self, v: Any, path: FieldPath, *, minimum: float | None = 0, exclusive: bool = False,
                integer: bool = False, what: str = "a number") -> Any:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
             raise self.err(path, f"expected {what}, got {_tname(v)} {v!r}")
@@ -460,7 +460,7 @@ class _Validator:
         faults = tuple(self.fault(f, ("faults", i)) for i, f in enumerate(faults_raw))
         return Scenario(name=name.strip(), description=" ".join(desc.split()), faults=faults, seed=seed)
 
-    def trigger(self, d: Mapping[str, Any], path: Path_, *, required: bool) -> Trigger | None:
+    def trigger(self, d: Mapping[str, Any], path: FieldPath, *, required: bool) -> Trigger | None:
         given = [k for k in TRIGGER_KEYS if k in d and d[k] is not None]
         if len(given) > 1:
             raise self.err((*path, given[1]), f"give exactly one trigger of {list(TRIGGER_KEYS)}; "
@@ -476,7 +476,7 @@ class _Validator:
         v = self.number(d[k], (*path, k), integer=True, what="an integer")
         return Trigger(**{k: v})
 
-    def target(self, kind: str, spec: KindSpec, raw: Any, path: Path_) -> str:
+    def target(self, kind: str, spec: KindSpec, raw: Any, path: FieldPath) -> str:
         if raw is None:
             if spec.target == "store":
                 return STORE
@@ -511,7 +511,7 @@ class _Validator:
             return t
         return t  # "any"
 
-    def params(self, kind: str, spec: KindSpec, raw: Any, path: Path_) -> dict[str, Any]:
+    def params(self, kind: str, spec: KindSpec, raw: Any, path: FieldPath) -> dict[str, Any]:
         ppath = (*path, "params")
         d = {} if raw is None else self.mapping(raw, ppath, f"the parameters of {kind}")
         if d and not spec.params:
@@ -554,7 +554,7 @@ class _Validator:
                            f"missing: {kind} needs at least one of {list(spec.needs_one_of)}")
         return out
 
-    def fault(self, raw: Any, path: Path_) -> Fault:
+    def fault(self, raw: Any, path: FieldPath) -> Fault:
         d = self.mapping(raw, path, "a fault")
         if "kind" not in d:
             raise self.err((*path, "kind"), f"missing: every fault needs a kind; known: {sorted(KINDS)}")
@@ -606,7 +606,7 @@ def _tname(v: Any) -> str:
 # ------------------------------------------------------------------------------ files
 
 
-def _yaml_tree(text: str, source: str) -> tuple[Any, dict[Path_, int]]:
+def _yaml_tree(text: str, source: str) -> tuple[Any, dict[FieldPath, int]]:
     """Parse YAML into plain values plus the 1-based line of every path (from node marks)."""
     import yaml
 
@@ -622,10 +622,10 @@ def _yaml_tree(text: str, source: str) -> tuple[Any, dict[Path_, int]]:
         raise ScenarioError(source, line, "", f"not valid YAML: {e.problem or e}") from None
     except yaml.YAMLError as e:
         raise ScenarioError(source, None, "", f"not valid YAML: {e}") from None
-    lines: dict[Path_, int] = {}
+    lines: dict[FieldPath, int] = {}
     constructor = yaml.SafeLoader("")  # resolves plain scalars (ints, floats, bools, null)
 
-    def walk(n: Any, path: Path_) -> Any:
+    def walk(n: Any, path: FieldPath) -> Any:
         lines[path] = n.start_mark.line + 1
         if isinstance(n, yaml.MappingNode):
             constructor.flatten_mapping(n)  # merge keys (<<)
@@ -652,12 +652,12 @@ _TOML_HEADER = re.compile(r"^\s*\[\[?\s*([A-Za-z0-9_.\"' -]+?)\s*\]\]?\s*(#.*)?$
 _TOML_KEY = re.compile(r"^\s*([A-Za-z0-9_-]+)\s*=")
 
 
-def _toml_lines(text: str) -> dict[Path_, int]:
+def _toml_lines(text: str) -> dict[FieldPath, int]:
     """Best-effort line of each path of a scenario TOML (tomllib keeps no positions):
     top-level keys, each `[[faults]]` table, its keys, and `[faults.params]`/`[faults.heal]`
     sub-tables or inline tables."""
-    lines: dict[Path_, int] = {(): 1}
-    table: Path_ = ()
+    lines: dict[FieldPath, int] = {(): 1}
+    table: FieldPath = ()
     n_faults = -1
     for no, line in enumerate(text.splitlines(), 1):
         m = _TOML_HEADER.match(line)
@@ -712,21 +712,3 @@ def load_scenario(path: str | Path, sites: Iterable[str] | None = None) -> Scena
     except OSError as e:
         raise ScenarioError(str(p), None, "", f"cannot read scenario file: {e.strerror or e}") from None
     return parse_scenario(text, str(p), fmt="toml" if p.suffix.lower() == ".toml" else "yaml", sites=sites)
-
-
-def scenario_names(directory: str | Path) -> list[str]:
-    """The scenario files shipped in a directory, by stem."""
-    return sorted(p.stem for p in Path(directory).glob("*.y*ml")) + \
-        sorted(p.stem for p in Path(directory).glob("*.toml"))
-
-
-def describe_kinds() -> str:
-    """One line per kind and per parameter (for `xdc chaos --help`)."""
-    out = []
-    for k, spec in KINDS.items():
-        out.append(f"{k} (target: {spec.target}): {spec.doc}")
-        for name, p in spec.params.items():
-            dflt = f", default {p.default!r}" if p.default is not None else ""
-            out.append(f"    {name}: {p.type}{dflt}  {p.doc}")
-    return "\n".join(out)
-

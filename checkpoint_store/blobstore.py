@@ -151,10 +151,6 @@ class BlobStore:
         f = open(path, "wb")
         self._uploads[upload_id] = _Upload(path, f, 0, hashlib.sha256())
 
-    def upload_size(self, upload_id: str) -> int | None:
-        up = self._uploads.get(upload_id)
-        return None if up is None else up.size
-
     def append(self, upload_id: str, offset: int, data: bytes | bytearray | memoryview) -> int:
         """Append `data` at `offset`, which must equal the bytes received so far. Returns the new size."""
         up = self._uploads.get(upload_id)

@@ -32,7 +32,7 @@ import torch
 from checkpoint_store.blobstore import CorruptCheckpoint, StoreError, manifest_hash
 from wan.frames import Message
 from wan.node import WanNode
-from xdc.eventlog import EventLog
+from ground.eventlog import EventLog
 
 CLS = "checkpoint"
 

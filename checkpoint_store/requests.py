@@ -1,6 +1,6 @@
 """Typed bodies of the requests the checkpoint store receives, checked before any field is trusted.
 
-Each `from_body` checks types and ranges and raises `BadMessage` (from `coordinator.messages`,
+Each `from_body` checks types and ranges and raises `BadMessage` (from `ground.messages`,
 whose field helpers it shares) with a precise reason; the store answers `ckpt_error` with
 "bad_request: <reason>" and logs it. The manifest's own fields are validated by `BlobStore`.
 This module must not import torch.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from coordinator.messages import NAME, SHA256, BadMessage, body_of, get_int, get_str
+from ground.messages import NAME, SHA256, BadMessage, body_of, get_int, get_str
 
 MAX_BLOB_BYTES = 1 << 40  # offsets and lengths past a terabyte are absurd here
 MAX_MANIFEST_KEYS = 256

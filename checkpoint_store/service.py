@@ -46,13 +46,13 @@ import numpy as np
 
 from checkpoint_store.blobstore import BlobStore, CorruptCheckpoint, StoreError
 from checkpoint_store.requests import PARSERS, BlobGet, Chunk, Finish, FrontierGet, ManifestPut, request_id
-from coordinator.journal import AnnouncedEpochs
-from coordinator.messages import BadMessage
+from ground.journal import AnnouncedEpochs
+from ground.messages import BadMessage
 from wan.frames import Message
 from wan.node import WanNode
-from xdc.config import config_from_json
-from xdc.eventlog import EventLog
-from xdc.topology import STORE, Topology
+from ground.config import config_from_json
+from ground.eventlog import EventLog
+from ground.topology import STORE, Topology
 
 KINDS = ("ckpt_chunk", "ckpt_finish", "ckpt_manifest", "ckpt_frontier_get", "ckpt_blob_get")
 CLS = "checkpoint"

@@ -39,7 +39,7 @@ set -a; . compose/.env; set +a  # the image names this machine uses
 "$BIN/xdc" compose generate --check
 
 # The containers run as the caller, so the run directory is the caller's; but never as root: the
-# processes share the host's PID namespace (see xdc/topology.py), so root would see and could signal
+# processes share the host's PID namespace (see ground/topology.py), so root would see and could signal
 # every process of the host. Root's run directory is handed to the image's own user instead.
 uid=$(id -u)
 [ "$uid" != 0 ] || uid=10001

@@ -35,7 +35,9 @@ class SiteState(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class Site:
+class SiteRecord:
+    """What the coordinator knows of one site (not the site process: that is site_agent.agent.Site)."""
+
     name: str
     state: SiteState
     last_heartbeat_ns: int
@@ -47,7 +49,7 @@ class Site:
 class Membership:
     epoch: int = 0
     members: tuple[str, ...] = ()
-    sites: dict[str, Site] = field(default_factory=dict)
+    sites: dict[str, SiteRecord] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -164,7 +166,7 @@ def on_join(m: Membership, name: str, now_ns: int, incarnation: int) -> Membersh
     state = prev.state if prev is not None else SiteState.JOINING
     if prev is not None and (prev.incarnation != incarnation or prev.state == SiteState.FAILED) and m.epoch > 0:
         state = SiteState.JOINING
-    sites[name] = Site(name, state, now_ns, incarnation)
+    sites[name] = SiteRecord(name, state, now_ns, incarnation)
     return replace(m, sites=sites)
 
 

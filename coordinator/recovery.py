@@ -1,4 +1,4 @@
-"""Recovery policies as pure functions: (now, view of the cluster, policy) -> (plan or None, reason).
+"""Recovery policies as pure functions: (view of the cluster, policy) -> (plan or None, reason).
 
 The coordinator builds a `ClusterView` from what it knows (members, sites confirmed failed,
 restarted sites waiting to join, the last committed round and sample cursor, the durable
@@ -37,8 +37,9 @@ cannot drain for are met as `elastic` meets them, and may cost work like any pol
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from dataclasses import dataclass, replace
+
+from ground.plans import Drain, Plan, Restore
 
 
 class Policy(str, enum.Enum):
@@ -46,12 +47,6 @@ class Policy(str, enum.Enum):
     RESTART = "restart"
     ELASTIC = "elastic"
     ORACLE = "oracle"
-
-
-class Restore(str, enum.Enum):
-    NONE = "none"  # members resume from their own snapshot of `start_round`
-    DONOR = "donor"  # joiners receive state from `donor` (peer state transfer)
-    STORE = "store"  # everyone loads the durable frontier from the checkpoint store
 
 
 @dataclass(frozen=True)
@@ -86,46 +81,6 @@ class ClusterView:
     # (round, cursor) where the current epoch takes effect when that is beyond the round in flight
     # (a rejoin or a drain scheduled for the next boundary, not begun yet); None otherwise.
     scheduled: tuple[int, int] | None = None
-
-
-@dataclass(frozen=True)
-class Drain:
-    """The oracle drains `site` ahead of its fault, which fires when the commit record reaches `at_cursor`."""
-
-    site: str
-    at_cursor: int
-
-
-@dataclass(frozen=True)
-class Plan:
-    members: tuple[str, ...]
-    paused: bool
-    start_round: int
-    start_cursor: int
-    restore: Restore
-    donor: str | None = None
-    joiners: tuple[str, ...] = ()
-    manifest_hash: str | None = None
-    parent_commit: str | None = None  # the commit the next commit descends from (a branch point on restore)
-    drain: Drain | None = None  # oracle only: this epoch drains a site ahead of the fault it anticipates
-
-    def to_json(self) -> dict[str, Any]:
-        """The plan as journaled and as sent to the sites (a site reads the fields it knows; `drain`
-        is a map {site, at_cursor} or null)."""
-        d = asdict(self)
-        d["restore"] = self.restore.value
-        d["members"], d["joiners"] = list(self.members), list(self.joiners)
-        return d
-
-    @staticmethod
-    def from_json(d: dict[str, Any]) -> Plan:
-        """Inverse of to_json (a journal written before `drain` existed reads as drain=None)."""
-        drain = d.get("drain")
-        return Plan(members=tuple(d["members"]), paused=bool(d["paused"]), start_round=int(d["start_round"]),
-                    start_cursor=int(d["start_cursor"]), restore=Restore(d["restore"]), donor=d.get("donor"),
-                    joiners=tuple(d.get("joiners", ())), manifest_hash=d.get("manifest_hash"),
-                    parent_commit=d.get("parent_commit"),
-                    drain=Drain(str(drain["site"]), int(drain["at_cursor"])) if drain else None)
 
 
 @dataclass(frozen=True)
@@ -184,9 +139,8 @@ def _at_next_boundary(v: ClusterView) -> tuple[int, int] | None:
     return v.committed_round + 2, cursor
 
 
-def decide_recovery(now_ns: int, v: ClusterView, policy: Policy) -> tuple[Plan | None, str]:
-    """A new epoch's plan, or None to keep the current one; always with the reason."""
-    del now_ns  # decisions depend on the view only; the clock is kept for the signature's sake
+def decide_recovery(v: ClusterView, policy: Policy) -> tuple[Plan | None, str]:
+    """A new epoch's plan, or None to keep the current one; always with the reason (the view only: no clock)."""
     lost = tuple(m for m in v.members if m in v.failed)
     survivors = tuple(m for m in v.members if m not in v.failed)
     proven = tuple(m for m in survivors if m not in v.unproven)  # hold the lineage's state for sure

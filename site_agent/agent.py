@@ -50,9 +50,11 @@ from site_agent.epochs import interrupts, next_plan
 from site_agent.background import OneAtATime
 from site_agent.evaluator import BackgroundEval
 from site_agent.lr_schedule import step_frontier_tokens
-from site_agent.messages import Plan, Rejected, Shutdown, parse_plan, parse_shutdown
+from ground.fields import Rejected
+from ground.plans import EpochPlan, Restore
+from site_agent.messages import Shutdown, parse_plan, parse_shutdown
 from site_agent.model import count_params, pick_device
-from site_agent.schedule import ids_at, round_span, site_positions, steps_per_round, target_samples
+from ground.schedule import ids_at, round_span, site_positions, steps_per_round, target_samples
 from site_agent.state import (Snapshot, load_blobs, merge_retained, restore_snapshot, retained_of, samples_sha256,
                               take_snapshot, with_lineage)
 from site_agent.state_transfer import StateTransferError, pack_state, receive_state, send_state, unpack_state
@@ -60,9 +62,9 @@ from site_agent.trainer import IntraSiteError, SiteTrainer
 from site_agent.worker import WorkerPool, check_workers, rank_slice, threads_per_worker
 from wan.frames import TrafficClass
 from wan.node import WanNode
-from xdc.config import ConfigError, RunConfig, config_from_json, to_dict
-from xdc.eventlog import EventLog
-from xdc.topology import COORD, STORE, Topology
+from ground.config import ConfigError, RunConfig, config_from_json, to_dict
+from ground.eventlog import EventLog
+from ground.topology import COORD, STORE, Topology
 
 CONTROL = TrafficClass.CONTROL.value
 TELEMETRY = TrafficClass.TELEMETRY.value
@@ -182,8 +184,8 @@ class Site:
         self.allreduce = _reducer(cfg, node, self.coll_q, me, trainer.global_params.numel(), order.size)
         self.allreduce.interrupted = self.newer_plan_waiting
         self.allreduce.stall_timeout_s = cfg.wan.collective_stall_ms / 1000
-        self.pending: list[Plan | Shutdown] = []  # control messages read early (while checking for interruptions)
-        self.plan: Plan | None = None
+        self.pending: list[EpochPlan | Shutdown] = []  # control messages read early (while checking for interruptions)
+        self.plan: EpochPlan | None = None
         self.epoch = 0
         self.next_round: int | None = 0  # the round whose start state the trainer holds; None = mid-round
         # The samples the lineage of the trainer's state retained: every member's ids of every
@@ -210,8 +212,8 @@ class Site:
                 self.log.emit("message_rejected", kind=msg.kind, src=msg.src, msg_epoch=msg.epoch, reason=e.reason,
                               detail=e.detail)
                 continue
-            if isinstance(typed, Plan):  # the same epoch sent again replaces the copy that waits
-                self.pending = [m for m in self.pending if not (isinstance(m, Plan) and m.epoch == typed.epoch)]
+            if isinstance(typed, EpochPlan):  # the same epoch sent again replaces the copy that waits
+                self.pending = [m for m in self.pending if not (isinstance(m, EpochPlan) and m.epoch == typed.epoch)]
             self.pending.append(typed)
 
     def newer_plan_waiting(self) -> bool:
@@ -226,7 +228,7 @@ class Site:
         return any(isinstance(m, Shutdown) for m in self.pending) or interrupts(self.pending, self.epoch,
                                                                                  self.inflight)
 
-    def next_control(self) -> Plan | Shutdown | None:
+    def next_control(self) -> EpochPlan | Shutdown | None:
         """Block until the next control message to act on (a plan or a shutdown); None on a stop signal.
 
         A shutdown wins. Plans are taken in epoch order (`site_agent.epochs.next_plan`): a plan
@@ -242,7 +244,7 @@ class Site:
                 if shut:
                     self.pending.clear()
                     return shut[0]
-                plans = [m for m in self.pending if isinstance(m, Plan)]
+                plans = [m for m in self.pending if isinstance(m, EpochPlan)]
                 plan, waiting, skipped = next_plan(plans, self.epoch, self.me, self.plan)
                 self.pending = list(waiting)
                 for p, why in skipped:
@@ -324,7 +326,7 @@ class Site:
             time.sleep(0.05)
 
     # ------------------------------------------------------------------ epochs
-    def adopt(self, plan: Plan) -> bool:
+    def adopt(self, plan: EpochPlan) -> bool:
         """Take a new epoch's plan; restore the state it names. True if we should train now."""
         log = self.log
         self.uploads.wait()  # the checkpoint in flight belongs to the epoch we leave; it ends first
@@ -336,7 +338,7 @@ class Site:
         log.set_context(epoch=self.epoch)
         members = list(plan.members)
         log.emit("membership", members=members, paused=plan.paused, start_round=plan.start_round,
-                 start_cursor=plan.start_cursor, restore=plan.restore, donor=plan.donor, joiners=list(plan.joiners))
+                 start_cursor=plan.start_cursor, restore=plan.restore.value, donor=plan.donor, joiners=list(plan.joiners))
         if self.me not in members:
             # Removed (we failed, hung, or were partitioned away) but alive: ask to come back in.
             log.emit("not_a_member", epoch=self.epoch)
@@ -353,14 +355,14 @@ class Site:
                 self.checkpoint(start - 1, plan.start_cursor)
             return False
         self.leader = members[0] == self.me
-        with log.span("restore", kind=plan.restore, start_round=start) as sp:
-            if plan.restore == "store":
+        with log.span("restore", kind=plan.restore.value, start_round=start) as sp:
+            if plan.restore == Restore.STORE:
                 self.restore_from_store(plan, sp)
-            elif plan.restore == "donor" and self.me in plan.joiners:
+            elif plan.restore == Restore.DONOR and self.me in plan.joiners:
                 self.receive_from_donor(plan, sp)
             else:
                 self.rollback_to(start, sp)
-                if plan.restore == "donor" and plan.donor == self.me:
+                if plan.restore == Restore.DONOR and plan.donor == self.me:
                     self.send_to_joiners(plan, sp)
             sp.update(retained_samples=int(self.retained.size), samples_sha256=samples_sha256(self.retained))
         self.next_round = start
@@ -390,7 +392,7 @@ class Site:
         self.retained = snap.retained.copy()
         sp.update(rolled_back=True, from_round=self.next_round, params_hash=snap.params_hash)
 
-    def restore_from_store(self, plan: Plan, sp: dict[str, Any]) -> None:
+    def restore_from_store(self, plan: EpochPlan, sp: dict[str, Any]) -> None:
         want = plan.manifest_hash
         if want is None:  # nothing durable yet: everyone restarts from the initial weights
             restore_snapshot(self.trainer, self.initial)
@@ -410,7 +412,7 @@ class Site:
         self.retained = retained
         sp.update(source="store", manifest_hash=want, params_hash=manifest["params_hash"], round=manifest["round"])
 
-    def receive_from_donor(self, plan: Plan, sp: dict[str, Any]) -> None:
+    def receive_from_donor(self, plan: EpochPlan, sp: dict[str, Any]) -> None:
         donor = plan.donor
         assert donor is not None  # parse_plan: a donor restore names one
         try:
@@ -440,7 +442,7 @@ class Site:
         self.log.emit("message_rejected", kind=msg.kind, src=msg.src, msg_epoch=msg.epoch, reason=e.reason,
                       detail=e.detail)
 
-    def send_to_joiners(self, plan: Plan, sp: dict[str, Any]) -> None:
+    def send_to_joiners(self, plan: EpochPlan, sp: dict[str, Any]) -> None:
         data = pack_state(with_lineage(self.trainer.state_tensors(), self.retained))
         meta = {"round": plan.start_round, "params_hash": self.trainer.params_hash(),
                 "samples_sha256": samples_sha256(self.retained)}

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from xdc.config import DataConfig
+from ground.config import DataConfig
 
 if TYPE_CHECKING:  # torch is imported where it is used: the launcher builds the eval set without it
     import torch

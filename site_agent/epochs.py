@@ -15,16 +15,16 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from site_agent.messages import Plan
+from ground.plans import EpochPlan
 
 
 def interrupts(pending: Sequence[object], epoch: int, inflight: int | None) -> bool:
     """True when a plan newer than `epoch` takes effect by the round in flight (None: between rounds)."""
-    return any(isinstance(p, Plan) and p.epoch > epoch and (inflight is None or p.start_round <= inflight)
+    return any(isinstance(p, EpochPlan) and p.epoch > epoch and (inflight is None or p.start_round <= inflight)
                for p in pending)
 
 
-def _superseded(p: Plan, later: Sequence[Plan], me: str) -> str | None:
+def _superseded(p: EpochPlan, later: Sequence[EpochPlan], me: str) -> str | None:
     """Why plan p governs no round this site could train in, given the plans after it; None if it does."""
     first = next((q for q in later if q.start_round <= p.start_round), None)
     if first is not None:
@@ -37,14 +37,14 @@ def _superseded(p: Plan, later: Sequence[Plan], me: str) -> str | None:
     return None
 
 
-def next_plan(pending: Sequence[Plan], epoch: int, me: str,
-              current: Plan | None) -> tuple[Plan | None, list[Plan], list[tuple[Plan, str]]]:
+def next_plan(pending: Sequence[EpochPlan], epoch: int, me: str,
+              current: EpochPlan | None) -> tuple[EpochPlan | None, list[EpochPlan], list[tuple[EpochPlan, str]]]:
     """The plan to adopt now, the plans that stay waiting, and the plans skipped (with why).
 
     Plans of epochs at or below `epoch` are void, except the current epoch's plan sent again
     to a site that is not one of its members (it is told again so that it asks to rejoin).
     """
-    newer: dict[int, Plan] = {}
+    newer: dict[int, EpochPlan] = {}
     for p in pending:
         if p.epoch > epoch:
             newer[p.epoch] = p  # the same epoch sent twice: one plan
@@ -54,7 +54,7 @@ def next_plan(pending: Sequence[Plan], epoch: int, me: str,
         if again and (current is None or me not in current.members):
             return again[-1], [], []
         return None, [], []
-    skipped: list[tuple[Plan, str]] = []
+    skipped: list[tuple[EpochPlan, str]] = []
     for i, p in enumerate(chain[:-1]):
         why = _superseded(p, chain[i + 1:], me)
         if why is None:

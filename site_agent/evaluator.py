@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import torch
 
-from xdc.eventlog import EventLog
+from ground.eventlog import EventLog
 
 
 class BackgroundEval:

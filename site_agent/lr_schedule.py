@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from xdc.config import RunConfig, TrainConfig
+from ground.config import RunConfig, TrainConfig
 
 
 def lr_factor(frontier_tokens: int, t: TrainConfig) -> float:

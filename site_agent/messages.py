@@ -6,7 +6,7 @@ not fit raises `Rejected` with a short machine-readable `reason` and a precise `
 caller logs it as `message_rejected` and carries on. Nothing here raises anything else on bad
 input (no `OverflowError` from an infinite float, no `MemoryError` from a huge length).
 
-    membership  -> Plan       (only from the coordinator; body epoch == header epoch)
+    membership  -> EpochPlan  (ground/plans.py; only from the coordinator; body epoch == header epoch)
     shutdown    -> Shutdown   (only from the coordinator)
     coll        -> CollPart   (structure and numbers; the round's shard sizes are checked by the collective)
     state_chunk -> StateChunk (bounded total, in-range offset, byte buffer)
@@ -15,126 +15,25 @@ input (no `OverflowError` from an infinite float, no `MemoryError` from a huge l
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ground.fields import HEX64 as _HEX64
+from ground.fields import MAX_INT, Rejected, req_int
+from ground.fields import field as _field
+from ground.fields import opt_str as _opt_str
+from ground.fields import show as _show
+from ground.plans import EpochPlan
 from wan.frames import Message
 
-MAX_INT = 2**62  # rounds, cursors, epochs, offsets: anything larger is not a real value
 MAX_SCALE = 1e30  # an int8 part's scale: 127 * scale stays finite in float32
-RESTORES = ("none", "donor", "store")
 PHASES = ("rs", "ag")
 PAYLOAD_DTYPES = {"none": "float32", "fp16": "float16", "int8": "int8"}
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
-
-
-class Rejected(ValueError):
-    """A message body that does not fit its type; `reason` is a short code, `detail` says exactly why."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
-
-
-# ----------------------------------------------------------------------------- field checks
-def _field(body: dict[str, Any], key: str, what: str) -> Any:
-    if key not in body:
-        raise Rejected("missing_field", f"{what} body lacks field {key!r}")
-    return body[key]
-
-
-def req_int(body: dict[str, Any], key: str, what: str, lo: int = 0, hi: int = MAX_INT) -> int:
-    """An int field (never a bool, a float or a string) with lo <= value < hi."""
-    v = _field(body, key, what)
-    if not isinstance(v, int) or isinstance(v, bool):
-        raise Rejected("bad_field", f"{what} field {key!r} must be an integer, got {type(v).__name__} {_show(v)}")
-    if not lo <= v < hi:
-        raise Rejected("bad_field", f"{what} field {key!r} = {_show(v)} is outside [{lo}, {hi})")
-    return v
-
-
-def _bool(body: dict[str, Any], key: str, what: str, default: bool | None = None) -> bool:
-    if key not in body and default is not None:
-        return default
-    v = _field(body, key, what)
-    if not isinstance(v, bool):
-        raise Rejected("bad_field", f"{what} field {key!r} must be a boolean, got {type(v).__name__} {_show(v)}")
-    return v
-
-
-def _opt_str(body: dict[str, Any], key: str, what: str, pattern: re.Pattern[str] | None = None) -> str | None:
-    v = body.get(key)
-    if v is None:
-        return None
-    if not isinstance(v, str) or (pattern is not None and not pattern.fullmatch(v)):
-        raise Rejected("bad_field", f"{what} field {key!r} = {_show(v)} is not "
-                                    f"{'a string' if pattern is None else 'of the form ' + pattern.pattern}")
-    return v
-
-
-def _names(body: dict[str, Any], key: str, what: str, known: frozenset[str], required: bool = True) -> tuple[str, ...]:
-    v = _field(body, key, what) if required else body.get(key, [])
-    if v is None and not required:
-        v = []
-    if not isinstance(v, list) or len(v) > 1024:
-        raise Rejected("bad_field", f"{what} field {key!r} must be a list of site names, got {_show(v)}")
-    bad = [x for x in v if not isinstance(x, str) or not _NAME.fullmatch(x)]
-    if bad:
-        raise Rejected("bad_field", f"{what} field {key!r} holds non-names {_show(bad)}")
-    if len(set(v)) != len(v):
-        raise Rejected("bad_field", f"{what} field {key!r} names a site twice: {_show(v)}")
-    unknown = sorted(set(v) - known) if known else []
-    if unknown:
-        raise Rejected("unknown_site", f"{what} field {key!r} names {unknown}, not sites of this cluster "
-                                       f"{sorted(known)}")
-    return tuple(sorted(v))
-
-
-def _show(v: Any, limit: int = 80) -> str:
-    """A bounded repr: never formats a huge or deeply nested value in full."""
-    try:
-        if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10**30:
-            return f"<{v.bit_length()}-bit integer>"
-        s = repr(v) if isinstance(v, (int, float, bool, type(None))) else _short(v)
-    except (RecursionError, ValueError):  # pragma: no cover - defensive
-        s = f"<{type(v).__name__}>"
-    return s if len(s) <= limit else s[:limit] + "..."
-
-
-def _short(v: Any) -> str:
-    if isinstance(v, str):
-        return repr(v[:80])
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_show(x, 20) for x in v[:5]) + (", ..." if len(v) > 5 else "") + "]"
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{_show(k, 20)}: ..." for k in list(v)[:5]) + "}"
-    return f"<{type(v).__name__}>"
 
 
 # ----------------------------------------------------------------------------- control messages
-@dataclass(frozen=True)
-class Plan:
-    """One membership epoch as the coordinator announced it (the body of a `membership` message)."""
-
-    epoch: int
-    members: tuple[str, ...]  # sorted
-    paused: bool
-    start_round: int
-    start_cursor: int
-    restore: str  # one of RESTORES
-    donor: str | None = None
-    joiners: tuple[str, ...] = ()
-    manifest_hash: str | None = None
-    frontier_manifest: str | None = None
-    checkpoint_first: bool = False
-    parent_commit: str | None = None
-
-
 @dataclass(frozen=True)
 class Shutdown:
     """The coordinator ends the run (the body of a `shutdown` message)."""
@@ -143,40 +42,12 @@ class Shutdown:
     reason: str
 
 
-def parse_plan(msg: Message, sites: frozenset[str], coordinator: str) -> Plan:
-    """A `membership` message as a Plan; Rejected (with why) if anything in it does not fit."""
-    what = "membership"
+def parse_plan(msg: Message, sites: frozenset[str], coordinator: str) -> EpochPlan:
+    """A `membership` message as the typed EpochPlan (ground/plans.py); Rejected (with why) if anything
+    in it does not fit."""
     if msg.src != coordinator:
         raise Rejected("not_coordinator", f"membership from {msg.src!r}: only {coordinator!r} announces epochs")
-    b = msg.body
-    epoch = req_int(b, "epoch", what, lo=1)
-    if epoch != msg.epoch:
-        raise Rejected("epoch_mismatch", f"membership body epoch {epoch} != message epoch {msg.epoch}")
-    members = _names(b, "members", what, sites)
-    restore = _field(b, "restore", what)
-    if restore not in RESTORES:
-        raise Rejected("bad_field", f"membership field 'restore' = {_show(restore)}, expected one of {list(RESTORES)}")
-    plan = Plan(epoch=epoch, members=members, paused=_bool(b, "paused", what),
-                start_round=req_int(b, "start_round", what), start_cursor=req_int(b, "start_cursor", what),
-                restore=restore, donor=_opt_str(b, "donor", what, _NAME),
-                joiners=_names(b, "joiners", what, sites, required=False),
-                manifest_hash=_opt_str(b, "manifest_hash", what, _HEX64),
-                frontier_manifest=_opt_str(b, "frontier_manifest", what, _HEX64),
-                checkpoint_first=_bool(b, "checkpoint_first", what, default=False),
-                parent_commit=_opt_str(b, "parent_commit", what))
-    _check_plan(plan)
-    return plan
-
-
-def _check_plan(p: Plan) -> None:
-    if not set(p.joiners) <= set(p.members):
-        raise Rejected("inconsistent_plan", f"epoch {p.epoch}: joiners {list(p.joiners)} are not all members "
-                                            f"{list(p.members)}")
-    if p.restore == "donor" and not p.paused:
-        if p.donor is None or p.donor not in p.members or p.donor in p.joiners:
-            raise Rejected("inconsistent_plan", f"epoch {p.epoch}: restore by donor needs a donor among the members "
-                                                f"who is not a joiner; donor {p.donor!r}, members {list(p.members)}, "
-                                                f"joiners {list(p.joiners)}")
+    return EpochPlan.from_body(msg.body, msg.epoch, sites)
 
 
 def parse_shutdown(msg: Message, coordinator: str) -> Shutdown:

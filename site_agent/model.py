@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from xdc.config import ModelConfig
+from ground.config import ModelConfig
 
 INIT_STD = 0.02  # std of the normal init of weight matrices and embeddings (GPT-2 convention)
 

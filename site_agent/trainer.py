@@ -29,7 +29,7 @@ import torch.distributed as dist
 from site_agent.lr_schedule import inner_lr_at, outer_lr_at
 from site_agent.model import (build_model, flat_grads, flat_params, load_flat_grads_, load_flat_params_,
                               measure_flops_per_token, params_hash)
-from xdc.config import RunConfig
+from ground.config import RunConfig
 
 
 class IntraSiteError(RuntimeError):

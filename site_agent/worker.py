@@ -49,8 +49,8 @@ import torch
 import torch.distributed as dist
 
 from site_agent.trainer import IntraSiteError
-from xdc.config import ConfigError, RunConfig
-from xdc.eventlog import EventLog
+from ground.config import ConfigError, RunConfig
+from ground.eventlog import EventLog
 
 STOP, ROUND, APPLY, STATE = 0, 1, 2, 3  # control flags
 CONTROL_LEN = 7  # [round, flag, n_members, site_index, epoch, cursor_start, cursor_end (STATE: byte length)]
@@ -309,9 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     from site_agent.data import batch_for, load_corpus, sample_order
     from site_agent.model import pick_device
     from site_agent.lr_schedule import step_frontier_tokens
-    from site_agent.schedule import ids_at, site_positions, steps_per_round
+    from ground.schedule import ids_at, site_positions, steps_per_round
     from site_agent.trainer import SiteTrainer
-    from xdc.config import config_from_json
+    from ground.config import config_from_json
 
     cfg = config_from_json(args.run_dir / "config.json")
     rank, world, site = args.rank, args.world, args.site

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from xdc.config import load_config
+from ground.config import load_config
 from xdc.launcher import launch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,7 +28,7 @@ SMALL = {
 
 
 def run_cluster(tmp: Path, overrides: dict[str, Any]) -> tuple[Path, dict]:
-    from xdc.config import merge
+    from ground.config import merge
 
     cfg = load_config(merge(merge(SMALL, overrides), {"runs_dir": str(tmp)}))
     return launch(cfg, quiet=True, timeout_s=600)
@@ -61,7 +61,7 @@ def comparison(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     """`xdc compare` of one outage under stall, restart, elastic and oracle: (directory, index)."""
     from chaos.scenario import Scenario
     from xdc.compare import run_comparison
-    from xdc.config import merge
+    from ground.config import merge
 
     scenario = Scenario.build("test-one-outage", "b is killed after round 2 commits and restarted 2 s later").crash(
         "b", at_useful_tokens=36_864, restart_after_s=2)

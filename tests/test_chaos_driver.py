@@ -14,7 +14,7 @@ from chaos.driver import ChaosDriver, until_run_finished
 from chaos.handle import ChaosError, MemoryLog, RecordingHandle
 from chaos.nemesis import Nemesis, nemesis_for
 from chaos.scenario import Fault, Scenario, Trigger
-from xdc.eventlog import EventLog, read_events
+from ground.eventlog import EventLog, read_events
 
 
 class Clock:

@@ -41,8 +41,8 @@ from chaos.nemesis import (
 )
 from chaos.scenario import Fault, Scenario, Trigger
 from wan.toxiproxy import ToxiproxyClient, ToxiproxyError, ToxiproxyServer
-from xdc.eventlog import EventLog
-from xdc.topology import Link, Topology
+from ground.eventlog import EventLog
+from ground.topology import Link, Topology
 
 pytestmark = pytest.mark.integration
 

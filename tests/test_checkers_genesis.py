@@ -26,7 +26,7 @@ MANIFESTS = ("config.json", "topology.json", "scenario.json")
 @pytest.fixture(scope="module")
 def genesis_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from chaos.scenario import Scenario
-    from xdc.config import load_config, merge
+    from ground.config import load_config, merge
     from xdc.launcher import launch
 
     scenario = Scenario.build("test-genesis", "b is killed after round 0 commits, before the first durable "

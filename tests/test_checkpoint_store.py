@@ -25,13 +25,13 @@ import torch
 
 from checkpoint_store.blobstore import BlobStore, CorruptCheckpoint, StoreError, canonical_json, manifest_hash
 from checkpoint_store.client import StoreClient
-from coordinator.journal import AnnouncedEpochs, Journal
+from ground.journal import AnnouncedEpochs, Journal
 from wan.keys import generate_cluster_keys
 from wan.node import WanNode
 from wan.toxiproxy import ToxiproxyClient, ToxiproxyServer, apply_link_spec, free_port
-from xdc.config import LinkProfile, LinkSpec, load_config, save_config
-from xdc.eventlog import EventLog, read_events
-from xdc.topology import Link, Topology
+from ground.config import LinkProfile, LinkSpec, load_config, save_config
+from ground.eventlog import EventLog, read_events
+from ground.topology import Link, Topology
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,11 +12,11 @@ import torch
 from site_agent.collective import reduce_in_order
 from site_agent.data import batch_for, load_corpus, sample_order
 from site_agent.lr_schedule import inner_lr_at
-from site_agent.schedule import rounds_for_target, site_samples
+from ground.schedule import ids_at, rounds_for_target, samples_per_round, site_positions, target_samples
 from site_agent.trainer import SiteTrainer
 from tests.conftest import assert_ledger_balanced, events
 from wan.frames import TRAFFIC_CLASSES
-from xdc.config import config_from_json
+from ground.config import config_from_json
 
 # Bytes no traffic class owns: per connection, the ZMTP greeting and CURVE handshake
 # (HELLO 200 B, WELCOME 168 B, INITIATE ~260 B + metadata, READY + metadata: under 2 KiB),
@@ -127,7 +127,7 @@ def test_sync_run_matches_single_process_run_bitwise(sync_run):
     for step in range(steps):
         grads = []
         for i in range(n):
-            ids = site_samples(order, cfg, step, 0, i, n)
+            ids = ids_at(order, site_positions(cfg, n, step * samples_per_round(cfg, n), 0, i, target_samples(cfg)))
             _, g = ref.compute_grads(*batch_for(corpus, ids, cfg.model.seq_len))
             grads.append(g.copy())
         # The lr of step k is the schedule's at the frontier before it: k x (3 sites x batch) samples.

@@ -13,7 +13,7 @@ from chaos.docker_handle import DockerHandle
 from chaos.handle import ChaosError, ClusterHandle, MemoryLog
 from chaos.nemesis import nemesis_for
 from chaos.scenario import Fault, Trigger
-from xdc.topology import plan_topology
+from ground.topology import plan_topology
 
 SITES = ("a", "b", "c")
 
@@ -118,7 +118,7 @@ def test_prepare_compose_and_native_against_real_toxiproxy(tmp_path: Path) -> No
     """`xdc prepare` creates one proxy per link with the launcher's link profiles (one code path)."""
     from wan.toxiproxy import ToxiproxyServer, find_toxiproxy_binary
     from xdc.cli import main as xdc_main
-    from xdc.topology import Topology, link_map
+    from ground.topology import Topology, link_map
 
     find_toxiproxy_binary()  # a missing real server fails the test (it never skips)
     with ToxiproxyServer(host="127.0.0.1", port=0, log_path=tmp_path / "tp.out") as srv:

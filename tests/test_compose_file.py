@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from xdc.cli import main as xdc_main
-from xdc.topology import (API_NETWORK, BASE_IMAGE, COMPOSE_BIND_PORT, COMPOSE_TOXIPROXY, COMPOSE_TOXIPROXY_API_PORT,
-                          COORD, DOCKER_CLI_IMAGE, STORE, TOXIPROXY_IMAGE, Topology, compose_spec, link_map,
-                          network_name, plan_topology, service_name)
+from ground.topology import (COMPOSE_BIND_PORT, COMPOSE_TOXIPROXY, COMPOSE_TOXIPROXY_API_PORT, COORD, STORE, Topology,
+                             link_map, plan_topology, service_name)
+from xdc.compose import API_NETWORK, BASE_IMAGE, DOCKER_CLI_IMAGE, TOXIPROXY_IMAGE, compose_spec, network_name
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "compose" / "docker-compose.yml"

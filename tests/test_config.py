@@ -1,4 +1,4 @@
-"""Typed run configuration (xdc/config.py): loading, validation messages, link lookup, overrides."""
+"""Typed run configuration (ground/config.py): loading, validation messages, link lookup, overrides."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from xdc.config import (
+from ground.config import (
     ConfigError,
     LinkProfile,
     LinkSpec,

@@ -10,10 +10,12 @@ cluster from the initial weights. Reproduced here on a real `Coordinator` fed th
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from coordinator import membership as mb
-from coordinator.recovery import Drain, OracleFaults, Plan, Restore
+from coordinator.recovery import OracleFaults
+from ground.plans import Drain, Plan, Restore
 from site_agent.messages import parse_plan
 from tests.test_coordinator_messages import SITES, formed, logged, make, msg, round_done, sent
 
@@ -96,7 +98,7 @@ def test_each_fault_is_anticipated_once_even_after_a_rollback_below_it(tmp_path:
     assert c.oracle.drained == frozenset({0, 1}) and c.view().drop_before == ()
     # The faults fire and heal; b and c come back as new incarnations; then a rollback to the
     # initial weights puts the cursor back to 0, far below both triggers.
-    c.committed_round, c.committed_cursor = -1, 0
+    c.state = replace(c.state, committed_round=-1, committed_cursor=0)
     for s, inc in (("b", 220), ("c", 330)):
         c.handle(msg("join", s, {"pid": 7}).__class__(**{**msg("join", s, {"pid": 7}).__dict__, "inc": inc}), 60)
     assert c.view().drop_before == ()

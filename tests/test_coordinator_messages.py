@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from coordinator import membership as mb
-from coordinator.messages import BadMessage, RoundDone, Telemetry, parse
+from ground.messages import BadMessage, RoundDone, Telemetry, parse
 from coordinator.service import Coordinator
 from wan.frames import Message, decode
-from xdc.config import load_config
-from xdc.eventlog import EventLog
-from xdc.topology import plan_topology
+from ground.config import load_config
+from ground.eventlog import EventLog
+from ground.topology import plan_topology
 
 SITES = ("a", "b", "c")
 CFG = {"run_id": "tc", "cluster": {"sites": list(SITES)}, "wan": {"curve": False},

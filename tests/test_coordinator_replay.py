@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from coordinator.recovery import Drain, Plan, Restore
+from ground.plans import Drain, Plan, Restore
 from coordinator.replay import (EPOCHS_KEPT, RecentEpochs, after_epoch, fence_floor, pending_checkpoints,
                                 recent_epochs, remember_epoch)
 from tests.test_coordinator_epoch_storm import ORACLE, commit_round, storm

@@ -10,8 +10,8 @@ import torch
 from site_agent.data import batch_for, eval_fields, eval_set, load_corpus, sample_order
 from site_agent.evaluator import BackgroundEval
 from site_agent.trainer import SiteTrainer
-from xdc.config import load_config
-from xdc.eventlog import EventLog
+from ground.config import load_config
+from ground.eventlog import EventLog
 
 
 def test_background_eval_equals_inline_eval_of_the_submitted_weights(tmp_path):

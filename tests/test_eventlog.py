@@ -1,4 +1,4 @@
-"""The event record (xdc/eventlog.py): ids, stamps, context, spans, threads, torn lines."""
+"""The event record (ground/eventlog.py): ids, stamps, context, spans, threads, torn lines."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from xdc.eventlog import EventLog, read_events, read_run_events
+from ground.eventlog import EventLog, read_events
 
 STAMP_FIELDS = ("id", "event", "wall_ns", "mono_ns", "run_id", "process", "pid", "epoch", "step")
 
@@ -143,22 +143,8 @@ def test_read_events_skips_torn_last_line_and_blank_lines(log: EventLog) -> None
     assert [e["event"] for e in evs] == ["a", "b"]
 
 
-def test_read_run_events_orders_processes_by_monotonic_time(tmp_path: Path) -> None:
-    logs = tmp_path / "logs"
-    a = EventLog(logs / "a.jsonl", run_id="r", process="a")
-    b = EventLog(logs / "b.jsonl", run_id="r", process="b")
-    for i in range(3):
-        b.emit("e", i=2 * i)
-        a.emit("e", i=2 * i + 1)
-    a.close()
-    b.close()
-    evs = read_run_events(tmp_path)
-    assert [e["i"] for e in evs] == list(range(6))
-    assert [e["id"] for e in evs] == ["b:0", "a:0", "b:1", "a:1", "b:2", "a:2"]
-
-
 def test_restarted_process_continues_its_event_sequence(tmp_path):
-    from xdc.eventlog import EventLog, read_events
+    from ground.eventlog import EventLog, read_events
 
     first = EventLog(tmp_path / "b.jsonl", "r", "b")
     first.emit("one")

@@ -18,15 +18,15 @@ from coordinator import membership as mb
 from wan.keys import generate_cluster_keys
 from wan.node import Route, WanNode
 from wan.toxiproxy import free_port
-from xdc.config import WanConfig
-from xdc.eventlog import EventLog, read_events
+from ground.config import WanConfig
+from ground.eventlog import EventLog, read_events
 
 MS = 1_000_000
 CFG = mb.MembershipConfig(expected_sites=("a", "b", "c"), heartbeat_timeout_ms=2000, disconnect_grace_ms=300)
 
 
 def cluster(t_ns: int = 0) -> mb.Membership:
-    sites = {s: mb.Site(s, mb.SiteState.ACTIVE, t_ns, 1) for s in ("a", "b", "c")}
+    sites = {s: mb.SiteRecord(s, mb.SiteState.ACTIVE, t_ns, 1) for s in ("a", "b", "c")}
     return mb.Membership(epoch=1, members=("a", "b", "c"), sites=sites)
 
 

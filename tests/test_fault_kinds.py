@@ -13,7 +13,7 @@ import pytest
 
 from chaos.scenario import Scenario
 from tests.conftest import events
-from xdc.config import load_config, merge
+from ground.config import load_config, merge
 from xdc.launcher import launch
 
 ROUND = 12_288  # tokens per round: 3 sites x 8 samples x 4 inner steps x 128 tokens

@@ -20,12 +20,12 @@ import torch
 from site_agent import worker as worker_mod
 from site_agent.collective import reduce_in_order
 from site_agent.data import batch_for, load_corpus, sample_order
-from site_agent.schedule import rounds_for_target, site_samples
+from ground.schedule import ids_at, rounds_for_target, samples_per_round, site_positions, target_samples
 from site_agent.trainer import SiteTrainer
 from site_agent.worker import IntraSiteMismatch, WorkerPool, check_workers, rank_slice, threads_per_worker
 from tests.conftest import ROOT, assert_ledger_balanced, events, run_cluster
-from xdc.config import ConfigError, config_from_json, load_config, save_config
-from xdc.eventlog import EventLog, read_events
+from ground.config import ConfigError, config_from_json, load_config, save_config
+from ground.eventlog import EventLog, read_events
 
 W = 2
 SITES = ("a", "b", "c")
@@ -248,7 +248,7 @@ def test_sync_mode_with_two_workers_matches_a_single_process_bitwise(tmp_path):
     for step in range(steps):
         site_grads = []
         for i in range(n):
-            ids = site_samples(order, cfg, step, 0, i, n)
+            ids = ids_at(order, site_positions(cfg, n, step * samples_per_round(cfg, n), 0, i, target_samples(cfg)))
             parts = [torch.from_numpy(ref.compute_grads(*batch_for(corpus, rank_slice(ids, k, W),
                                                                     cfg.model.seq_len))[1].copy())
                      for k in range(W)]

@@ -1,4 +1,4 @@
-"""The coordinator's durable journal (coordinator/journal.py)."""
+"""The coordinator's durable journal (ground/journal.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.journal import Journal
+from ground.journal import Journal
 
 RECORDS = [
     {"type": "epoch", "epoch": 1, "members": ["a", "b", "c"]},

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from analysis.learning_refs import learning_refs
-from xdc.config import load_config, to_dict
-from xdc.noise_floor import learning_config_hash, match, summarise
+from ground.config import load_config, to_dict
+from analysis.noise_floor_record import learning_config_hash, match
+from xdc.noise_floor import summarise
 from xdc.reference import eval_points_tokens, run_reference
 
 TINY = {"model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "seq_len": 32},

@@ -9,9 +9,9 @@ import torch
 
 from site_agent.data import batch_for, load_corpus, sample_order
 from site_agent.lr_schedule import inner_lr_at, lr_factor, outer_lr_at, step_frontier_tokens
-from site_agent.schedule import site_positions
+from ground.schedule import site_positions
 from site_agent.trainer import SiteTrainer
-from xdc.config import load_config
+from ground.config import load_config
 
 TINY_MODEL = {"d_model": 32, "n_layers": 1, "n_heads": 2, "seq_len": 32}
 

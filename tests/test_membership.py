@@ -9,7 +9,7 @@ from coordinator.membership import (
     Decision,
     Membership,
     MembershipConfig,
-    Site,
+    SiteRecord,
     SiteState,
     apply,
     decide,
@@ -88,14 +88,14 @@ def test_applying_form_epoch_gives_epoch_1_with_active_members() -> None:
 
 def test_join_records_time_and_incarnation() -> None:
     m = on_join(Membership(), "a", 5 * MS, incarnation=77)
-    assert m.sites["a"] == Site("a", SiteState.JOINING, 5 * MS, 77)
+    assert m.sites["a"] == SiteRecord("a", SiteState.JOINING, 5 * MS, 77)
 
 
 def test_restarted_site_with_new_incarnation_must_be_readmitted() -> None:
     # A new process under an old name has fresh weights: it is a joiner, never an active member.
     m = formed()
     m = on_join(m, "a", T0 + 10 * MS, incarnation=999)
-    assert m.sites["a"] == Site("a", SiteState.JOINING, T0 + 10 * MS, 999)
+    assert m.sites["a"] == SiteRecord("a", SiteState.JOINING, T0 + 10 * MS, 999)
 
 
 def test_formed_epoch_with_fresh_heartbeats_is_stable() -> None:

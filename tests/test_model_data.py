@@ -21,7 +21,7 @@ from site_agent.model import (
     pick_device,
     state_hash,
 )
-from xdc.config import DataConfig, ModelConfig
+from ground.config import DataConfig, ModelConfig
 
 torch.set_num_threads(1)
 

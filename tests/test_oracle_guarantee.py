@@ -91,7 +91,7 @@ class Sim:
                     del self.back_at[s]
                     self.failed.discard(s)
                     self.joiners.add(s)
-            plan, _why = decide_recovery(0, self.view(), self.policy)
+            plan, _why = decide_recovery(self.view(), self.policy)
             if plan is not None:
                 self.apply(plan)
             self.commit_and_start()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from chaos.scenario import Scenario
 from tests.conftest import assert_ledger_balanced, events
 from xdc.compare import with_policy as _with_policy
-from xdc.config import load_config, merge
+from ground.config import load_config, merge
 from xdc.launcher import launch
 
 ROUND = 12_288

@@ -93,7 +93,8 @@ def test_oracle_checkpoints_and_drains_just_before_the_fault(compared):
     run_dir, s = compared["oracle"]
     coord = events(run_dir, "coord")
     drain = next(e for e in coord if e["event"] == "membership_epoch" and e.get("drain"))
-    assert drain["drain"]["site"] == "b" and "drained and dropped" in drain["reason"], drain
+    # The drain is a field of the typed plan (ground/plans.py), never recognised in the reason's words.
+    assert drain["drain"]["site"] == "b" and drain["drain"]["at_cursor"] >= drain["start_cursor"], drain
     assert "b" not in drain["members"] and drain["start_round"] > 0, drain
     leader = drain["members"][0]
     fault = next(e for e in events(run_dir, "chaos") if e["event"] == "fault_injected")

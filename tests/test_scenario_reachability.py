@@ -12,7 +12,7 @@ from chaos.scenario import Scenario, load_scenario, unreachable_triggers
 from tests.conftest import events
 from xdc.cli import DEMO, main as xdc_main
 from xdc.compare import ScenarioBeyondRun, check_scenario_fits, run_comparison, run_end
-from xdc.config import load_config, merge
+from ground.config import load_config, merge
 
 ROOT = Path(__file__).resolve().parent.parent
 ROUND = 12_288  # 3 sites x 8 samples x 4 inner steps x 128 tokens

@@ -20,8 +20,8 @@ from site_agent.collective import AllReduce, CollectiveAborted, reduce_in_order
 from wan.keys import generate_cluster_keys
 from wan.node import Route, WanNode
 from wan.toxiproxy import free_port
-from xdc.config import WanConfig
-from xdc.eventlog import EventLog, read_events
+from ground.config import WanConfig
+from ground.eventlog import EventLog, read_events
 
 SITES = ["a", "b", "c"]  # the members of every round here
 ALL = SITES + ["d"]  # d: a site of the cluster that takes no part in these rounds

@@ -27,14 +27,14 @@ import torch
 from site_agent.agent import Site
 from site_agent.data import load_corpus, sample_order
 from site_agent.model import pick_device
-from site_agent.schedule import ids_at, samples_per_round, target_samples
+from ground.schedule import ids_at, samples_per_round, target_samples
 from site_agent.state import samples_sha256
 from site_agent.trainer import SiteTrainer
 from wan.keys import generate_cluster_keys
 from wan.node import Route, WanNode
 from wan.toxiproxy import free_port
-from xdc.config import load_config
-from xdc.eventlog import EventLog, read_events
+from ground.config import load_config
+from ground.eventlog import EventLog, read_events
 
 SITES = ["a", "b", "c"]
 SEQ = 32

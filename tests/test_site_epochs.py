@@ -5,12 +5,13 @@ governs no round the site could train in, and the skip says why."""
 from __future__ import annotations
 
 from site_agent.epochs import interrupts, next_plan
-from site_agent.messages import Plan, Shutdown
+from ground.plans import EpochPlan, Restore
+from site_agent.messages import Shutdown
 
 
-def plan(epoch: int, members: str, start: int, *, paused: bool = False, restore: str = "none") -> Plan:
-    return Plan(epoch=epoch, members=tuple(sorted(members)), paused=paused, start_round=start,
-                start_cursor=start * 10, restore=restore)
+def plan(epoch: int, members: str, start: int, *, paused: bool = False, restore: str = "none") -> EpochPlan:
+    return EpochPlan(epoch=epoch, members=tuple(sorted(members)), paused=paused, start_round=start,
+                     start_cursor=start * 10, restore=Restore(restore))
 
 
 E1 = plan(1, "abc", 0)

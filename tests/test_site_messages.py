@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from site_agent.messages import (CollLimits, Plan, Rejected, parse_coll_part, parse_plan, parse_shutdown,
-                                 parse_state_chunk)
+from ground.fields import Rejected
+from ground.plans import Drain, EpochPlan, Plan, Restore
+from site_agent.messages import CollLimits, parse_coll_part, parse_plan, parse_shutdown, parse_state_chunk
 from wan.frames import decode, encode
 
 SITES = frozenset({"a", "b", "c"})
@@ -37,11 +38,28 @@ def rejected(fn, *args) -> Rejected:
 # ------------------------------------------------------------------------------------- membership
 def test_a_well_formed_plan_parses_into_a_typed_frozen_plan_with_sorted_members():
     p = parse_plan(wire("membership", GOOD_PLAN), SITES, "coord")
-    assert p == Plan(epoch=3, members=("a", "c"), paused=False, start_round=4, start_cursor=96, restore="donor",
-                     donor="a", joiners=("c",), manifest_hash=None, frontier_manifest="ab" * 32,
-                     checkpoint_first=False, parent_commit=None)
+    assert p == EpochPlan(epoch=3, members=("a", "c"), paused=False, start_round=4, start_cursor=96,
+                          restore=Restore.DONOR, donor="a", joiners=("c",), manifest_hash=None,
+                          frontier_manifest="ab" * 32, checkpoint_first=False, parent_commit=None, target_samples=768)
     with pytest.raises(AttributeError):
         p.epoch = 4  # type: ignore[misc]
+
+
+def test_the_announced_plan_decodes_to_the_same_typed_plan_and_the_drain_is_a_field():
+    # The coordinator's typed Plan, announced and sent, is the site's typed EpochPlan: the oracle's
+    # drain travels as a field (never a phrase in a reason string).
+    plan = Plan(("a", "c"), False, 5, 160, Restore.NONE, drain=Drain("b", 250))
+    sent = EpochPlan.announce(4, plan, target_samples=768, frontier_manifest=None, checkpoint_first=True)
+    got = parse_plan(wire("membership", sent.to_body(), epoch=4), SITES, "coord")
+    assert got == sent and got.drain == Drain("b", 250) and got.checkpoint_first
+
+
+@pytest.mark.parametrize("drain", [{"site": "zz", "at_cursor": 3}, {"site": "b"}, {"site": "b", "at_cursor": -1},
+                                   ["b", 3], "b"])
+def test_a_drain_that_does_not_fit_is_rejected(drain):
+    e = rejected(parse_plan, wire("membership", {**GOOD_PLAN, "drain": drain}), SITES, "coord")
+    assert e.reason in ("bad_field", "missing_field"), (e.reason, e.detail)
+    assert "drain" in e.detail
 
 
 @pytest.mark.parametrize("change,reason,words", [

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from chaos.soak import ALL_KINDS, N_FAULTS, Thresholds, judge_schedule, random_schedule, soak_config, soak_one
-from chaos.soak_check import checkpoints, clean_exit, faults_logged, frontier_is_tip, reached_target
+from bench.soak import ALL_KINDS, N_FAULTS, Thresholds, judge_schedule, random_schedule, soak_config, soak_one
+from bench.soak_check import checkpoints, clean_exit, faults_logged, frontier_is_tip, reached_target
 from xdc.compare import check_scenario_fits, run_end
 
 SEEDS = range(1000, 1020)  # the seeds `make soak` draws

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from site_agent.data import batch_for, load_corpus, sample_order
-from site_agent.schedule import ids_at
+from ground.schedule import ids_at
 from site_agent.state import (load_blobs, merge_retained, restore_snapshot, retained_of, samples_sha256, take_snapshot,
                               with_lineage)
 from site_agent.state_transfer import pack_state, unpack_state
 from site_agent.trainer import SiteTrainer
-from xdc.config import load_config
+from ground.config import load_config
 
 
 def _cfg(mode: str):

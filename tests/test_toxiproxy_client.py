@@ -23,7 +23,7 @@ from wan.toxiproxy import (
     find_toxiproxy_binary,
     free_port,
 )
-from xdc.config import LinkProfile, LinkSpec
+from ground.config import LinkProfile, LinkSpec
 
 pytestmark = pytest.mark.integration
 

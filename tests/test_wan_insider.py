@@ -24,8 +24,8 @@ from wan.frames import MAX_BUFFERS, encode
 from wan.keys import generate_cluster_keys, load_keypair, load_public
 from wan.node import WAN_CRASH_EXIT_CODE, Route, WanNode
 from wan.toxiproxy import free_port
-from xdc.config import WanConfig
-from xdc.eventlog import EventLog, read_events
+from ground.config import WanConfig
+from ground.eventlog import EventLog, read_events
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = "r1"
@@ -225,8 +225,8 @@ def test_dead_io_thread_ends_the_process_with_the_crash_exit_code(tmp_path):
         import sys, time
         sys.path.insert(0, {str(ROOT)!r})
         from wan.node import WanNode
-        from xdc.config import WanConfig
-        from xdc.eventlog import EventLog
+        from ground.config import WanConfig
+        from ground.eventlog import EventLog
         node = WanNode(name="b", run_id="r1", wan=WanConfig(curve=False), log=EventLog({str(tmp_path / 'b.jsonl')!r}, "r1", "b"),
                        bind="tcp://127.0.0.1:{free_port()}")
         def bug():

@@ -13,8 +13,8 @@ from site_agent.collective import AllReduce, reduce_in_order
 from wan.keys import generate_cluster_keys
 from wan.node import Route, WanNode
 from wan.toxiproxy import free_port
-from xdc.config import WanConfig
-from xdc.eventlog import EventLog, read_events
+from ground.config import WanConfig
+from ground.eventlog import EventLog, read_events
 
 
 def _pair(tmp: Path, toxi, wan: WanConfig, run_id: str = "r1"):

@@ -21,7 +21,7 @@ from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
 
-class KeyError_(RuntimeError):
+class CurveKeyError(RuntimeError):
     """Keys are missing or did not load."""
 
 
@@ -34,7 +34,7 @@ class Keypair:
 def generate_cluster_keys(keys_dir: str | Path, processes: list[str]) -> None:
     """Create a keypair per process (idempotent: existing keys are kept)."""
     if not zmq.has("curve"):
-        raise KeyError_("this libzmq has no CURVE support; set wan.curve=false to run unencrypted")
+        raise CurveKeyError("this libzmq has no CURVE support; set wan.curve=false to run unencrypted")
     base = Path(keys_dir)
     pub, priv = base / "public", base / "private"
     pub.mkdir(parents=True, exist_ok=True)
@@ -49,17 +49,17 @@ def generate_cluster_keys(keys_dir: str | Path, processes: list[str]) -> None:
 def load_keypair(keys_dir: str | Path, name: str) -> Keypair:
     path = Path(keys_dir) / "private" / f"{name}.key_secret"
     if not path.exists():
-        raise KeyError_(f"no secret key for {name!r} at {path}")
+        raise CurveKeyError(f"no secret key for {name!r} at {path}")
     public, secret = zmq.auth.load_certificate(str(path))
     if not secret:
-        raise KeyError_(f"{path} holds no secret key")
+        raise CurveKeyError(f"{path} holds no secret key")
     return Keypair(public, secret)
 
 
 def load_public(keys_dir: str | Path, name: str) -> bytes:
     path = Path(keys_dir) / "public" / f"{name}.key"
     if not path.exists():
-        raise KeyError_(f"no public key for {name!r} at {path}")
+        raise CurveKeyError(f"no public key for {name!r} at {path}")
     public, _ = zmq.auth.load_certificate(str(path))
     return public
 
@@ -71,13 +71,13 @@ def cluster_public_keys(keys_dir: str | Path) -> dict[bytes, str]:
     for path in sorted(pub_dir.glob("*.key")):
         public, _ = zmq.auth.load_certificate(str(path))
         if not public:
-            raise KeyError_(f"{path} holds no public key")
+            raise CurveKeyError(f"{path} holds no public key")
         key = z85.encode(public) if len(public) == 32 else public
         if key in names:
-            raise KeyError_(f"{path} has the same public key as {names[key]!r}: a key must name one process")
+            raise CurveKeyError(f"{path} has the same public key as {names[key]!r}: a key must name one process")
         names[key] = path.stem
     if not names:
-        raise KeyError_(f"no public keys in {pub_dir}")
+        raise CurveKeyError(f"no public keys in {pub_dir}")
     return names
 
 

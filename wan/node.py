@@ -81,23 +81,15 @@ from wan.frames import (
     safe_repr,
     wire_overhead,
 )
-from xdc.config import WanConfig
-from xdc.eventlog import EventLog
+from ground.config import WanConfig
+from ground.topology import Route
+from ground.eventlog import EventLog
 
 _EVENT_NAMES = {getattr(zmq, n): n[len("EVENT_"):].lower() for n in dir(zmq) if n.startswith("EVENT_")
                 and n not in ("EVENT_ALL", "EVENT_ALL_V1", "EVENT_ALL_V2")}
 # The value of a HANDSHAKE_FAILED_PROTOCOL event (e.g. "zmtp_mechanism_mismatch": a peer without CURVE).
 _PROTOCOL_ERRORS = {getattr(zmq, n): n[len("PROTOCOL_ERROR_"):].lower() for n in dir(zmq)
                     if n.startswith("PROTOCOL_ERROR_")}
-
-
-@dataclass(frozen=True)
-class Route:
-    """How this process reaches `peer`: through proxy `link` listening at `address`."""
-
-    peer: str
-    link: str
-    address: str  # tcp://host:port of the Toxiproxy listener
 
 
 @dataclass
@@ -126,7 +118,7 @@ ROUTING_ID_SEP = "#"  # a DEALER's routing id is f"{name}#{random hex}"
 # (coordinator/membership.py). Only that route: a retry to a dead peer through its proxy is
 # accepted, then closed, and logged; there is no point in doing that faster elsewhere.
 RECONNECT_IVL_MS = 40
-FAST_RECONNECT_PEERS = frozenset({"coord"})  # xdc.topology.COORD (not imported: topology imports this module)
+FAST_RECONNECT_PEERS = frozenset({"coord"})  # ground.topology.COORD (not imported: topology imports this module)
 
 
 def terminate_process(reason: str) -> None:
@@ -404,7 +396,7 @@ class WanNode:
         keypair = None
         if self.wan.curve:
             if not self._keys_dir:
-                raise keymod.KeyError_("wan.curve is on but no keys directory was given")
+                raise keymod.CurveKeyError("wan.curve is on but no keys directory was given")
             keypair = keymod.load_keypair(self._keys_dir, self.name)
         self._router: zmq.Socket | None = None
         self._monitors: dict[zmq.Socket, tuple[str, zmq.Socket]] = {}

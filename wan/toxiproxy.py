@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from xdc.config import LinkProfile, LinkSpec
+from ground.config import LinkProfile, LinkSpec
 
 Stream = Literal["upstream", "downstream"]
 
@@ -86,10 +86,6 @@ class Proxy:
     listen: str  # the real "host:port" the proxy listens on
     upstream: str  # "host:port" it forwards to
     enabled: bool
-
-    @property
-    def listen_host(self) -> str:
-        return self.listen.rsplit(":", 1)[0]
 
     @property
     def listen_port(self) -> int:

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from xdc.config import ConfigError, load_config, merge, parse_override, read_config_file, to_dict
+from ground.config import ConfigError, load_config, merge, parse_override, read_config_file, to_dict
 
 
 def _resolve(args: argparse.Namespace, base: dict | None = None) -> dict:
@@ -210,9 +210,9 @@ def _host_port(text: str) -> tuple[str, int]:
 def cmd_prepare(args: argparse.Namespace) -> int:
     """Prepare a run directory for processes started by someone else (compose, several hosts)."""
     from wan.toxiproxy import ToxiproxyClient, ToxiproxyError, free_port
-    from xdc.eventlog import EventLog
+    from ground.eventlog import EventLog
     from xdc.launcher import provision_run_dir
-    from xdc.topology import COORD, STORE, plan_topology
+    from ground.topology import COORD, STORE, plan_topology
 
     run_dir = Path(args.run_dir)
     try:
@@ -234,7 +234,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     client = ToxiproxyClient(host, port, timeout_s=10.0)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     log = EventLog(run_dir / "logs" / "prepare.jsonl", cfg.run_id, "prepare")
-    from xdc.provenance import run_started_fields
+    from ground.provenance import run_started_fields
 
     log.emit("run_started", **run_started_fields())
     from site_agent.baselines import run_baselines
@@ -287,7 +287,7 @@ def cmd_summarize(args: argparse.Namespace) -> int:
         except (ConfigError, ToxiproxyError) as e:
             proxy_bytes = {"error": f"{type(e).__name__}: {e}"}
     if args.toxiproxy:  # into the history too, for `xdc analyze` (which reads only logs)
-        from xdc.eventlog import EventLog
+        from ground.eventlog import EventLog
 
         cfg_run_id = json.loads((run_dir / "config.json").read_text()).get("run_id", run_dir.name)
         slog = EventLog(run_dir / "logs" / "summarize.jsonl", cfg_run_id, "summarize")
@@ -300,7 +300,7 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 
 
 def cmd_compose(args: argparse.Namespace) -> int:
-    from xdc.topology import COMPOSE_HEADER, compose_gpu_spec, compose_spec
+    from xdc.compose import COMPOSE_HEADER, compose_gpu_spec, compose_spec
 
     import yaml
 

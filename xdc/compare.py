@@ -11,7 +11,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from xdc.config import RunConfig
+from ground.config import RunConfig
+from ground.eventlog import read_events
 
 POLICIES = ("stall", "restart", "elastic", "oracle")
 
@@ -22,9 +23,9 @@ class ScenarioBeyondRun(ValueError):
 
 def run_end(cfg: RunConfig) -> tuple[int, int]:
     """(useful tokens, step) of the last commit of a fault-free run with every site."""
-    from site_agent.schedule import rounds_for_target, steps_per_round, target_samples
+    from ground.schedule import rounds_for_target, steps_per_round, target_tokens
 
-    tokens = target_samples(cfg) * cfg.model.seq_len
+    tokens = target_tokens(cfg)
     step = rounds_for_target(cfg, len(cfg.cluster.sites)) * steps_per_round(cfg)
     return tokens, step
 
@@ -99,7 +100,7 @@ def run_reference_process(cfg: RunConfig, out: Path, timeout_s: float | None = N
     import sys
     import time
 
-    from xdc.config import save_config
+    from ground.config import save_config
 
     ref_dir = out / "reference"
     ref_dir.mkdir(parents=True, exist_ok=True)
@@ -116,7 +117,7 @@ def run_reference_process(cfg: RunConfig, out: Path, timeout_s: float | None = N
     (ref_dir / "reference.out").write_text(p.stdout + p.stderr)
     if p.returncode != 0:
         return {"dir": str(ref_dir), "error": f"exit {p.returncode}; see {ref_dir / 'reference.out'}"}
-    events = [json.loads(l) for l in (ref_dir / "logs" / "reference.jsonl").read_text().splitlines() if l.strip()]
+    events = read_events(ref_dir / "logs" / "reference.jsonl")
     final = [e["heldout_nll"] for e in events if e.get("event") == "eval"][-1]
     return {"dir": str(ref_dir.resolve()), "final_heldout_nll": final, "wall_s": round(time.monotonic() - t0, 1)}
 

@@ -27,11 +27,11 @@ from site_agent.baselines import run_baselines
 from telemetry import launch as telemetry_hook
 from wan.keys import generate_cluster_keys
 from wan.toxiproxy import ToxiproxyClient, ToxiproxyError, ToxiproxyServer, apply_link_spec, free_port
-from xdc.config import RunConfig, save_config
-from xdc.eventlog import EventLog
-from xdc.provenance import run_started_fields
+from ground.config import RunConfig, save_config
+from ground.eventlog import EventLog
+from ground.provenance import run_started_fields
 from xdc.progress import Progress
-from xdc.topology import COORD, STORE, Link, Topology, plan_topology
+from ground.topology import COORD, STORE, Link, Topology, plan_topology
 
 _PR_SET_PDEATHSIG = 1
 SITES_FINISH_S = 30.0  # after the coordinator finished a run, how long the sites may take to exit

@@ -15,8 +15,9 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from xdc.config import RunConfig
-from xdc.eventlog import LogTail
+from ground.config import RunConfig
+from ground.eventlog import LogTail
+from ground.schedule import target_tokens
 
 
 class Progress:
@@ -34,7 +35,7 @@ class Progress:
         self.console = Console(stderr=False)
         self.bar = RichProgress(TextColumn("useful tokens"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                                 console=self.console)
-        self.task = self.bar.add_task("useful", total=cfg.train.target_useful_tokens)
+        self.task = self.bar.add_task("useful", total=target_tokens(cfg))
         self.live: Live | None = None
 
     def __enter__(self) -> "Progress":
@@ -57,7 +58,7 @@ class Progress:
         for proc, tail in self.tails.items():
             for ev in tail.read():
                 self._apply(proc, ev)
-        self.bar.update(self.task, completed=min(self.useful, self.cfg.train.target_useful_tokens))
+        self.bar.update(self.task, completed=min(self.useful, target_tokens(self.cfg)))
         if self.live is not None:
             self.live.update(self._render())
 

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from xdc.config import RunConfig, to_dict
+from ground.config import RunConfig, to_dict
 
 REFERENCE_PROCESS = "reference"
 
@@ -31,7 +31,7 @@ REFERENCE_PROCESS = "reference"
 def eval_points_tokens(cfg: RunConfig, n_sites: int) -> list[int]:
     """The useful-token points at which a fault-free cluster run evaluates: after every
     eval_every_rounds-th round and after the last (cut) round, plus 0 (the initial weights)."""
-    from site_agent.schedule import samples_per_round, target_samples
+    from ground.schedule import samples_per_round, target_samples
 
     spr = samples_per_round(cfg, n_sites)
     target = target_samples(cfg)
@@ -52,7 +52,7 @@ def train_reference(cfg: RunConfig, n_sites: int, eval_at_tokens: list[int],
     frontier in eval_at_tokens (reached exactly at step boundaries of the global batch, else at
     the first boundary past it). Returns [(useful_tokens_trained, heldout_nll)]."""
     from site_agent.data import batch_for, load_corpus, sample_order
-    from site_agent.schedule import ids_at, target_samples
+    from ground.schedule import ids_at, target_samples
     from site_agent.trainer import SiteTrainer
 
     corpus = load_corpus(cfg.data)
@@ -86,7 +86,7 @@ def run_reference(cfg: RunConfig, out_dir: Path, threads: int = 0) -> list[tuple
     """Train the reference for `cfg` and write out_dir/logs/reference.jsonl (eval events) and
     out_dir/config.json. Uses the sites' held-out set; threads 0 = torch's default."""
     from site_agent.data import eval_set, evaluate_nll, load_corpus
-    from xdc.eventlog import EventLog
+    from ground.eventlog import EventLog
 
     if threads:
         torch.set_num_threads(threads)
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     (as a child process, so the comparison's own process never loads torch)."""
     import argparse
 
-    from xdc.config import config_from_json
+    from ground.config import config_from_json
 
     ap = argparse.ArgumentParser(prog="python -m xdc.reference", description=__doc__)
     ap.add_argument("--config", required=True, type=Path, help="a resolved config.json")

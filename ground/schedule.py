@@ -1,5 +1,9 @@
 """Which canonical samples each site trains on: pure bookkeeping over integers.
 
+The one place where tokens, samples, rounds and steps convert into each other. One rounding
+rule: a count of tokens becomes samples rounded UP (a sample is trained whole, so a token
+target or a fault's token trigger is reached by the first sample that covers it).
+
 The cluster consumes `sample_order` position by position. Round r has `steps_per_round`
 inner steps (1 in sync mode, H in local mode); in each step every member, taken in sorted
 order, takes the next `per_site_batch` positions. A site's samples therefore depend only on
@@ -9,11 +13,19 @@ process (a site, a reference run, the analysis) can recompute them.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from xdc.config import RunConfig
+from ground.config import RunConfig
+
+
+def samples_for_tokens(cfg: RunConfig, tokens: int) -> int:
+    """Samples (windows of seq_len tokens) needed to cover `tokens`: rounded up."""
+    return -(-int(tokens) // cfg.model.seq_len)
+
+
+def tokens_of_samples(cfg: RunConfig, samples: int) -> int:
+    """Tokens in `samples` whole sample windows (a sample cursor as useful tokens)."""
+    return int(samples) * cfg.model.seq_len
 
 
 def steps_per_round(cfg: RunConfig) -> int:
@@ -26,23 +38,13 @@ def samples_per_round(cfg: RunConfig, n_members: int) -> int:
 
 def rounds_for_target(cfg: RunConfig, n_members: int) -> int:
     """Rounds needed until at least target_useful_tokens distinct tokens are trained on."""
-    target_samples = math.ceil(cfg.train.target_useful_tokens / cfg.model.seq_len)
-    return math.ceil(target_samples / samples_per_round(cfg, n_members))
-
-
-def site_samples(order: np.ndarray, cfg: RunConfig, rnd: int, step_in_round: int, site_index: int,
-                 n_members: int) -> list[int]:
-    """Canonical sample ids of one site's batch in one inner step."""
-    b = cfg.train.per_site_batch
-    base = rnd * samples_per_round(cfg, n_members) + step_in_round * n_members * b + site_index * b
-    n = order.size
-    return [int(order[(base + j) % n]) for j in range(b)]
+    return -(-target_samples(cfg) // samples_per_round(cfg, n_members))
 
 
 # ---------------------------------------------------------------------------------------------
 # Cursor-based schedule: rounds resume from any (round, cursor) a membership epoch names, with
 # any number of members, and the last round is cut at the target so every policy ends at the
-# same samples. Without truncation and from (0, 0) this equals `site_samples` above.
+# same samples.
 
 
 def round_span(cfg: RunConfig, n_members: int, start_round: int, start_cursor: int, rnd: int,
@@ -69,5 +71,9 @@ def target_samples(cfg: RunConfig) -> int:
     """The useful-sample target, rounded up to whole site batches, so a site's batch is never cut:
     in the last round each site's batch is either full or empty."""
     b = cfg.train.per_site_batch
-    need = math.ceil(cfg.train.target_useful_tokens / cfg.model.seq_len)
-    return math.ceil(need / b) * b
+    return -(-samples_for_tokens(cfg, cfg.train.target_useful_tokens) // b) * b
+
+
+def target_tokens(cfg: RunConfig) -> int:
+    """The useful-token target as the run reaches it: `target_samples` whole windows."""
+    return tokens_of_samples(cfg, target_samples(cfg))

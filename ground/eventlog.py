@@ -175,12 +175,3 @@ def read_events(path: str | Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 continue
     return out
-
-
-def read_run_events(run_dir: str | Path) -> list[dict[str, Any]]:
-    """All events of a run, ordered by monotonic time."""
-    events: list[dict[str, Any]] = []
-    for p in sorted((Path(run_dir) / "logs").glob("*.jsonl")):
-        events.extend(read_events(p))
-    events.sort(key=lambda e: e.get("mono_ns", 0))
-    return events

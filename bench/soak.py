@@ -1,7 +1,7 @@
 """The soak: random fault schedules over every fault kind against small real clusters, under
 every policy, each run judged by what its logs and its store prove.
 
-`python -m chaos.soak --schedules 20 [--policy elastic ...] [--out bench/results/soak.json]`
+`python -m bench.soak --schedules 20 [--policy elastic ...] [--out bench/results/soak.json]`
 
 A schedule (seeded, reproducible) holds N_FAULTS faults of different kinds drawn from all nine
 (crash, preemption with notice, hang, restart, link reset, blackhole, degradation, store outage,
@@ -13,7 +13,7 @@ between two sites; below it (a blip no detector should act on) or above it (a fa
 catch). A fault's `note` says which side and which threshold.
 
 Each schedule runs under every policy in turn; a run passes only if every check of
-`chaos/soak_check.py` holds (target reached, every analysis checker passes, every process
+`bench/soak_check.py` holds (target reached, every analysis checker passes, every process
 exited 0, every checkpoint re-verifies and reloads to its hash, the frontier is the last
 commit's state, every fault that fired is in chaos.jsonl), and the schedule's runs end at the
 same frontier. The tally (written after every run, so an interrupted soak leaves an honest
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.scenario import KINDS, Scenario
-from xdc.eventlog import read_events
+from ground.eventlog import read_events
 
 ROUND_TOKENS = 12_288  # 3 sites x 8 samples x 4 inner steps x 128 tokens
 ROUNDS = 10
@@ -70,7 +70,7 @@ class Thresholds:
 
 
 def soak_config(root: Path) -> Any:
-    from xdc.config import load_config, merge
+    from ground.config import load_config, merge
 
     return load_config(merge(SMALL, {"runs_dir": str(root)}))
 
@@ -170,7 +170,7 @@ def random_schedule(seed: int, sites: tuple[str, ...] = ("a", "b", "c"), th: Thr
 
 def soak_one(seed: int, policy: str, root: Path, n_faults: int = N_FAULTS) -> dict[str, Any]:
     """One schedule under one policy: run it, judge it, list what fired and what it caused."""
-    from chaos.soak_check import judge_run, recoveries
+    from bench.soak_check import judge_run, recoveries
     from xdc.compare import run_end, with_policy
     from xdc.launcher import launch
 
@@ -201,7 +201,7 @@ def soak_one(seed: int, policy: str, root: Path, n_faults: int = N_FAULTS) -> di
 
 def judge_schedule(group: list[dict[str, Any]], out: Path) -> None:
     """Same frontier across the schedule's runs that reached the target; a failure fails them all."""
-    from chaos.soak_check import same_frontier
+    from bench.soak_check import same_frontier
 
     reached = [r for r in group if r["verdicts"].get("reached_target", {}).get("ok")]
     v = same_frontier([Path(r["run_dir"]) for r in reached], out)
@@ -262,9 +262,9 @@ def tally(results: list[dict[str, Any]], policies: list[str]) -> dict[str, Any]:
 
 def _write(path: Path, results: list[dict[str, Any]], policies: list[str], args: argparse.Namespace,
            root: Path) -> dict[str, Any]:
-    from xdc.provenance import code_revision
+    from ground.provenance import code_revision
 
-    out = {"name": "soak", "command": " ".join(["python -m chaos.soak", *sys.argv[1:]]),
+    out = {"name": "soak", "command": " ".join(["python -m bench.soak", *sys.argv[1:]]),
            "code_revision": code_revision(), "schedules_per_policy": args.schedules, "first_seed": args.seed,
            "generator": {"faults_per_schedule": N_FAULTS, "kinds": list(ALL_KINDS), "rounds": ROUNDS,
                          "target_useful_tokens": TARGET_TOKENS, "config": SMALL, "wall_window_s": WALL_WINDOW_S},
@@ -277,7 +277,7 @@ def _write(path: Path, results: list[dict[str, Any]], policies: list[str], args:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m chaos.soak", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--schedules", type=int, default=20, help="random fault schedules (each under every policy)")
     ap.add_argument("--policy", action="append", choices=["stall", "restart", "elastic", "oracle"])

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xdc.eventlog import read_events
+from ground.eventlog import read_events
 
 PER_RUN_EXEMPT = frozenset({"same_frontier"})  # needs several runs: judged per schedule
 
@@ -109,7 +109,7 @@ def _reload_hash(store: Any, manifest: dict[str, Any], cfg: Any) -> str:
 def checkpoints(run_dir: Path) -> Verdict:
     """Every manifest and blob re-verifies; every durable checkpoint reloads to its params_hash."""
     from checkpoint_store.blobstore import BlobStore, StoreError
-    from xdc.config import load_config
+    from ground.config import load_config
 
     cfg = load_config(json.loads((run_dir / "config.json").read_text()))
     durable = [e["manifest_hash"] for e in _logs(run_dir, "store") if e.get("event") == "checkpoint_durable"]

@@ -1,0 +1,49 @@
+"""Whether a noise-floor record applies to a comparison: same dataset, learning config and eval set.
+
+The record is measured by `xdc noise-floor` (xdc/noise_floor.py); the report (analysis/learning_refs.py)
+uses it only for the recipe it was measured on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+# Fields of `train` that cannot change what the model learns from its data (or are the seed the
+# floor varies); everything else in model, data and train is learning-relevant.
+NOT_LEARNING = frozenset({"seed", "threads_per_site", "device", "checkpoint_every_rounds", "eval_every_rounds",
+                          "workers_per_site"})
+
+
+def learning_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The learning-relevant part of a resolved config dict (config.json): model, data, train
+    minus NOT_LEARNING, and the number of sites (the global batch)."""
+    return {"model": cfg["model"], "data": cfg["data"],
+            "train": {k: v for k, v in sorted(cfg["train"].items()) if k not in NOT_LEARNING},
+            "n_sites": len(cfg["cluster"]["sites"])}
+
+
+def learning_config_hash(cfg: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(learning_config(cfg), sort_keys=True).encode()).hexdigest()
+
+
+def match(record: dict[str, Any] | None, dataset_id: str | None, cfg: dict[str, Any] | None,
+          eval_set: Any = None) -> dict[str, Any]:
+    """The record if it was measured for this dataset id, learning config and evaluation set
+    (the sites' `eval_set` field; None on both sides where the sites name none), else why not."""
+    if record is None:
+        return {"evidence": "unavailable", "reason": "no noise-floor record (make noise-floor)"}
+    if cfg is None or dataset_id is None:
+        return {"evidence": "unavailable", "reason": "the runs do not name their dataset id or config"}
+    h = learning_config_hash(cfg)
+    same = (("dataset id", record.get("dataset_id") == dataset_id), ("learning config", record.get("config_hash") == h),
+            ("evaluation set", record.get("eval_set") == eval_set))
+    if not all(ok for _, ok in same):
+        what = [w for w, ok in same if not ok]
+        return {"evidence": "unavailable",
+                "reason": f"the noise floor is not measured for this config: the record's {', '.join(what)} "
+                          f"differ{'s' if len(what) == 1 else ''} from this comparison's",
+                "record_config_hash": record.get("config_hash"), "config_hash": h}
+    return {"evidence": "measured", **{k: record[k] for k in ("dataset_id", "config_hash", "n_seeds", "mean_nll",
+                                                              "std_nll", "spread_nll", "threshold_nats", "runs")}}

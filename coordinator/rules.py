@@ -1,0 +1,439 @@
+"""The coordinator's rules, applied to a working copy of its state (see coordinator/core.py).
+
+Membership and failure detection (`coordinator/membership.py`), recovery plans
+(`coordinator/recovery.py`), the commit record, the frontier and completion: every handler reads
+and changes the working copy and appends what the shell must do to `out`. No I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, replace
+from typing import Any
+
+from coordinator import membership as mb
+from coordinator.core_types import (EVENTS, Context, CoordState, Emit, Fence, Journal, Output, Received, Send, Tick,
+                                    membership_config, policy_of)
+from coordinator.recovery import ClusterView, Frontier, checkpoint_before_waiting, decide_recovery
+from coordinator.replay import after_epoch, pending_checkpoints, recent_epochs
+from ground.config import RunConfig
+from ground.messages import (BadMessage, CheckpointDurable, Heartbeat, Join, PeerUnreachable, PreemptNotice,
+                             RoundDone, SiteDone, Telemetry, parse)
+from ground.plans import EpochPlan, Plan, Restore
+from ground.records import Commit, EpochRecord
+from ground.schedule import samples_per_round, target_samples, tokens_of_samples
+
+# Members run at most about one round ahead of the commit record; a report further ahead is absurd.
+ROUND_WINDOW = 8
+
+
+class Rules:
+    """A mutable working copy of one CoordState for one step: the rules act on it, appending to `out`;
+    `freeze` makes the new state. Used only through coordinator/core.py."""
+
+    def __init__(self, s: CoordState, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.policy = policy_of(cfg)
+        self.mcfg = membership_config(cfg)
+        self.target = target_samples(cfg)
+        self.out: list[Output] = []
+        self.membership, self.plan, self.recent, self.oracle = s.membership, s.plan, s.recent, s.oracle
+        self.oracle_dropped, self.replanned = set(s.oracle_dropped), set(s.replanned)
+        self.resync, self.checkpoint_first = s.resync, s.checkpoint_first
+        self.commits = list(s.commits)
+        self.tip, self.committed_round, self.committed_cursor = s.tip, s.committed_round, s.committed_cursor
+        self.frontier, self.unproven, self.settle_until_ns = s.frontier, set(s.unproven), s.settle_until_ns
+        self.pending_frontiers = dict(s.pending_frontiers)
+        self.reports = {k: dict(v) for k, v in s.reports.items()}
+        self.last_reason, self.last_recovery_reason = s.last_reason, s.last_recovery_reason
+        self.shutdown_sent = s.shutdown_sent
+
+    def freeze(self) -> CoordState:
+        return CoordState(membership=self.membership, plan=self.plan, recent=self.recent, oracle=self.oracle,
+                          oracle_dropped=frozenset(self.oracle_dropped), replanned=frozenset(self.replanned),
+                          resync=self.resync, checkpoint_first=self.checkpoint_first, commits=tuple(self.commits),
+                          tip=self.tip, committed_round=self.committed_round, committed_cursor=self.committed_cursor,
+                          frontier=self.frontier, unproven=frozenset(self.unproven),
+                          settle_until_ns=self.settle_until_ns, pending_frontiers=self.pending_frontiers,
+                          reports=self.reports, last_reason=self.last_reason,
+                          last_recovery_reason=self.last_recovery_reason, shutdown_sent=self.shutdown_sent)
+
+    def emit(self, event: str, **fields: Any) -> None:
+        assert event in EVENTS, event
+        self.out.append(Emit(event, fields))
+
+    @property
+    def epoch_members(self) -> dict[int, tuple[str, ...]]:
+        return self.recent.epoch_members
+
+    # ------------------------------------------------------------------ journal
+    def recover(self, records: list[dict[str, Any]], problem: str | None, now: int) -> None:
+        if problem:
+            self.emit("journal_torn_tail", detail=problem)
+        for r in records:
+            if r["type"] == "commit":
+                commit = Commit.from_json(r)
+                self.commits.append(commit)
+                self._advance(commit)
+            elif r["type"] == "epoch":
+                rec = EpochRecord.from_json(r)
+                plan = rec.plan
+                self.plan = plan
+                self.oracle = self.oracle.after_plan(plan)
+                self.oracle_dropped |= set(rec.held_out)
+                sites = {s: mb.SiteRecord(s, mb.SiteState.ACTIVE if s in plan.members else mb.SiteState.FAILED, now)
+                         for s in self.cfg.cluster.sites}
+                self.membership = mb.Membership(epoch=rec.epoch, members=plan.members, sites=sites)
+                self._apply_plan_lineage(plan)
+            elif r["type"] == "frontier":
+                self.frontier = Frontier(r["round"], r["cursor"], r["manifest_hash"], r.get("commit_id"))
+        self.recent = recent_epochs(records)
+        self.pending_frontiers = {k: v for k, v in pending_checkpoints(records).items()
+                                  if self.frontier is None or k[0] > self.frontier.round}
+        self.out.append(Fence(self.recent.fence))
+        if records:
+            # Members kept training while we were down; their reports of those rounds come again
+            # (reliable messages are resent on reconnect). A decision taken before they arrive
+            # would roll the members back past rounds they no longer hold snapshots of.
+            self.settle_until_ns = now + self.mcfg.heartbeat_timeout_ms * 1_000_000
+            self.out.append(Context({"epoch": self.membership.epoch}))
+            self.emit("coordinator_recovered", records=len(records), epoch=self.membership.epoch,
+                      members=list(self.membership.members), commits=len(self.commits), tip=self.tip,
+                      committed_cursor=self.committed_cursor,
+                      recent_epochs={str(e): list(m) for e, m in self.epoch_members.items()},
+                      fence_epoch=self.recent.fence,
+                      pending_checkpoints=[[r, c] for r, c in sorted(self.pending_frontiers)])
+
+    def _advance(self, commit: Commit) -> None:
+        self.tip = commit.commit_id
+        self.committed_round = commit.round
+        self.committed_cursor = commit.cursor_end
+        self.oracle = self.oracle.after_commit(commit.cursor_end)
+        self.unproven -= set(commit.members)  # a commit proves its members held the lineage's state
+
+    def _apply_plan_lineage(self, plan: Plan) -> None:
+        """A restore from the store branches the lineage at the frontier's commit. Whoever gets state
+        from elsewhere holds it for sure only once a commit includes it (`unproven`)."""
+        if plan.restore == Restore.DONOR:
+            self.unproven |= set(plan.joiners)
+        if plan.restore == Restore.STORE:
+            self.unproven |= set(plan.members)
+            self.tip = plan.parent_commit
+            self.committed_round = plan.start_round - 1
+            self.committed_cursor = plan.start_cursor
+
+    # ------------------------------------------------------------------ messages
+    def handle(self, msg: Received, now_ns: int) -> None:
+        """One received message: validated, then applied. Nothing in a message can stop the loop."""
+        try:
+            self.on_message(msg, now_ns)
+        except BadMessage as e:
+            self._reject(msg, f"bad_body: {e}")
+        except Exception as e:  # a bug met by one message is logged; the coordinator goes on
+            self._reject(msg, f"internal_error: {type(e).__name__}: {str(e)[:500]}")
+
+    def _reject(self, msg: Received, reason: str, **extra: Any) -> None:
+        self.emit("report_rejected", kind=str(msg.kind)[:64], src=msg.src, site=msg.src, msg_epoch=msg.epoch,
+                  reason=reason, **extra)
+
+    def on_message(self, msg: Received, now_ns: int) -> None:
+        """Check the epoch and the body against the kind's typed message, then dispatch (BadMessage if bad)."""
+        if msg.epoch < 0 or msg.epoch > self.membership.epoch:
+            # Never announced: no site can be in a later epoch than the coordinator (it journals an
+            # epoch before anyone hears of it, and recovers it from the journal after a crash).
+            self._reject(msg, f"future_epoch: message epoch {msg.epoch} was never announced "
+                              f"(current epoch {self.membership.epoch})")
+            return
+        typed = parse(msg.kind, msg.body)
+        handlers = {"join": self._on_join, "heartbeat": self._on_heartbeat, "round_done": self._on_round_done,
+                    "site_done": self._on_site_done, "telemetry": self._on_telemetry,
+                    "preempt_notice": self._on_preempt_notice, "checkpoint_durable": self._on_checkpoint_durable,
+                    "peer_unreachable": self._on_peer_unreachable}
+        handlers[msg.kind](msg, typed, now_ns)
+
+    def _on_join(self, msg: Received, j: Join, now_ns: int) -> None:
+        if (msg.src, msg.inc) in self.oracle_dropped:
+            self.emit("join_deferred", site=msg.src, reason="oracle dropped this incarnation before its fault")
+            return
+        before = self.membership.sites.get(msg.src)
+        if j.rejoin and msg.src in self.membership.members and self._answer_active_rejoin(msg, before):
+            return
+        if j.rejoin and msg.src in self.membership.members:
+            # A member lost its state (a restore failed twice): it leaves and comes back as a joiner.
+            self.membership = mb.set_state(self.membership, msg.src, "removed")
+        self.membership = mb.on_join(self.membership, msg.src, now_ns, msg.inc)
+        self.emit("site_joined", site=msg.src, incarnation=msg.inc, site_pid=j.pid,
+                  state=self.membership.sites[msg.src].state.value,
+                  previous_state=before.state.value if before else None)
+        m = self.membership
+        if m.epoch > 0 and msg.src in m.members and m.sites[msg.src].state == mb.SiteState.ACTIVE:
+            self.send_plan([msg.src])  # a lost reply: tell it again
+
+    def _answer_active_rejoin(self, msg: Received, before: mb.SiteRecord | None) -> bool:
+        """A member asks to be admitted again although it is alive (same incarnation, heartbeating):
+        it could not apply a plan (e.g. it skipped an epoch). That is not its death: it gets the
+        current plan again. Once per (incarnation, epoch): asking twice in the same epoch means it
+        really lost its state, and it is readmitted as a joiner (False)."""
+        if before is None or before.incarnation != msg.inc or before.state not in (mb.SiteState.ACTIVE,
+                                                                                   mb.SiteState.SUSPECT):
+            return False
+        key = (msg.src, msg.inc, self.membership.epoch)
+        if msg.epoch < self.membership.epoch:
+            why = f"it asked in epoch {msg.epoch}, before it had epoch {self.membership.epoch}: sent the current plan"
+        elif key not in self.replanned:
+            self.replanned.add(key)
+            why = (f"an active member (same incarnation) could not apply epoch {self.membership.epoch}: it is alive, "
+                   f"not failed; sent the current plan again")
+        else:
+            return False
+        self.emit("rejoin_answered", site=msg.src, incarnation=msg.inc, msg_epoch=msg.epoch,
+                  state=before.state.value, reason=why)
+        self.send_plan([msg.src])
+        return True
+
+    def _on_heartbeat(self, msg: Received, hb: Heartbeat, now_ns: int) -> None:
+        if hb.epoch > self.membership.epoch:
+            self._reject(msg, f"future_epoch: heartbeat says epoch {hb.epoch}, never announced "
+                              f"(current epoch {self.membership.epoch})")
+            return
+        # A coordinator restarted from its journal does not know the members' incarnations (0) until
+        # they speak: learn it from the first heartbeat, or a drain would hold out incarnation 0 and
+        # readmit the drained, still-live process. A known incarnation is changed only by a join.
+        known = self.membership.sites.get(msg.src)
+        learned = msg.inc if known is not None and not known.incarnation else 0
+        self.membership = mb.on_heartbeat(self.membership, msg.src, now_ns, learned)
+        # A member we removed is still alive (it hung, or was partitioned): tell it, so it rejoins.
+        site = self.membership.sites.get(msg.src)
+        if site is not None and self.membership.epoch > 0 and msg.src not in self.membership.members \
+                and hb.epoch not in (0, self.membership.epoch) and site.state == mb.SiteState.FAILED:
+            self.send_plan([msg.src])
+
+    def _on_site_done(self, msg: Received, d: SiteDone, _now_ns: int) -> None:
+        if msg.epoch == self.membership.epoch and msg.src in self.membership.members:
+            self.membership = mb.on_done(self.membership, msg.src)
+            self.emit("site_done", site=msg.src, round=d.round)
+
+    def _on_telemetry(self, msg: Received, t: Telemetry, _now_ns: int) -> None:
+        self.emit("site_metrics", site=msg.src, metrics=dict(t.metrics))  # nested: no key can collide
+
+    def _on_preempt_notice(self, msg: Received, p: PreemptNotice, _now_ns: int) -> None:
+        first, why = checkpoint_before_waiting(self.policy)
+        self.emit("preemption_notice", site=msg.src, grace_s=p.grace_s, checkpoint_first=first, reason=why)
+        self.checkpoint_first = first
+        self.membership = mb.set_state(self.membership, msg.src, "announced_failure")
+        self.emit("site_failed", site=msg.src, reason="announced its preemption")
+
+    def _on_checkpoint_durable(self, msg: Received, c: CheckpointDurable, _now_ns: int) -> None:
+        if msg.epoch != self.membership.epoch and msg.epoch not in self.epoch_members:
+            self._reject(msg, f"stale epoch {msg.epoch}")
+            return
+        commit = next((x.commit_id for x in reversed(self.commits) if x.round == c.round and x.cursor_end == c.cursor),
+                      None)
+        if commit is None:
+            # The leader checkpoints a round as soon as its collective is done, before the commit
+            # record has it; that round may yet be aborted. Only a committed state may become the
+            # frontier the cluster rolls back to (soak seed 1002: a restart rolled everyone back to
+            # an uncommitted round 5 and the lineage lost rounds 0-5).
+            self.pending_frontiers[(c.round, c.cursor)] = c.manifest_hash
+            # Journaled: a restarted coordinator still makes it the frontier when its round commits.
+            self.out.append(Journal({"type": "checkpoint_pending", "round": c.round, "cursor": c.cursor,
+                                     "manifest_hash": c.manifest_hash}))
+            self.emit("frontier_deferred", round=c.round, cursor=c.cursor, manifest_hash=c.manifest_hash,
+                      reason="round not in the commit record yet: becomes the frontier when it commits")
+            return
+        self._set_frontier(Frontier(c.round, c.cursor, c.manifest_hash, commit))
+
+    def _set_frontier(self, f: Frontier) -> None:
+        self.frontier = f
+        self.pending_frontiers = {k: v for k, v in self.pending_frontiers.items() if k[0] > f.round}
+        self.out.append(Journal({"type": "frontier", **asdict(f)}))
+        self.emit("frontier", **asdict(f))
+
+    def _on_peer_unreachable(self, msg: Received, p: PeerUnreachable, _now_ns: int) -> None:
+        if msg.epoch != self.membership.epoch:
+            self._reject(msg, f"stale epoch {msg.epoch}")
+            return
+        if msg.src in self.membership.members and p.peer in self.membership.members \
+                and self.membership.sites[msg.src].state == mb.SiteState.ACTIVE:
+            # Tie-break for a partition reported from both sides: drop the larger name.
+            victim = max(p.peer, msg.src) if p.mutual else p.peer
+            self.membership = mb.set_state(self.membership, victim, "announced_failure")
+            self.emit("site_failed", site=victim, reason=f"{msg.src} cannot reach {p.peer}: {p.detail}")
+
+    def _on_round_done(self, msg: Received, r: RoundDone, _now_ns: int) -> None:
+        rnd = r.round
+        if rnd > self.committed_round + ROUND_WINDOW:
+            self._reject(msg, f"round {rnd} is more than {ROUND_WINDOW} rounds past the commit record "
+                              f"({self.committed_round})", round=rnd)
+            return
+        # The current epoch, or the previous one for the round it still had in flight when a
+        # change was scheduled for the next boundary (nothing in flight is thrown away).
+        if self.plan is not None and msg.epoch == self.membership.epoch and msg.src in self.membership.members:
+            epoch, members = self.membership.epoch, self.membership.members
+        elif (msg.epoch in self.epoch_members and msg.src in self.epoch_members[msg.epoch]
+              and self.plan is not None and rnd < self.plan.start_round and rnd == self.committed_round + 1):
+            epoch, members = msg.epoch, self.epoch_members[msg.epoch]
+        else:
+            self._reject(msg, f"epoch {msg.epoch} is not current {self.membership.epoch} or not a member", round=rnd)
+            return
+        key = (epoch, rnd)
+        self.reports.setdefault(key, {})[msg.src] = r
+        got = self.reports[key]
+        if set(got) != set(members):
+            return
+        del self.reports[key]
+        self._try_commit(epoch, rnd, members, got)
+
+    def _try_commit(self, epoch: int, rnd: int, members: tuple[str, ...], got: dict[str, RoundDone]) -> None:
+        hashes = {s: r.param_hash for s, r in got.items()}
+        if len(set(hashes.values())) != 1:
+            self.emit("commit_refused", round=rnd, reason="parameter hashes differ", hashes=hashes)
+            return
+        starts = {r.cursor_start for r in got.values()}
+        ends = {r.cursor_end for r in got.values()}
+        if starts != {self.committed_cursor} or len(ends) != 1:
+            # The lineage must cover the samples without a gap or an overlap: resync everyone.
+            self.emit("commit_refused", round=rnd, reason=f"cursors {sorted(starts)}..{sorted(ends)} do not "
+                                                          f"continue the commit record at {self.committed_cursor}")
+            self.resync = True
+            return
+        first = got[members[0]]
+        commit = Commit(commit_id=f"e{epoch}r{rnd}", parent=self.tip, round=rnd, step=first.step, epoch=epoch,
+                        members=members, param_hash=first.param_hash, cursor_start=first.cursor_start,
+                        cursor_end=first.cursor_end, tokens={s: r.tokens for s, r in got.items()},
+                        flops={s: r.flops for s, r in got.items()},
+                        useful_tokens=tokens_of_samples(self.cfg, first.cursor_end))
+        record = commit.to_json()
+        self.out.append(Journal(record))  # durable before anyone is told
+        self.commits.append(commit)
+        self._advance(commit)
+        self.out.append(Context({"step": commit.step}))
+        self.emit("commit", **{k: v for k, v in record.items() if k != "type"})
+        pending = self.pending_frontiers.pop((rnd, commit.cursor_end), None)
+        if pending is not None:  # its checkpoint was durable before the round committed
+            self._set_frontier(Frontier(rnd, commit.cursor_end, pending, commit.commit_id))
+
+    def send_plan(self, to: list[str]) -> None:
+        if self.plan is None:
+            return
+        # Checkpoint first: a preemption notice under restart (the paused survivors' leader), or the
+        # oracle's drain before a fault (the continuing members' leader), for this epoch only.
+        first = bool(self.recent.checkpoint_first_epoch == self.membership.epoch
+                     and (self.plan.paused or self.plan.drain is not None))
+        body = EpochPlan.announce(self.membership.epoch, self.plan, target_samples=self.target, checkpoint_first=first,
+                                  frontier_manifest=self.frontier.manifest_hash if self.frontier else None).to_body()
+        for s in to:
+            self.out.append(Send(s, "membership", body, self.membership.epoch))
+
+    # ------------------------------------------------------------------ decisions
+    def view(self) -> ClusterView:
+        # A member back in JOINING asked to rejoin: for the current epoch it is as good as failed.
+        failed = tuple(s for s, st in self.membership.sites.items() if st.state == mb.SiteState.FAILED
+                       or (s in self.membership.members and st.state == mb.SiteState.JOINING))
+        joiners = tuple(sorted(s for s, st in self.membership.sites.items()
+                               if st.state == mb.SiteState.JOINING and s not in self.membership.members))
+        paused = bool(self.plan and self.plan.paused)
+        # The current epoch was scheduled for a boundary the commit record has not reached yet.
+        scheduled = ((self.plan.start_round, self.plan.start_cursor)
+                     if self.plan is not None and not paused and self.plan.start_round > self.committed_round + 1
+                     else None)
+        return ClusterView(expected=tuple(self.cfg.cluster.sites), epoch=self.membership.epoch,
+                           members=self.membership.members,
+                           paused=paused, failed=failed, joiners=joiners,
+                           committed_round=self.committed_round, committed_cursor=self.committed_cursor,
+                           frontier=self.frontier, target_samples=self.target, drop_before=self.oracle.ahead(),
+                           round_samples=0 if paused else samples_per_round(self.cfg, len(self.membership.members)),
+                           unproven=tuple(sorted(self.unproven & set(self.membership.members))), scheduled=scheduled)
+
+    def new_epoch(self, plan: Plan, reason: str) -> None:
+        old_members = set(self.membership.members)
+        epoch = self.membership.epoch + 1
+        sites = dict(self.membership.sites)
+        for s in plan.members:
+            sites[s] = replace(sites[s], state=mb.SiteState.ACTIVE)
+        held_out: list[tuple[str, int]] = []
+        if plan.drain is not None and plan.drain.site in sites:
+            # Drained while alive, ahead of its fault: keep it out until a new incarnation joins.
+            s = plan.drain.site
+            held_out.append((s, sites[s].incarnation))
+            self.oracle_dropped.add(held_out[-1])
+            sites[s] = replace(sites[s], state=mb.SiteState.FAILED)
+        # Checkpoint first: the oracle's drain, or a pause after a preemption notice (restart).
+        first = plan.drain is not None or (plan.paused and self.checkpoint_first)
+        if plan.paused and self.checkpoint_first:
+            self.checkpoint_first = False
+        self.recent = after_epoch(self.recent, epoch, plan.members, first)
+        if plan.drain is not None:
+            self.oracle = self.oracle.after_plan(plan)
+        self.membership = mb.Membership(epoch=epoch, members=plan.members, sites=sites)
+        self.plan = plan
+        self._apply_plan_lineage(plan)
+        # Keep the partial reports of every epoch still remembered: the round in flight under an
+        # older epoch commits when its last report comes (dropping them lost that round for good).
+        self.reports = {k: v for k, v in self.reports.items() if k[0] == epoch or k[0] in self.epoch_members}
+        # The previous epoch's members may still report the round they had in flight when this
+        # epoch was scheduled; _on_round_done decides precisely which of those reports count.
+        self.out.append(Fence(self.recent.fence))
+        self.out.append(Context({"epoch": epoch}))
+        self.out.append(Journal(EpochRecord(epoch, plan, reason, tuple(held_out), first).to_json()))
+        self.emit("membership_epoch", members=list(plan.members), paused=plan.paused, start_round=plan.start_round,
+                  start_cursor=plan.start_cursor, restore=plan.restore.value, donor=plan.donor,
+                  joiners=list(plan.joiners), manifest_hash=plan.manifest_hash, parent_commit=plan.parent_commit,
+                  drain=plan.to_json()["drain"], policy=self.policy.value, reason=reason)
+        # Everyone who should know: the new members and the sites that were just removed.
+        alive = set(self.membership.sites)
+        self.send_plan(sorted((set(plan.members) | old_members) & alive))
+
+    def tick(self, t: Tick, now_ns: int) -> None:
+        # Read after the messages: a member heard since its connection closed is no longer listed.
+        self.membership = mb.on_connections(self.membership, dict(t.lost))
+        self.step_membership(now_ns)
+        self._check_complete()
+
+    def step_membership(self, now_ns: int) -> None:
+        d, reason = mb.decide(now_ns, self.membership, self.mcfg)
+        if reason != self.last_reason:
+            self.emit("membership_decision", action=d.action.value, reason=reason, site=d.site or None)
+            self.last_reason = reason
+        if d.action == mb.Action.FORM_EPOCH:
+            self.new_epoch(Plan(d.members, False, 0, 0, Restore.NONE), reason)
+            return
+        if d.action != mb.Action.NONE:
+            self.membership = mb.apply(self.membership, d)
+            event = {mb.Action.SUSPECT: "site_suspected", mb.Action.CLEAR_SUSPICION: "suspicion_cleared",
+                     mb.Action.CONFIRM_FAILED: "site_failed", mb.Action.CONNECTION_LOST: "site_failed"}[d.action]
+            self.emit(event, site=d.site, reason=reason)
+        if self.membership.epoch == 0 or self.shutdown_sent:
+            return
+        if now_ns < self.settle_until_ns:
+            return  # restarted: the members' resent round reports first (see recover)
+        if self.settle_until_ns:
+            self.settle_until_ns = 0
+            self.emit("recovery_settled", committed_round=self.committed_round, tip=self.tip,
+                      reason="restarted from the journal: the members' resent reports had a heartbeat "
+                             "timeout to arrive before any new epoch")
+        if self.resync:
+            self.resync = False
+            v = self.view()
+            members = tuple(m for m in v.members if m not in v.failed)
+            if members:
+                self.new_epoch(Plan(members, bool(self.plan and self.plan.paused), self.committed_round + 1,
+                                    self.committed_cursor, Restore.NONE),
+                               f"resync: every member resumes from the commit record at round {self.committed_round + 1}")
+                return
+        plan, why = decide_recovery(self.view(), self.policy)
+        if why != self.last_recovery_reason:
+            self.emit("recovery_decision", policy=self.policy.value, reason=why, new_epoch=plan is not None)
+            self.last_recovery_reason = why
+        if plan is not None:
+            self.new_epoch(plan, why)
+
+    def _check_complete(self) -> None:
+        """Every member done and the target committed: the run is complete; every site is told to stop."""
+        members = self.membership.members
+        done = members and all(self.membership.sites[s].state == mb.SiteState.DONE for s in members)
+        if done and self.committed_cursor >= self.target and not self.shutdown_sent:
+            self.emit("run_complete", commits=len(self.commits),
+                      useful_tokens=tokens_of_samples(self.cfg, self.committed_cursor), tip=self.tip)
+            for s in sorted(self.membership.sites):
+                self.out.append(Send(s, "shutdown", {"reason": "all sites done"}, self.membership.epoch))
+            self.shutdown_sent = True

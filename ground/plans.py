@@ -1,0 +1,152 @@
+"""The recovery plan and the epoch announcement: typed at both ends, encoded and decoded here only.
+
+`Plan` is what the coordinator decides for a new membership epoch (coordinator/recovery.py):
+who is in, train or wait, the round and sample cursor to resume from, where state comes from,
+and, for the oracle, which site it drains ahead of which fault (`Plan.drain`: a field, never a
+phrase in a reason). The coordinator journals `Plan.to_json()` and announces an `EpochPlan`
+(the plan plus the epoch, the target and the frontier's manifest) as the body of a `membership`
+message; a site decodes that body with `EpochPlan.from_body`, which checks every field and raises
+`Rejected` (ground/fields.py) for anything that does not fit.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ground.fields import HEX64, MAX_INT, NAME, Rejected, field, names, opt_str, req_bool, req_int, show
+
+
+class Restore(str, enum.Enum):
+    NONE = "none"  # members resume from their own snapshot of `start_round`
+    DONOR = "donor"  # joiners receive state from `donor` (peer state transfer)
+    STORE = "store"  # everyone loads the durable frontier from the checkpoint store
+
+
+RESTORES = tuple(r.value for r in Restore)
+
+
+@dataclass(frozen=True)
+class Drain:
+    """The oracle drains `site` ahead of its fault, which fires when the commit record reaches `at_cursor`."""
+
+    site: str
+    at_cursor: int  # sample positions
+
+
+@dataclass(frozen=True)
+class Plan:
+    members: tuple[str, ...]
+    paused: bool
+    start_round: int
+    start_cursor: int  # sample positions
+    restore: Restore
+    donor: str | None = None
+    joiners: tuple[str, ...] = ()
+    manifest_hash: str | None = None
+    parent_commit: str | None = None  # the commit the next commit descends from (a branch point on restore)
+    drain: Drain | None = None  # oracle only: this epoch drains a site ahead of the fault it anticipates
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan as journaled and as sent to the sites (`drain` is a map {site, at_cursor} or null)."""
+        d = asdict(self)
+        d["restore"] = self.restore.value
+        d["members"], d["joiners"] = list(self.members), list(self.joiners)
+        return d
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> Plan:
+        """Inverse of to_json, for the coordinator's own journal (a journal written before `drain`
+        existed reads as drain=None)."""
+        drain = d.get("drain")
+        return Plan(members=tuple(d["members"]), paused=bool(d["paused"]), start_round=int(d["start_round"]),
+                    start_cursor=int(d["start_cursor"]), restore=Restore(d["restore"]), donor=d.get("donor"),
+                    joiners=tuple(d.get("joiners", ())), manifest_hash=d.get("manifest_hash"),
+                    parent_commit=d.get("parent_commit"),
+                    drain=Drain(str(drain["site"]), int(drain["at_cursor"])) if drain else None)
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """One membership epoch as the coordinator announces it (the body of a `membership` message)."""
+
+    epoch: int
+    members: tuple[str, ...]  # sorted
+    paused: bool
+    start_round: int
+    start_cursor: int
+    restore: Restore
+    donor: str | None = None
+    joiners: tuple[str, ...] = ()
+    manifest_hash: str | None = None
+    frontier_manifest: str | None = None
+    checkpoint_first: bool = False
+    parent_commit: str | None = None
+    drain: Drain | None = None
+    target_samples: int | None = None
+
+    @staticmethod
+    def announce(epoch: int, plan: Plan, *, target_samples: int, frontier_manifest: str | None,
+                 checkpoint_first: bool) -> EpochPlan:
+        return EpochPlan(epoch=epoch, members=plan.members, paused=plan.paused, start_round=plan.start_round,
+                         start_cursor=plan.start_cursor, restore=plan.restore, donor=plan.donor,
+                         joiners=plan.joiners, manifest_hash=plan.manifest_hash,
+                         frontier_manifest=frontier_manifest, checkpoint_first=checkpoint_first,
+                         parent_commit=plan.parent_commit, drain=plan.drain, target_samples=target_samples)
+
+    def to_body(self) -> dict[str, Any]:
+        """The `membership` message body (what `from_body` reads back)."""
+        d = asdict(self)
+        d["restore"] = self.restore.value
+        d["members"], d["joiners"] = list(self.members), list(self.joiners)
+        return d
+
+    @staticmethod
+    def from_body(b: Any, msg_epoch: int, sites: frozenset[str]) -> EpochPlan:
+        """Decode and check a `membership` body sent in epoch `msg_epoch`; Rejected with why if it does not fit."""
+        what = "membership"
+        if not isinstance(b, dict):
+            raise Rejected("bad_field", f"{what} body is {type(b).__name__}, expected a map")
+        epoch = req_int(b, "epoch", what, lo=1)
+        if epoch != msg_epoch:
+            raise Rejected("epoch_mismatch", f"membership body epoch {epoch} != message epoch {msg_epoch}")
+        members = names(b, "members", what, sites)
+        restore = field(b, "restore", what)
+        if restore not in RESTORES:  # a tuple: compared by ==, so an unhashable value is simply not one
+            raise Rejected("bad_field", f"membership field 'restore' = {show(restore)}, expected one of {list(RESTORES)}")
+        target = b.get("target_samples")
+        plan = EpochPlan(epoch=epoch, members=members, paused=req_bool(b, "paused", what),
+                         start_round=req_int(b, "start_round", what), start_cursor=req_int(b, "start_cursor", what),
+                         restore=Restore(restore), donor=opt_str(b, "donor", what, NAME),
+                         joiners=names(b, "joiners", what, sites, required=False),
+                         manifest_hash=opt_str(b, "manifest_hash", what, HEX64),
+                         frontier_manifest=opt_str(b, "frontier_manifest", what, HEX64),
+                         checkpoint_first=req_bool(b, "checkpoint_first", what, default=False),
+                         parent_commit=opt_str(b, "parent_commit", what), drain=_drain(b.get("drain"), sites),
+                         target_samples=None if target is None else req_int(b, "target_samples", what))
+        plan.check()
+        return plan
+
+    def check(self) -> None:
+        """The plan's fields agree with each other (Rejected "inconsistent_plan" otherwise)."""
+        if not set(self.joiners) <= set(self.members):
+            raise Rejected("inconsistent_plan", f"epoch {self.epoch}: joiners {list(self.joiners)} are not all "
+                                                f"members {list(self.members)}")
+        if self.restore == Restore.DONOR and not self.paused:
+            if self.donor is None or self.donor not in self.members or self.donor in self.joiners:
+                raise Rejected("inconsistent_plan", f"epoch {self.epoch}: restore by donor needs a donor among the "
+                                                    f"members who is not a joiner; donor {self.donor!r}, members "
+                                                    f"{list(self.members)}, joiners {list(self.joiners)}")
+
+
+def _drain(v: Any, sites: frozenset[str]) -> Drain | None:
+    """The optional `drain` map {site, at_cursor} of a membership body."""
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        raise Rejected("bad_field", f"membership field 'drain' must be a map or null, got {show(v)}")
+    site = opt_str(v, "site", "membership drain", NAME)
+    if site is None or (sites and site not in sites):
+        raise Rejected("bad_field", f"membership drain names {show(site)}, not a site of this cluster")
+    return Drain(site, req_int(v, "at_cursor", "membership drain", hi=MAX_INT))

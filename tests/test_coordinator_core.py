@@ -1,0 +1,258 @@
+"""The coordinator's rules as a pure core (coordinator/core.py), on a virtual clock, and replayed.
+
+The scenario tests drive `core.step` directly: no socket, no file, no real clock; time is an
+integer the test advances. The replay test takes a real four-policy comparison (the session's
+`comparison` fixture: b SIGKILLed after round 2 commits, restarted 2 s later), feeds each run's
+logged coordinator inputs (`coord_input`) through the core, and requires the coordinator's logged
+decisions (epochs, members, plans, commits, frontiers, reasons) and its journal, exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coordinator import core
+from coordinator import membership as mb
+from ground.config import RunConfig, config_from_json, load_config
+from ground.eventlog import read_events
+from ground.journal import Journal
+from ground.plans import Drain, EpochPlan, Plan, Restore
+from ground.records import Commit, EpochRecord
+
+SITES = ("a", "b", "c")
+MS = 1_000_000  # ns
+CFG = {"run_id": "core", "cluster": {"sites": list(SITES)}, "wan": {"curve": False, "heartbeat_timeout_ms": 1000},
+       "train": {"per_site_batch": 8, "inner_steps_h": 4, "target_useful_tokens": 3 * 96 * 128}}
+
+
+def config(**recovery: Any) -> RunConfig:
+    return load_config({**CFG, "recovery": recovery} if recovery else CFG)
+
+
+def received(kind: str, src: str, body: dict[str, Any], epoch: int = 0, inc: int = 1) -> core.Received:
+    return core.Received(src=src, inc=inc, epoch=epoch, kind=kind, body=body)
+
+
+def round_done(rnd: int, cs: int, ce: int, phash: str = "ab" * 8) -> dict[str, Any]:
+    return {"round": rnd, "step": (rnd + 1) * 4, "param_hash": phash, "cursor_start": cs, "cursor_end": ce,
+            "tokens": (ce - cs) * 128, "flops": 1e9}
+
+
+class Clock:
+    """A virtual clock and the core's state: every input goes through `core.step` at `now`."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg, self.now, self.state = cfg, 0, core.initial_state(cfg)
+        self.outputs: list[core.Output] = []
+
+    def feed(self, event: core.Received | core.Tick, after_ms: int = 0) -> list[core.Output]:
+        self.now += after_ms * MS
+        self.state, out = core.step(self.state, event, self.now, self.cfg)
+        self.outputs += out
+        return out
+
+    def emitted(self, name: str) -> list[dict[str, Any]]:
+        return [o.fields for o in self.outputs if isinstance(o, core.Emit) and o.event == name]
+
+    def heartbeats(self, sites: tuple[str, ...], epoch: int) -> None:
+        for s in sites:
+            self.feed(received("heartbeat", s, {"epoch": epoch}, epoch))
+
+
+def formed(cfg: RunConfig) -> Clock:
+    c = Clock(cfg)
+    for s in SITES:
+        c.feed(received("join", s, {"pid": 100}))
+    c.feed(core.Tick(), after_ms=1)
+    return c
+
+
+def commit_round(c: Clock, rnd: int, cs: int, ce: int, members: tuple[str, ...], epoch: int) -> None:
+    for s in members:
+        c.feed(received("round_done", s, round_done(rnd, cs, ce), epoch))
+
+
+def test_when_every_site_joined_epoch_one_is_journaled_before_it_is_announced_to_each_site() -> None:
+    c = Clock(config())
+    for s in SITES[:2]:
+        c.feed(received("join", s, {"pid": 100}))
+    assert c.feed(core.Tick(), after_ms=1) and c.state.membership.epoch == 0  # still waiting for c
+    c.feed(received("join", "c", {"pid": 100}))
+    out = c.feed(core.Tick(), after_ms=1)
+    kinds = [type(o).__name__ for o in out]
+    assert kinds.index("Journal") < kinds.index("Send"), kinds
+    (epoch,) = c.emitted("membership_epoch")
+    assert epoch["members"] == list(SITES) and epoch["reason"] == "all 3 expected sites joined"
+    sends = [o for o in out if isinstance(o, core.Send)]
+    assert sorted(o.to for o in sends) == list(SITES)
+    plan = EpochPlan.from_body(sends[0].body, 1, frozenset(SITES))
+    assert plan.members == SITES and plan.restore == Restore.NONE and plan.target_samples == 3 * 96
+
+
+def test_a_round_commits_when_every_member_reported_the_same_hash_and_the_record_is_durable_first() -> None:
+    c = formed(config())
+    for s in SITES[:2]:
+        assert not c.feed(received("round_done", s, round_done(0, 0, 96), 1))  # waits for the last member
+    out = c.feed(received("round_done", "c", round_done(0, 0, 96), 1))
+    assert isinstance(out[0], core.Journal) and out[0].record["commit_id"] == "e1r0"
+    (commit,) = c.emitted("commit")
+    assert commit["members"] == list(SITES) and commit["useful_tokens"] == 96 * 128
+    assert c.state.committed_round == 0 and c.state.committed_cursor == 96 and c.state.tip == "e1r0"
+
+
+def test_different_parameter_hashes_refuse_the_commit() -> None:
+    c = formed(config())
+    for s, h in zip(SITES, ("ab" * 8, "ab" * 8, "cd" * 8)):
+        c.feed(received("round_done", s, round_done(0, 0, 96, phash=h), 1))
+    assert c.emitted("commit_refused")[0]["reason"] == "parameter hashes differ" and c.state.committed_round == -1
+
+
+def test_a_silent_member_is_suspected_then_failed_and_elastic_continues_without_it_on_the_virtual_clock() -> None:
+    c = formed(config(policy="elastic"))
+    commit_round(c, 0, 0, 96, SITES, 1)
+    for _ in range(3):  # a and c keep heartbeating; b is silent
+        c.heartbeats(("a", "c"), 1)
+        c.feed(core.Tick(), after_ms=500)
+    assert c.emitted("site_suspected")[0]["site"] == "b"
+    assert c.state.membership.sites["b"].state in (mb.SiteState.SUSPECT, mb.SiteState.FAILED)
+    for _ in range(4):
+        c.heartbeats(("a", "c"), 1)
+        c.feed(core.Tick(), after_ms=500)
+    assert c.state.membership.sites["b"].state == mb.SiteState.FAILED
+    assert c.state.membership.epoch == 2 and c.state.membership.members == ("a", "c")
+    last = c.emitted("membership_epoch")[-1]
+    assert last["policy"] == "elastic" and not last["paused"] and last["start_round"] >= 1
+
+
+def test_the_oracle_drains_ahead_of_the_fault_and_the_drain_is_a_field_of_the_plan_it_sends() -> None:
+    c = formed(config(policy="oracle", oracle_faults=[["b", 250 * 128]]))
+    commit_round(c, 0, 0, 96, SITES, 1)
+    out = c.feed(core.Tick(), after_ms=1)
+    assert c.state.plan is not None and c.state.plan.drain == Drain("b", 250)
+    (epoch,) = [e for e in c.emitted("membership_epoch") if e["drain"]]
+    assert epoch["drain"] == {"site": "b", "at_cursor": 250} and "b" not in epoch["members"]
+    bodies = [EpochPlan.from_body(o.body, o.epoch, frozenset(SITES)) for o in out if isinstance(o, core.Send)]
+    assert bodies and all(b.drain == Drain("b", 250) and b.checkpoint_first for b in bodies)
+    assert ("b", 1) in c.state.oracle_dropped
+    c.feed(received("join", "b", {"pid": 7}, 0))  # the same incarnation may not come back
+    assert c.emitted("join_deferred")
+
+
+def test_the_run_completes_when_every_member_is_done_at_the_target_and_every_site_is_told() -> None:
+    c = formed(config())
+    for r in range(3):
+        commit_round(c, r, 96 * r, 96 * (r + 1), SITES, 1)
+    for s in SITES:
+        c.feed(received("site_done", s, {"round": 2}, 1))
+    out = c.feed(core.Tick(), after_ms=1)
+    assert c.emitted("run_complete")[0]["useful_tokens"] == 3 * 96 * 128 and c.state.shutdown_sent
+    assert sorted(o.to for o in out if isinstance(o, core.Send) and o.kind == "shutdown") == list(SITES)
+    assert not [o for o in c.feed(core.Tick(), after_ms=1) if isinstance(o, core.Send)]  # said once
+
+
+def test_step_is_pure_the_input_state_is_untouched_and_the_same_input_gives_the_same_output() -> None:
+    cfg = config(policy="elastic")
+    c = formed(cfg)
+    commit_round(c, 0, 0, 96, SITES[:2], 1)  # two of three reports are pending
+    before = c.state
+    snapshot = (before.membership, dict(before.reports), before.commits, before.committed_cursor)
+    ev = received("round_done", "c", round_done(0, 0, 96), 1)
+    s1, o1 = core.step(before, ev, 5 * MS, cfg)
+    s2, o2 = core.step(before, ev, 5 * MS, cfg)
+    assert (before.membership, dict(before.reports), before.commits, before.committed_cursor) == snapshot
+    assert s1 == s2 and o1 == o2 and s1.committed_cursor == 96 and before.committed_cursor == 0
+
+
+def test_a_restart_from_the_journal_rebuilds_the_same_commit_record_and_settles_first(tmp_path: Path) -> None:
+    cfg = config()
+    c = formed(cfg)
+    commit_round(c, 0, 0, 96, SITES, 1)
+    records = [o.record for o in c.outputs if isinstance(o, core.Journal)]
+    state, out = core.recover(records, None, 10 * MS, cfg)
+    assert (state.membership.epoch, state.membership.members, state.tip, state.committed_cursor) == (1, SITES, "e1r0", 96)
+    assert state.settle_until_ns == 10 * MS + 1000 * MS and any(isinstance(o, core.Fence) for o in out)
+    s2, _ = core.step(state, core.Tick(), 20 * MS, cfg)  # settling: no new epoch although nobody heartbeats
+    assert s2.membership.epoch == 1
+
+
+def test_the_journal_records_are_typed_and_read_back_equal_from_the_journal_file(tmp_path: Path) -> None:
+    c = formed(config(policy="oracle", oracle_faults=[["b", 250 * 128]]))
+    commit_round(c, 0, 0, 96, SITES, 1)
+    c.feed(core.Tick(), after_ms=1)  # the drain's epoch
+    j = Journal(tmp_path / "journal.jsonl")
+    for o in c.outputs:
+        if isinstance(o, core.Journal):
+            j.append(o.record)
+    j.close()
+    records, problem = Journal.load(tmp_path / "journal.jsonl")
+    assert problem is None
+    commits = [Commit.from_json(r) for r in records if r["type"] == "commit"]
+    epochs = [EpochRecord.from_json(r) for r in records if r["type"] == "epoch"]
+    assert commits == list(c.state.commits) and commits[0].useful_tokens == 96 * 128
+    assert [e.epoch for e in epochs] == [1, 2] and epochs[1].plan.drain == Drain("b", 250)
+    assert epochs[1].held_out == (("b", 1),) and epochs[1].checkpoint_first
+    assert epochs[0].plan == Plan(SITES, False, 0, 0, Restore.NONE)
+
+
+# ------------------------------------------------------------------------------------ replay
+STAMPS = ("event", "id", "wall_ns", "mono_ns", "run_id", "process", "pid", "epoch", "step")
+
+
+def _json(v: Any) -> Any:
+    return json.loads(json.dumps(v, default=lambda o: list(o) if isinstance(o, (set, frozenset, tuple)) else repr(o)))
+
+
+def replay(run_dir: Path) -> tuple[int, int]:
+    """Feed the run's logged coordinator inputs through the core; (inputs, decisions) compared."""
+    cfg = config_from_json(run_dir / "config.json")
+    events = read_events(run_dir / "logs" / "coord.jsonl")
+    assert not [e for e in events if e["event"] == "coordinator_recovered"], "a restarted coordinator: not this test"
+    state = core.initial_state(cfg)
+    produced: list[tuple[str, Any]] = []
+    journal: list[dict[str, Any]] = []
+    logged: list[tuple[str, Any]] = []
+    inputs = 0
+    for e in events:
+        if e["event"] != "coord_input":
+            if e["event"] not in core.EVENTS:  # the shell's and the WAN endpoint's own events
+                continue
+            logged.append((e["event"], {k: v for k, v in e.items() if k not in STAMPS}))
+            continue
+        inputs += 1
+        if e["input"] == "tick":
+            event: core.Received | core.Tick = core.Tick(tuple(sorted((k, int(v)) for k, v in e["lost"].items())))
+        elif e.get("rejected"):
+            # A rejected message changed nothing: its rejection is its only decision.
+            produced += [x for x in logged[len(produced):] if x[0] == "report_rejected"][:1]
+            continue
+        else:
+            event = core.Received(e["src"], e["inc"], e["msg_epoch"], e["kind"], e["body"])
+        state, out = core.step(state, event, e["now_ns"], cfg)
+        for o in out:
+            if isinstance(o, core.Emit):
+                fields = _json(o.fields)
+                produced.append((o.event, {k: v for k, v in fields.items() if k not in STAMPS}))
+            elif isinstance(o, core.Journal):
+                journal.append(_json(o.record))
+        # Everything the coordinator logged up to this input was decided by the inputs before it.
+        assert [n for n, _ in produced] == [n for n, _ in logged], (run_dir.name, e["id"])
+        for (name, got), (_n, want) in zip(produced, logged):
+            assert got == want, (run_dir.name, name, got, want)
+    records, problem = Journal.load(run_dir / "coordinator" / "journal.jsonl")
+    assert problem is None and journal == records, run_dir.name
+    return inputs, len(produced)
+
+
+@pytest.mark.integration
+def test_a_real_four_policy_comparison_replays_through_the_core_to_the_same_decisions(comparison) -> None:
+    _out, index = comparison
+    assert sorted(r["policy"] for r in index["runs"]) == ["elastic", "oracle", "restart", "stall"]
+    for r in index["runs"]:
+        inputs, decisions = replay(Path(r["run_dir"]))
+        names = {e["event"] for e in read_events(Path(r["run_dir"]) / "logs" / "coord.jsonl")}
+        assert inputs > 50 and decisions > 10, (r["policy"], inputs, decisions)
+        assert {"membership_epoch", "commit", "recovery_decision", "run_complete"} <= names, r["policy"]

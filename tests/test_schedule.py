@@ -1,0 +1,36 @@
+"""The one place tokens, samples, rounds and steps convert (ground/schedule.py): one rounding rule."""
+
+from __future__ import annotations
+
+from ground.config import load_config
+from ground.schedule import (rounds_for_target, samples_for_tokens, samples_per_round, steps_per_round, target_samples,
+                             target_tokens, tokens_of_samples)
+
+
+def cfg(tokens: int, mode: str = "local"):
+    return load_config({"cluster": {"sites": ["a", "b", "c"]},
+                        "train": {"mode": mode, "per_site_batch": 8, "inner_steps_h": 4, "target_useful_tokens": tokens}})
+
+
+def test_tokens_become_samples_rounded_up_and_back_exactly() -> None:
+    c = cfg(98_304)
+    seq = c.model.seq_len
+    assert samples_for_tokens(c, 0) == 0 and samples_for_tokens(c, 1) == 1 and samples_for_tokens(c, seq) == 1
+    assert samples_for_tokens(c, seq + 1) == 2 and tokens_of_samples(c, 3) == 3 * seq
+    assert all(tokens_of_samples(c, samples_for_tokens(c, t)) >= t for t in range(0, 5 * seq, 7))
+
+
+def test_the_target_is_whole_site_batches_and_the_rounds_reach_it() -> None:
+    for tokens in (1, 98_304, 98_305, 200_000):
+        c = cfg(tokens)
+        b = c.train.per_site_batch
+        assert target_samples(c) % b == 0 and target_tokens(c) >= tokens
+        assert target_samples(c) - samples_for_tokens(c, tokens) < b
+        for n in (1, 2, 3):
+            r = rounds_for_target(c, n)
+            assert (r - 1) * samples_per_round(c, n) < target_samples(c) <= r * samples_per_round(c, n)
+
+
+def test_a_round_is_one_step_in_sync_mode_and_h_steps_in_local_mode() -> None:
+    assert steps_per_round(cfg(98_304, "sync")) == 1 and steps_per_round(cfg(98_304)) == 4
+    assert samples_per_round(cfg(98_304), 3) == 3 * 8 * 4
