@@ -30,7 +30,7 @@ from analysis.timeline import extract_phases
 from telemetry.trace import TRACE_NAME, Trace, read_trace
 from telemetry.validity import (change_times, claim_status, effective_update, energy_gate, evaluate,
                                 poll_calibration, updates_in)
-from xdc.config import EnergyInvalidators
+from ground.config import EnergyInvalidators
 
 ENERGY_PHASES = ("compute", "collective", "state_transfer", "checkpoint", "replay", "recovery", "eval", "waiting",
                  "idle")

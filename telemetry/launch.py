@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from telemetry.sampler import PROCESS_NAME
-from xdc.eventlog import LogTail
+from ground.eventlog import LogTail
 
 READY_GRACE_S = 20.0  # start-up (imports, NVML init) on a loaded machine, beyond the baseline itself
 

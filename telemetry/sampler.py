@@ -23,7 +23,7 @@ from telemetry.nvml import open_gpu_sensors
 from telemetry.sensors import (Clock, ModeledCpuEnergy, ProcessCpuMeter, RaplSensor, Sample, SystemClock, Unavailable,
                                describe, run_processes)
 from telemetry.trace import TRACE_NAME, TraceWriter
-from xdc.config import TelemetryConfig, config_from_json, to_dict
+from ground.config import TelemetryConfig, config_from_json, to_dict
 
 PROCESS_NAME = "telemetry"
 STAGES = ("baseline_before", "run", "baseline_after")
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m telemetry.sampler", description=__doc__)
     ap.add_argument("--run-dir", required=True, type=Path)
     args = ap.parse_args(argv)
-    from xdc.eventlog import EventLog
+    from ground.eventlog import EventLog
 
     run_dir: Path = args.run_dir
     cfg_all = config_from_json(run_dir / "config.json")

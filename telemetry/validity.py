@@ -17,7 +17,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Sequence
 
-from xdc.config import EnergyInvalidators
+from ground.config import EnergyInvalidators
 
 POWER_QUANTITIES = ("gpu_power", "gpu_power_instant")
 ENERGY_COUNTERS = ("gpu_energy", "cpu_energy")  # measured cumulative meters, in preference order

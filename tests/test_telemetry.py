@@ -14,7 +14,7 @@ from telemetry.sampler import Sampler
 from telemetry.sensors import FakeClock, RaplSensor, Reason, Sample, Unavailable
 from telemetry.trace import TraceWriter, read_trace
 from telemetry.validity import claim_status, effective_update, energy_gate, evaluate, poll_calibration, updates_in
-from xdc.config import ConfigError, EnergyInvalidators, TelemetryConfig, load_config
+from ground.config import ConfigError, EnergyInvalidators, TelemetryConfig, load_config
 
 MS = 1_000_000
 
