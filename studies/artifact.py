@@ -152,6 +152,10 @@ def build_artifact(p: Protocol, entry: dict[str, Any], finished: dict[str, dict[
         "status": "incomplete", "claim_stated": False,
         "text": f"The study is incomplete: {len(finished)} of {len(keys)} runs finished; no decision yet."}
     cfg0 = run_config_dict(p, p.strata[0], p.arm(p.control))
+    from studies.families import family_tables
+
+    families = family_tables(list(p.strata), [a.name for a in p.arms], p.treatment, p.control, runs,
+                             floor["threshold_nats"] if floor.get("evidence") == "measured" else None)
     return {
         "kind": KIND,
         "study": {"name": p.name, "question": p.question, "claim": p.claim, "version": entry["version"],
@@ -173,6 +177,7 @@ def build_artifact(p: Protocol, entry: dict[str, Any], finished: dict[str, dict[
         "noise_floor": floor,
         "conclusion": concl,
         "versions": earlier,
+        "families": families,
         "provenance": {"code_revisions": [json.loads(r) for r in sorted(revs)], "mixed_code_revisions": mixed,
                        "notes": list(notes or []), "example_run_config": cfg0,
                        "evidence_classes": {"measured": "read from the run's logs or counters",

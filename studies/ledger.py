@@ -40,8 +40,14 @@ class Ledger:
 
     def append(self, rec: dict[str, Any]) -> dict[str, Any]:
         rec = {**rec, "wall_ns": time.time_ns()}
+        torn = False
+        if self.path.is_file() and self.path.stat().st_size:
+            with self.path.open("rb") as f:
+                f.seek(-1, 2)
+                torn = f.read(1) != b"\n"
         with self.path.open("a") as f:
-            f.write(json.dumps(rec, sort_keys=True) + "\n")
+            # after a torn last line, start on a fresh one so this record stays readable
+            f.write(("\n" if torn else "") + json.dumps(rec, sort_keys=True) + "\n")
             f.flush()
         return rec
 

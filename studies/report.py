@@ -216,6 +216,23 @@ def render(art: dict[str, Any]) -> str:
         ["Run", "Split", "Arm", "Mode / policy", "Interrupted", "Final NLL", "Attempted / canonical tokens",
          "Opportunity ticks", "Wall s", "Device energy", "Checkpoints", "Logs SHA-256", "Trace"], rows, "runs")
         + "</section>")
+    fam = art.get("families") or {}
+    if fam.get("ledger"):
+        rows = [[_e(f["family"]), _e(f["split"]), fmt(f["learning_delta"], "final_heldout_nll"),
+                 fmt(f["completion_ratio"]), fmt(f["wan_ratio"]), fmt(f["work_replayed"]), fmt(f["energy_ratio"]),
+                 _e(f"{f['ranking']}: {f['reason']}")] for f in fam["ledger"]]
+        out.append("<section id='families'><h2>Untouched family ledger</h2><p>No family disappears inside a median: "
+                   "one row per stress family (treatment − control).</p>" + _table(
+                       ["Family", "Split", "Learning delta (nats)", "Completion ratio (ticks)", "WAN ratio",
+                        "Work replayed (tokens)", "Energy ratio", "Ranking / abstention"], rows, "families"))
+        rows = [[_e(r["family"]), _e(", ".join(f"{k}={v}" for k, v in r["region"].items())),
+                 _e(" < ".join(r["ranking"])), _e(r["hindsight_best"] or "none"),
+                 "flips between regions" if r.get("ranking_flips_in_family") else "stable", _e(r["reason"])]
+                for r in fam["regions"]]
+        out.append("<h3>Ranking under uncertainty</h3><p>Each region is a labelled condition of infrastructure "
+                   "uncertainty, kept apart from the sampling intervals above.</p>" + _table(
+                       ["Family", "Uncertainty region", "Ranking (lowest NLL first)", "Best in hindsight",
+                        "Ranking", "Reason"], rows, "regions") + "</section>")
     rows = [[str(v["version"]), _e(v.get("artifact_path") or "none"), _e(v["conclusion"]),
              f"<td class='mono'>{_e(v['sha256'])}</td>"] for v in art["versions"]]
     out.append("<section id='versions'><h2>Earlier protocol results</h2>"

@@ -12,6 +12,7 @@ fault could never fire) unless --allow-unfired; a fault that did not fire is rep
   xdc config [--config FILE] [--set ...]                       print the resolved config
   xdc analyze RUN_DIR... [--out DIR]                           artifact.json + report/index.html from the logs
   xdc sql RUN_DIR... "SELECT ..."                              query the logs with DuckDB
+  xdc study register|check|run|report ...                      paired, registered studies (studies/cli.py)
 
 One process at a time (what each compose service runs; also for several hosts):
   xdc prepare --run-dir RUN --topology compose|native --toxiproxy HOST:PORT [--config/--set]
