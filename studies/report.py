@@ -73,6 +73,11 @@ def fmt(v: Any, metric: str = "") -> str:
     return str(v)
 
 
+def mv(metrics: dict[str, Any], name: str) -> Any:
+    """A metric's value, None where the run does not have it."""
+    return (metrics.get(name) or {}).get("value")
+
+
 def _table(head: list[str], rows: list[list[str]], cls: str = "") -> str:
     h = "".join(f"<th>{_e(x)}</th>" for x in head)
     body = "".join("<tr>" + "".join(c if c.startswith("<td") else f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
@@ -206,8 +211,9 @@ def render(art: dict[str, Any]) -> str:
         rows.append([_e(r["key"]), _e(r["split"]), _e(r["arm"]), _e(f"{rec.get('mode')}/{rec.get('policy')}"),
                      "yes" if rec.get("interrupted") else "no", fmt(rec.get("final_heldout_nll"), "final_heldout_nll"),
                      f"{fmt(rec.get('attempted_tokens'))} / {fmt(rec.get('useful_tokens'))}",
-                     f"{fmt(m['opportunity_ticks']['value'])}", fmt(m["wall_s"]["value"]),
-                     f"{fmt(m['energy_j']['value'])} {_ev(m['energy_j']['evidence'])}", fmt(rec.get("checkpoints")),
+                     fmt(mv(m, "opportunity_ticks")), fmt(mv(m, "wall_s")),
+                     f"{fmt(mv(m, 'energy_j'))} {_ev((m.get('energy_j') or {}).get('evidence', 'unavailable'))}",
+                     fmt(rec.get("checkpoints")),
                      f"<td class='mono'>{_e(r['hashes']['logs_sha256'][:16])}…</td>",
                      f"<td><div class='trace' id='trace-{k}'><button type='button' data-src='traces/{k}.js' "
                      "onclick='xdcLoadStudyTrace(this)'>Load trace</button> <span class='trace-status'>not loaded"
