@@ -67,6 +67,8 @@ def fmt(v: Any, metric: str = "") -> str:
     if isinstance(v, int):
         return f"{v:,}"
     if isinstance(v, float):
+        if v.is_integer() and abs(v) < 1e7 and metric != "final_heldout_nll":
+            return f"{int(v):,}"
         if metric in ("progress_per_flop",) or (v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e7)):
             return f"{v:.4g}"
         return f"{v:,.4f}" if metric == "final_heldout_nll" else f"{v:,.3f}"
@@ -192,12 +194,12 @@ def render(art: dict[str, Any]) -> str:
         def g(m: str, k: str) -> Any:
             return (v.get(m) or {}).get(k)
         saved_f = None if g("attempted_flops", "ratio") is None else 1 - g("attempted_flops", "ratio")
-        saved_t = None if g("opportunity_ticks", "difference") is None else -g("opportunity_ticks", "difference")
+        saved_t = None if g("opportunity_ticks", "difference") is None else 0.0 - g("opportunity_ticks", "difference")
         rows.append([_e(q["stratum"]), _e(q["split"]), fmt(g("final_heldout_nll", "control"), "final_heldout_nll"),
                      fmt(g("final_heldout_nll", "treatment"), "final_heldout_nll"),
                      fmt(g("final_heldout_nll", "difference"), "final_heldout_nll"), _e(q["nll_vs_noise_floor"]),
                      "unavailable" if saved_f is None else f"{100 * saved_f:.1f}% {_ev('modeled')}",
-                     "unavailable" if saved_t is None else f"{saved_t:g} {_ev('logical')}",
+                     "unavailable" if saved_t is None else f"{fmt(saved_t + 0.0)} {_ev('logical')}",
                      fmt(g("energy_j", "ratio"))])
     floor = art["noise_floor"]
     ftxt = (f"noise floor {floor['threshold_nats']:.4f} nats ({floor['n_seeds']} seeds)"

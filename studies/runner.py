@@ -51,6 +51,10 @@ def run_study(p: Protocol, entry: dict[str, Any], out: Path, *, timeout_s: float
     from xdc.provenance import code_revision
 
     arm_configs(p)  # refuses an arm the config loader does not accept, before any run
+    for key, s, arm_name, with_faults in run_keys(p):  # and a fault that could never fire, before any run
+        sc = _scenario(s) if with_faults else None
+        if sc is not None:
+            check_scenario_fits(load_config(run_config_dict(p, s, p.arm(arm_name))), sc)
     out.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(out / "ledger.jsonl")
     seen = ledger.protocols()

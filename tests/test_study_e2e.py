@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -41,6 +43,18 @@ def study(tmp_path_factory):
     first = xdc("run", str(proto), "--registry", str(reg), "--out", str(out), "--max-runs", "1")
     assert first.returncode == 3, first.stdout + first.stderr  # stopped: not complete
     after_first = Ledger(out / "ledger.jsonl").finished()
+    # the second invocation is interrupted (SIGINT, as Ctrl-C) while its first run is live
+    proc = subprocess.Popen([sys.executable, "-m", "xdc.cli", "study", "run", str(proto), "--registry", str(reg),
+                             "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    live = out / "runs" / "calm--restart" / "logs" / "coord.jsonl"
+    deadline = time.monotonic() + 300
+    while not (live.is_file() and '"membership_epoch"' in live.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, "the second run never got going"
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    interrupted_out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 3 and "calm/restart was interrupted" in interrupted_out, interrupted_out
     second = xdc("run", str(proto), "--registry", str(reg), "--out", str(out))
     assert second.returncode == 0, second.stdout + second.stderr
     return {"tmp": tmp, "reg": reg, "proto": proto, "out": out, "first": first, "second": second,
@@ -49,16 +63,23 @@ def study(tmp_path_factory):
 
 def test_resumed_study_never_reran_a_finished_run(study):
     assert list(study["after_first"]) == ["calm/elastic"]
-    assert "ran 3, skipped 1 already finished" in study["second"].stdout, study["second"].stdout
+    out = study["second"].stdout
+    assert "ran 3, skipped 1 already finished" in out and "calm/restart was interrupted before it finished" in out, out
     recs = Ledger(study["out"] / "ledger.jsonl").read()
     started = Counter(r["key"] for r in recs if r["type"] == "run_started")
     finished = Counter(r["key"] for r in recs if r["type"] == "run_finished")
     assert set(finished) == {"calm/elastic", "calm/restart", "outage/elastic", "outage/restart"}
-    assert all(v == 1 for v in started.values()) and all(v == 1 for v in finished.values()), (started, finished)
+    assert all(v == 1 for v in finished.values()), finished
+    # only the interrupted run ran twice; its second try has its own directory, the first is kept
+    assert started == Counter({"calm/elastic": 1, "calm/restart": 2, "outage/elastic": 1, "outage/restart": 1})
+    assert [r["type"] for r in recs if r.get("key") == "calm/restart"] == ["run_started", "run_stopped",
+                                                                          "run_started", "run_finished"]
+    assert Ledger(study["out"] / "ledger.jsonl").finished()["calm/restart"]["run_dir"].endswith("calm--restart-try2")
+    assert (study["out"] / "runs" / "calm--restart" / "logs").is_dir()
     first = study["after_first"]["calm/elastic"]
     again = Ledger(study["out"] / "ledger.jsonl").finished()["calm/elastic"]
     assert again["run_dir"] == first["run_dir"] and again["hashes"] == first["hashes"]
-    assert sum(1 for r in recs if r["type"] == "study_started") == 2
+    assert sum(1 for r in recs if r["type"] == "study_started") == 3
 
 
 def test_artifact_is_valid_and_decides_every_gate(study):
@@ -122,5 +143,8 @@ def test_report_page_in_the_browser(study):
         page.wait_for_function("(el) => /events loaded/.test(el.textContent)", arg=status.element_handle(),
                                timeout=20000)
         assert page.locator("table.runs .trace tbody tr").count() > 0
+        shots = Path(os.environ.get("XDC_TEST_ARTIFACTS", ROOT / "test-artifacts"))
+        shots.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(shots / "study-report.png"), full_page=True)
         browser.close()
     assert problems == [], problems

@@ -84,3 +84,13 @@ def test_shipped_protocols_parse_and_are_registered(path):
 
     p = load_protocol(path)
     assert check(p, REGISTRY)["sha256"] == protocol_hash(p), f"{path} changed since registration"
+
+
+def test_a_fault_past_the_target_is_refused_before_any_run(tmp_path):
+    from studies.runner import run_study
+    from xdc.compare import ScenarioBeyondRun
+
+    p = parse_protocol(TINY.read_text().replace("at_useful_tokens: 12288", "at_useful_tokens: 99999"), "p.yaml")
+    with pytest.raises(ScenarioBeyondRun, match="99,999"):
+        run_study(p, {"version": 1, "sha256": protocol_hash(p)}, tmp_path / "s", say=lambda _m: None)
+    assert not (tmp_path / "s" / "ledger.jsonl").exists()
