@@ -90,3 +90,12 @@ compose-setup: setup
 # ./runs/$(SMOKE_RUN).
 compose-smoke: setup compose-setup
 	SMOKE_RUN=$(SMOKE_RUN) SMOKE_SCENARIO=$(SMOKE_SCENARIO) SMOKE_NATIVE=$(SMOKE_NATIVE) BIN=$(BIN) ./compose/smoke.sh
+
+# ---- studies (issue 13; README "Studies") -------------------------------------------------------
+# The three registered studies at full size, one after the other; each resumes from its ledger in
+# runs/studies/<name>-v<version>/ (hours on 2 cores). Their adaptive arms are refused by the config
+# loader until the adaptive controller (issue 12) accepts train.mode: adaptive.
+STUDIES ?= learning-efficiency equal-work controller-heldout
+.PHONY: studies
+studies: setup
+	@for s in $(STUDIES); do $(BIN)/xdc study run studies/protocols/$$s.yaml || exit $$?; done

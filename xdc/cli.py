@@ -12,6 +12,7 @@ fault could never fire) unless --allow-unfired; a fault that did not fire is rep
   xdc config [--config FILE] [--set ...]                       print the resolved config
   xdc analyze RUN_DIR... [--out DIR]                           artifact.json + report/index.html from the logs
   xdc sql RUN_DIR... "SELECT ..."                              query the logs with DuckDB
+  xdc study register|check|run|report ...                      paired, registered studies (studies/cli.py)
 
 One process at a time (what each compose service runs; also for several hosts):
   xdc prepare --run-dir RUN --topology compose|native --toxiproxy HOST:PORT [--config/--set]
@@ -409,6 +410,10 @@ def _main(argv: list[str] | None = None) -> int:
         from xdc.noise_floor import main as noise_floor_main
 
         return noise_floor_main(argv[1:], base=DEMO)
+    if argv and argv[0] == "study":  # studies/cli.py: register | check | run | report (its own parser)
+        from studies.cli import main as study_main
+
+        return study_main(argv[1:])
     ap = argparse.ArgumentParser(prog="xdc", description="A cross-datacenter training emulator.")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
@@ -446,6 +451,7 @@ def _main(argv: list[str] | None = None) -> int:
     p_cmp.add_argument("--quiet", action="store_true")
     p_cmp.add_argument("--no-analyze", action="store_true", help="skip `xdc analyze` of the comparison")
     p_cmp.add_argument("--allow-unfired", action="store_true", help=ALLOW_UNFIRED_HELP)
+    sub.add_parser("study", help="paired, registered studies (handled before this parser: see xdc study --help)")
     sub.add_parser("noise-floor", help="seed-to-seed spread of the final NLL, from real runs (handled before "
                                        "this parser: see xdc noise-floor --help)")
     p_cfg = sub.add_parser("config", help="print the resolved config")

@@ -1,0 +1,193 @@
+"""The study artifact: everything the study page shows, as one JSON document validated against
+studies/study.schema.json. Built from the protocol, its registry entry and the ledger only.
+
+Sections: study (name, question, claim, registered hash and revision), protocol (canonical form),
+runs (every run record with its directory, hashes and metrics), pairs (per stratum: treatment,
+control, difference per metric, the NLL difference beside the noise floor), medians per arm,
+intervals (paired bootstrap, description only), trajectory (median held-out NLL over opportunity
+ticks per arm), gates (the frozen decision), invalidators, controls, learning (baselines verdict),
+conclusion, versions (earlier registered versions with hashes and conclusions), provenance.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from studies.protocol import Protocol, run_config_dict
+from studies.runner import check_controls, run_keys
+from studies.stats import bootstrap_interval, conclusion, decide_gate
+
+KIND = "xdc-study/1"
+SCHEMA = Path(__file__).resolve().parent / "study.schema.json"
+LEARNING_METRICS = ("final_heldout_nll", "progress_per_flop")
+
+
+def _val(metrics: dict[str, Any], name: str) -> float | None:
+    v = (metrics.get(name) or {}).get("value")
+    return None if v is None else float(v)
+
+
+def _median(xs: list[float | None]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def _invalidators(p: Protocol, runs: list[dict[str, Any]], mixed: bool) -> list[dict[str, Any]]:
+    main = [r for r in runs if not r["control"]]
+    checks: dict[str, list[str]] = {
+        "unclean_exit": [r["key"] for r in runs if not r["record"].get("clean_exit")],
+        "target_not_reached": [r["key"] for r in runs
+                               if (r["record"].get("useful_tokens") or 0) < p.target_useful_tokens],
+        "work_unbalanced": [r["key"] for r in runs if not r["record"].get("work_balanced")],
+        "faults_never_fired": [r["key"] for r in main if r["record"].get("faults_never_fired")],
+        "mixed_code_revisions": ["runs were made at more than one code revision"] if mixed else [],
+        "eval_set_mismatch": (["runs name different evaluation sets"]
+                              if len({r["record"].get("eval_set") for r in runs}) > 1 else []),
+    }
+    by_stratum: dict[str, set[int]] = {}
+    for r in main:
+        by_stratum.setdefault(r["stratum"], set()).add(int(r["record"].get("useful_tokens") or 0))
+    checks["unequal_work"] = [f"{s}: useful tokens {sorted(v)}" for s, v in by_stratum.items() if len(v) > 1]
+    return [{"name": n, "fired": bool(checks[n]), "evidence": checks[n][:10]} for n in p.invalidators]
+
+
+def _noise_floor(p: Protocol, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    from analysis.learning_refs import NOISE_FLOOR_RECORD
+    from xdc.noise_floor import match
+
+    ctl = [r for r in runs if r["arm"] == p.control and not r["control"]]
+    if not ctl:
+        return {"evidence": "unavailable", "reason": "no control-arm run"}
+    cfg = json.loads((Path(ctl[0]["run_dir"]) / "config.json").read_text()) if Path(ctl[0]["run_dir"]).is_dir() \
+        else None
+    record = json.loads(NOISE_FLOOR_RECORD.read_text()) if NOISE_FLOOR_RECORD.is_file() else None
+    return match(record, ctl[0]["record"].get("dataset_id"), cfg, ctl[0]["record"].get("eval_set"))
+
+
+def _learning(runs: list[dict[str, Any]]) -> dict[str, str]:
+    from analysis.learning import verdict
+
+    return verdict([{"policy": r["key"], "final_nll": r["record"].get("final_heldout_nll"),
+                     "baselines": r["record"].get("baselines") or {}} for r in runs])
+
+
+def _trajectory(p: Protocol, runs: list[dict[str, Any]]) -> dict[str, list[dict[str, float]]]:
+    """Per arm, the median over strata of (ticks, held-out NLL) at each evaluation index."""
+    out: dict[str, list[dict[str, float]]] = {}
+    for a in p.arms:
+        curves = [(r["record"].get("curve_ticks") or [], [c["heldout_nll"] for c in r["record"].get(
+            "heldout_nll_curve") or []]) for r in runs if r["arm"] == a.name and not r["control"]]
+        n = min((len(n) for _, n in curves), default=0)
+        out[a.name] = [{"tick": float(statistics.median(t[k] for t, _ in curves)),
+                        "heldout_nll": float(statistics.median(v[k] for _, v in curves))} for k in range(n)]
+    return out
+
+
+def build_artifact(p: Protocol, entry: dict[str, Any], finished: dict[str, dict[str, Any]],
+                   earlier: list[dict[str, Any]], study_dir: Path, notes: list[str] | None = None) -> dict[str, Any]:
+    keys = run_keys(p)
+    split_of = {s.name: s for s in p.strata}
+    runs = []
+    for key, s, arm, with_faults in keys:
+        f = finished.get(key)
+        if f is None:
+            continue
+        rec = {k: v for k, v in f["record"].items()}
+        runs.append({"key": key, "stratum": s.name, "arm": arm, "control": not with_faults, "split": s.split,
+                     "family": s.family, "run_dir": f["run_dir"], "hashes": f["hashes"], "metrics": f["metrics"],
+                     "record": rec, "code_revision": f.get("code_revision")})
+    revs = {json.dumps(r["code_revision"], sort_keys=True) for r in runs}
+    mixed = len(revs) > 1
+    complete = all(k in finished for k, *_ in keys)
+    by = {(r["stratum"], r["arm"]): r for r in runs if not r["control"]}
+    floor = _noise_floor(p, runs)
+    pairs = []
+    for s in p.strata:
+        t, c = by.get((s.name, p.treatment)), by.get((s.name, p.control))
+        if t is None or c is None:
+            continue
+        vals = {}
+        for m in p.metrics:
+            tv, cv = _val(t["metrics"], m), _val(c["metrics"], m)
+            vals[m] = {"treatment": tv, "control": cv,
+                       "difference": None if tv is None or cv is None else tv - cv,
+                       "ratio": None if tv is None or not cv else tv / cv,
+                       "evidence": (t["metrics"].get(m) or {}).get("evidence", "unavailable")}
+        d_nll = vals.get("final_heldout_nll", {}).get("difference")
+        if floor.get("evidence") == "measured" and d_nll is not None:
+            fv = "within the noise floor" if abs(d_nll) <= floor["threshold_nats"] else "beyond the noise floor"
+        else:
+            fv = "noise floor not measured for this config"
+        pairs.append({"stratum": s.name, "split": s.split, "family": s.family, "region": dict(s.region),
+                      "seed": s.seed, "data_order": s.data_order, "faults": s.faults_source,
+                      "treatment_key": t["key"], "control_key": c["key"], "values": vals, "nll_vs_noise_floor": fv})
+    evalpairs = [q for q in pairs if q["split"] == p.evaluation_split]
+    learning = _learning([r for r in runs if not r["control"] and split_of[r["stratum"]].split == p.evaluation_split])
+    gates = []
+    for g in p.gates:
+        gd = {"name": g.name, "metric": g.metric, "kind": g.kind, "direction": g.direction, "margin": g.margin,
+              "alpha": g.alpha, "test": g.test, "note": g.note, "relative": g.relative}
+        if g.relative:  # treatment / control - 1: the margin is a fraction of the control's value
+            diffs = [None if q["values"][g.metric]["ratio"] is None else q["values"][g.metric]["ratio"] - 1
+                     for q in evalpairs]
+        else:
+            diffs = [q["values"][g.metric]["difference"] for q in evalpairs]
+        is_learning = g.metric in LEARNING_METRICS
+        gates.append(decide_gate(gd, diffs, learning_status=learning["status"] if is_learning else None,
+                                 learning_text=learning["text"] if is_learning else ""))
+    intervals = {m: {**bootstrap_interval([q["values"][m]["difference"] for q in evalpairs
+                                           if q["values"][m]["difference"] is not None]),
+                     "what": f"{p.treatment} - {p.control}, mean over {p.evaluation_split} pairs (description only)"}
+                 for m in p.metrics}
+    medians = {a.name: {m: _median([_val(r["metrics"], m) for r in runs if r["arm"] == a.name and not r["control"]
+                                    and r["split"] == p.evaluation_split]) for m in p.metrics} for a in p.arms}
+    inval = _invalidators(p, runs, mixed)
+    controls = check_controls(p, finished)
+    fired = [f"{i['name']}: {', '.join(map(str, i['evidence'][:2]))}" for i in inval if i["fired"]]
+    fired += [f"no-failure control {c['stratum']} {c['reason']}" for c in controls if c["status"] == "fail"]
+    concl = conclusion(gates, p.claim, fired) if complete else {
+        "status": "incomplete", "claim_stated": False,
+        "text": f"The study is incomplete: {len(finished)} of {len(keys)} runs finished; no decision yet."}
+    cfg0 = run_config_dict(p, p.strata[0], p.arm(p.control))
+    from studies.families import family_tables
+
+    families = family_tables(list(p.strata), [a.name for a in p.arms], p.treatment, p.control, runs,
+                             floor["threshold_nats"] if floor.get("evidence") == "measured" else None)
+    return {
+        "kind": KIND,
+        "study": {"name": p.name, "question": p.question, "claim": p.claim, "version": entry["version"],
+                  "declared_version": p.version, "sha256": entry["sha256"], "registered_utc": entry.get("registered_utc"),
+                  "registered_code_revision": entry.get("code_revision"), "protocol_file": entry.get("file"),
+                  "treatment": p.treatment, "control": p.control, "evaluation_split": p.evaluation_split,
+                  "target_useful_tokens": p.target_useful_tokens, "directory": str(Path(study_dir).resolve()),
+                  "complete": complete, "n_runs_planned": len(keys), "n_runs_finished": len(runs)},
+        "protocol": p.to_dict(),
+        "runs": runs,
+        "pairs": pairs,
+        "medians": medians,
+        "intervals": intervals,
+        "trajectory": _trajectory(p, runs),
+        "gates": gates,
+        "invalidators": inval,
+        "controls": controls,
+        "learning": learning,
+        "noise_floor": floor,
+        "conclusion": concl,
+        "versions": earlier,
+        "families": families,
+        "provenance": {"code_revisions": [json.loads(r) for r in sorted(revs)], "mixed_code_revisions": mixed,
+                       "notes": list(notes or []), "example_run_config": cfg0,
+                       "evidence_classes": {"measured": "read from the run's logs or counters",
+                                            "modeled": "a stated formula over measured counts",
+                                            "logical": "a count of logged events (opportunity ticks)",
+                                            "unavailable": "not measured, with the reason"}},
+    }
+
+
+def validate(art: dict[str, Any]) -> None:
+    import jsonschema
+
+    jsonschema.validate(art, json.loads(SCHEMA.read_text()))

@@ -1,0 +1,183 @@
+"""`xdc study ...`: register, check, run and report studies.
+
+  xdc study register FILE [--registry R]     freeze the protocol: canonical SHA-256 + code revision
+  xdc study check FILE [--registry R]        validate it, resolve every arm's run config, show registration
+  xdc study run FILE [--out DIR] [--registry R] [--max-runs N] [--timeout-s S]
+                                             run what the study's ledger has not finished, then report
+  xdc study report DIR [--registry R]        artifact.json + report/index.html from the study's ledger
+
+`run` refuses a protocol whose canonical hash is not its latest registration, and an arm whose run
+config the config loader refuses (e.g. `train.mode: adaptive` before the adaptive controller lands).
+The study directory (default runs/studies/<name>-v<version>) holds ledger.jsonl, study.json (which
+protocol, which hash), protocol.yaml (a copy of the file as run), runs/, artifact.json, report/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from studies.protocol import Protocol, ProtocolError, arm_configs, load_protocol, parse_protocol
+from studies.registry import REGISTRY, RegistrationError, check, protocol_hash, read_registry, register, versions
+from studies.registry import write_registry
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def default_dir(p: Protocol, version: int) -> Path:
+    return ROOT / "runs" / "studies" / f"{p.name}-v{version}"
+
+
+def earlier_versions(name: str, version: int, registry: Path) -> list[dict[str, Any]]:
+    out = []
+    for e in versions(name, registry):
+        if e["version"] >= version:
+            continue
+        res = (e.get("results") or [None])[-1]
+        out.append({"version": e["version"], "sha256": e["sha256"], "registered_utc": e.get("registered_utc"),
+                    "artifact_path": res["artifact_path"] if res else None,
+                    "artifact_sha256": res["artifact_sha256"] if res else None,
+                    "conclusion": res["conclusion"] if res else "not run to completion under this version"})
+    return out
+
+
+def record_result(name: str, sha: str, artifact_path: Path, art: dict[str, Any], registry: Path) -> None:
+    """Keep the conclusion of a complete study with its registry entry (for later versions' pages)."""
+    data = read_registry(registry)
+    for e in data["studies"].get(name, []):
+        if e["sha256"] == sha:
+            res = [r for r in e.get("results", []) if r["artifact_path"] != str(artifact_path)]
+            res.append({"artifact_path": str(artifact_path), "conclusion": art["conclusion"]["text"],
+                        "status": art["conclusion"]["status"],
+                        "artifact_sha256": hashlib.sha256(artifact_path.read_bytes()).hexdigest()})
+            e["results"] = res
+    write_registry(data, registry)
+
+
+def make_report(study_dir: Path, registry: Path, notes: list[str] | None = None) -> dict[str, Any]:
+    from studies.artifact import build_artifact, validate
+    from studies.ledger import Ledger
+    from studies.report import write_report
+
+    meta = json.loads((study_dir / "study.json").read_text())
+    p = parse_protocol((study_dir / "protocol.yaml").read_text(), meta["protocol_file"], Path(meta["protocol_dir"]))
+    if protocol_hash(p) != meta["sha256"]:
+        raise RegistrationError(f"{study_dir}/protocol.yaml no longer hashes to the study's {meta['sha256'][:16]}… "
+                                "(a scenario file it names changed since the run)")
+    entry = next((e for e in versions(p.name, registry) if e["sha256"] == meta["sha256"]), None)
+    if entry is None:
+        raise RegistrationError(f"study {p.name!r} sha256 {meta['sha256'][:16]}… is not in {registry}")
+    ledger = Ledger(study_dir / "ledger.jsonl")
+    art = build_artifact(p, entry, ledger.finished(), earlier_versions(p.name, entry["version"], registry), study_dir,
+                         notes)
+    validate(art)
+    path = study_dir / "artifact.json"
+    path.write_text(json.dumps(art, indent=1, sort_keys=True))
+    report = write_report(art, study_dir / "report")
+    if art["study"]["complete"]:
+        record_result(p.name, meta["sha256"], path, art, registry)
+    return {"artifact": art, "artifact_path": path, "report_path": report}
+
+
+def cmd_register(a: argparse.Namespace) -> int:
+    from ground.provenance import code_revision
+
+    p = load_protocol(a.file)
+    try:
+        arm_configs(p)
+    except ProtocolError as e:
+        print(f"warning: {e}\n  (registered anyway: the design is frozen; `xdc study run` refuses it until the "
+              "config loader accepts it)", file=sys.stderr)
+    rev = code_revision()
+    entry = register(p, a.file, rev, Path(a.registry))
+    if entry.get("already"):
+        print(f"{p.name}: already registered as version {entry['version']} (sha256 {entry['sha256']})")
+    else:
+        print(f"registered {p.name} version {entry['version']}: sha256 {entry['sha256']} at code revision "
+              f"{str(rev.get('commit'))[:12]}{' (dirty)' if rev.get('dirty') else ''} in {a.registry}")
+    return 0
+
+
+def cmd_check(a: argparse.Namespace) -> int:
+    p = load_protocol(a.file)
+    print(f"{p.name}: {len(p.arms)} arms, {len(p.strata)} strata, {len(p.gates)} gates; sha256 {protocol_hash(p)}")
+    arm_configs(p)
+    entry = check(p, Path(a.registry))
+    print(f"registered version {entry['version']} ({entry.get('registered_utc')}): matches")
+    return 0
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    from studies.runner import run_study
+
+    p = load_protocol(a.file)
+    registry = Path(a.registry)
+    entry = check(p, registry)
+    out = Path(a.out) if a.out else default_dir(p, entry["version"])
+    out.mkdir(parents=True, exist_ok=True)
+    meta_path = out / "study.json"
+    if meta_path.is_file():
+        meta = json.loads(meta_path.read_text())
+        if meta["sha256"] != entry["sha256"]:
+            print(f"study error: {out} holds version {meta.get('version')} (sha256 {meta['sha256'][:16]}…) of "
+                  f"{p.name}; use another --out for version {entry['version']}", file=sys.stderr)
+            return 2
+    else:
+        meta_path.write_text(json.dumps({"name": p.name, "version": entry["version"], "sha256": entry["sha256"],
+                                         "protocol_file": str(a.file),
+                                         "protocol_dir": str(Path(a.file).resolve().parent),
+                                         "registry": str(registry.resolve())}, indent=1))
+        (out / "protocol.yaml").write_text(Path(a.file).read_text())
+    res = run_study(p, entry, out, timeout_s=a.timeout_s, max_runs=a.max_runs)
+    print(f"study {p.name}: ran {len(res['ran'])}, skipped {len(res['skipped'])} already finished"
+          + (f"; {res['stopped']}" if res["stopped"] else ""))
+    rep = make_report(out, registry, res["notes"])
+    art = rep["artifact"]
+    print(f"conclusion: {art['conclusion']['text']}")
+    for g in art["gates"]:
+        print(f"  gate {g['name']:<22} {g['status']:<7}{' VACUOUS' if g['vacuous'] else ''}  {g['reason']}")
+    print(f"artifact: {rep['artifact_path']}\nreport:   {rep['report_path']}")
+    return 0 if res["done"] else 3
+
+
+def cmd_report(a: argparse.Namespace) -> int:
+    rep = make_report(Path(a.dir), Path(a.registry))
+    print(f"conclusion: {rep['artifact']['conclusion']['text']}\nartifact: {rep['artifact_path']}\n"
+          f"report:   {rep['report_path']}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from chaos.scenario import ScenarioError
+    from xdc.compare import ScenarioBeyondRun
+
+    ap = argparse.ArgumentParser(prog="xdc study", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("register", "check", "run"):
+        sp = sub.add_parser(name)
+        sp.add_argument("file", help="a protocol file (studies/protocols/*.yaml)")
+        sp.add_argument("--registry", default=str(REGISTRY), help="the registry file (default studies/registry.json)")
+        if name == "run":
+            sp.add_argument("--out", help="the study directory (default runs/studies/<name>-v<version>)")
+            sp.add_argument("--max-runs", type=int, help="stop after this many runs (resume later)")
+            sp.add_argument("--timeout-s", type=float, default=3600.0, help="limit per run")
+    sp = sub.add_parser("report")
+    sp.add_argument("dir", help="a study directory")
+    sp.add_argument("--registry", default=str(REGISTRY))
+    a = ap.parse_args(argv)
+    try:
+        return {"register": cmd_register, "check": cmd_check, "run": cmd_run, "report": cmd_report}[a.cmd](a)
+    except ProtocolError as e:
+        print(f"protocol error: {e}", file=sys.stderr)
+        return 2
+    except RegistrationError as e:
+        print(f"registration error: {e}", file=sys.stderr)
+        return 2
+    except (ScenarioError, ScenarioBeyondRun) as e:
+        print(f"scenario error: {e}", file=sys.stderr)
+        return 2

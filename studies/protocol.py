@@ -1,0 +1,462 @@
+"""A study protocol: the question, the arms, the strata, the equal-work target, the metrics, the
+invalidators, the frozen gates and the no-failure controls, read from a YAML file.
+
+File form (see studies/protocols/*.yaml for complete ones):
+
+    name: equal-work
+    version: 1
+    question: Does local mode keep learning at equal useful work?
+    claim: Local mode is noninferior in held-out NLL and attempts fewer FLOPs.
+    target_useful_tokens: 524288          # every run ends with exactly this many useful tokens
+    base_config: {train: {...}, wan: {...}}   # run-config overrides common to every run
+    arms:                                 # each a recovery policy, a consistency mode, more config
+      - {name: sync, policy: elastic, mode: sync}
+      - {name: local-h8, policy: elastic, mode: local, inner_steps_h: 8}
+    contrast: {treatment: local-h8, control: sync}   # paired difference = treatment - control
+    strata:                               # identical for every arm inside a stratum
+      - {name: s0, seed: 0, data_order: 1234, faults: scenarios/one-outage.yaml,
+         link: {latency_ms: 20, jitter_ms: 2, bandwidth_kbps: 5000}, split: heldout}
+    metrics: [final_heldout_nll, progress_per_flop, attempted_flops, opportunity_ticks, ...]
+    evaluation: {split: heldout}          # which strata the gates are decided on
+    invalidators: [unclean_exit, target_not_reached, unequal_work, ...]
+    gates:
+      - {name: learning, metric: final_heldout_nll, kind: noninferiority, direction: lower,
+         margin: 0.05, alpha: 0.05, test: sign_flip_exact}
+    controls: {arms: [sync-elastic, sync-stall], strata: [s0], expect: identical}
+
+`faults` is a scenario file (path relative to the protocol file, then to the repository root),
+an inline scenario mapping (chaos/scenario.py's form), or absent/null (no faults).
+
+Every error is a `ProtocolError` naming the file, the line and the dotted field, like scenario
+errors: `studies/x.yaml:14: gates[0].alpha: must be < 1, got 1.5`. The run configs an arm
+produces are checked by the config loader itself (`arm_configs`), never by a list kept here, so
+an arm the loader does not accept yet (e.g. `mode: adaptive`) is refused with the loader's words.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+ROOT = Path(__file__).resolve().parent.parent
+
+METRICS = ("final_heldout_nll", "progress_per_flop", "attempted_flops", "opportunity_ticks", "wall_s",
+           "inter_site_bytes", "replayed_tokens", "energy_j")
+INVALIDATORS = ("unclean_exit", "target_not_reached", "unequal_work", "work_unbalanced", "faults_never_fired",
+                "mixed_code_revisions", "eval_set_mismatch")
+POLICIES = ("stall", "restart", "elastic", "oracle")
+SPLITS = ("heldout", "calibration")
+GATE_KINDS = ("noninferiority", "superiority")
+TESTS = ("sign_flip_exact",)
+TOP_KEYS = ("name", "version", "question", "claim", "target_useful_tokens", "base_config", "arms", "contrast",
+            "strata", "metrics", "evaluation", "invalidators", "gates", "controls", "notes")
+ARM_KEYS = ("name", "policy", "mode", "inner_steps_h", "config", "note")
+STRATUM_KEYS = ("name", "seed", "data_order", "faults", "link", "split", "family", "region")
+GATE_KEYS = ("name", "metric", "kind", "direction", "margin", "alpha", "test", "relative", "note")
+LINK_KEYS = ("latency_ms", "jitter_ms", "bandwidth_kbps")
+
+Path_ = tuple[Any, ...]
+
+
+class ProtocolError(ValueError):
+    """A protocol is invalid: str() is `file:line: field: reason` (line omitted when unknown)."""
+
+    def __init__(self, file: str, line: int | None, field_path: str, reason: str) -> None:
+        self.file, self.line, self.field, self.reason = file, line, field_path, reason
+        where = f"{file}:{line}" if line is not None else file
+        super().__init__(f"{where}: {field_path}: {reason}" if field_path else f"{where}: {reason}")
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    policy: str = "elastic"
+    mode: str | None = None  # train.mode; None = the base config's
+    inner_steps_h: int | None = None
+    config: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Stratum:
+    """What every arm shares inside one pair: model-init seed, data order, fault schedule, link."""
+
+    name: str
+    seed: int = 0  # train.seed
+    data_order: int = 1234  # data.shuffle_seed
+    faults: Mapping[str, Any] | None = field(default=None, hash=False)  # a scenario dict (resolved)
+    faults_source: str = ""  # the file it came from, or "inline" / "none"
+    link: Mapping[str, int] | None = field(default=None, hash=False)  # both directions of every site link
+    split: str = "heldout"
+    family: str = ""
+    region: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+
+@dataclass(frozen=True)
+class Gate:
+    name: str
+    metric: str
+    kind: str  # noninferiority | superiority
+    direction: str  # which is better for the treatment: "lower" | "higher"
+    margin: float
+    alpha: float
+    test: str = "sign_flip_exact"
+    note: str = ""
+    relative: bool = False  # the paired difference is treatment / control - 1 (margin as a fraction)
+
+
+@dataclass(frozen=True)
+class Protocol:
+    name: str
+    version: int
+    question: str
+    claim: str
+    target_useful_tokens: int
+    base_config: Mapping[str, Any]
+    arms: tuple[Arm, ...]
+    treatment: str
+    control: str
+    strata: tuple[Stratum, ...]
+    metrics: tuple[str, ...]
+    evaluation_split: str
+    invalidators: tuple[str, ...]
+    gates: tuple[Gate, ...]
+    controls: Mapping[str, Any] | None
+    source: str
+    lines: Mapping[Path_, int] = field(default_factory=dict, hash=False, compare=False, repr=False)
+    notes: str = ""
+
+    def arm(self, name: str) -> Arm:
+        return next(a for a in self.arms if a.name == name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The canonical, normalised form (defaults filled, scenario files resolved): what is hashed."""
+        return {
+            "name": self.name, "version": self.version, "question": self.question, "claim": self.claim,
+            "target_useful_tokens": self.target_useful_tokens, "base_config": _plain(self.base_config),
+            "arms": [{"name": a.name, "policy": a.policy, "mode": a.mode, "inner_steps_h": a.inner_steps_h,
+                      "config": _plain(a.config), "note": a.note} for a in self.arms],
+            "contrast": {"treatment": self.treatment, "control": self.control},
+            "strata": [{"name": s.name, "seed": s.seed, "data_order": s.data_order, "faults": _plain(s.faults),
+                        "faults_source": s.faults_source, "link": _plain(s.link), "split": s.split,
+                        "family": s.family, "region": _plain(s.region)} for s in self.strata],
+            "metrics": list(self.metrics), "evaluation": {"split": self.evaluation_split},
+            "invalidators": list(self.invalidators),
+            "gates": [{"name": g.name, "metric": g.metric, "kind": g.kind, "direction": g.direction,
+                       "margin": g.margin, "alpha": g.alpha, "test": g.test, "note": g.note, "relative": g.relative}
+                      for g in self.gates],
+            "controls": _plain(self.controls), "notes": self.notes,
+        }
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, float) and v.is_integer():
+        return int(v) if abs(v) < 2**53 else v
+    return v
+
+
+def _dotted(path: Path_) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
+
+
+def _tname(v: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
+            float: "a number", type(None): "nothing"}.get(type(v), type(v).__name__)
+
+
+class _V:
+    """The validator: every check raises ProtocolError at the line of the path it checks."""
+
+    def __init__(self, source: str, lines: Mapping[Path_, int], base_dir: Path) -> None:
+        self.source, self.lines, self.base_dir = source, lines, base_dir
+
+    def line(self, path: Path_) -> int | None:
+        p = tuple(path)
+        while True:
+            if p in self.lines:
+                return self.lines[p]
+            if not p:
+                return None
+            p = p[:-1]
+
+    def err(self, path: Path_, reason: str) -> ProtocolError:
+        return ProtocolError(self.source, self.line(path), _dotted(path), reason)
+
+    def mapping(self, v: Any, path: Path_, what: str) -> Mapping[str, Any]:
+        if not isinstance(v, Mapping):
+            raise self.err(path, f"expected {what} (a mapping), got {_tname(v)}")
+        return v
+
+    def seq(self, v: Any, path: Path_, what: str, min_len: int = 0) -> list[Any]:
+        if not isinstance(v, (list, tuple)):
+            raise self.err(path, f"expected {what} (a list), got {_tname(v)}")
+        if len(v) < min_len:
+            raise self.err(path, f"needs at least {min_len} item{'s' if min_len > 1 else ''}, got {len(v)}")
+        return list(v)
+
+    def unknown(self, d: Mapping[str, Any], known: Iterable[str], path: Path_) -> None:
+        known = list(known)
+        for k in d:
+            if k not in known:
+                hint = difflib.get_close_matches(str(k), known, n=1)
+                extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+                raise self.err((*path, k), f"unknown field{extra}; known: {known}")
+
+    def required(self, d: Mapping[str, Any], key: str, path: Path_) -> Any:
+        if key not in d:
+            raise self.err((*path, key) if path else (key,), "missing (required)")
+        return d[key]
+
+    def text(self, v: Any, path: Path_, *, empty: bool = False) -> str:
+        if not isinstance(v, str) or (not empty and not v.strip()):
+            raise self.err(path, f"expected a non-empty string, got {_tname(v)} {v!r}")
+        return v
+
+    def integer(self, v: Any, path: Path_, minimum: int | None = 0) -> int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self.err(path, f"expected an integer, got {_tname(v)} {v!r}")
+        if minimum is not None and v < minimum:
+            raise self.err(path, f"must be >= {minimum}, got {v!r}")
+        return v
+
+    def number(self, v: Any, path: Path_) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise self.err(path, f"expected a finite number, got {_tname(v)} {v!r}")
+        return float(v)
+
+    def choice(self, v: Any, path: Path_, choices: Iterable[str]) -> str:
+        choices = list(choices)
+        if v not in choices:
+            hint = difflib.get_close_matches(str(v), choices, n=1)
+            extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+            raise self.err(path, f"{v!r} is not one of {choices}{extra}")
+        return v
+
+    # ---- pieces ----------------------------------------------------------------------------
+
+    def arm(self, raw: Any, path: Path_) -> Arm:
+        d = self.mapping(raw, path, "an arm")
+        self.unknown(d, ARM_KEYS, path)
+        name = self.text(self.required(d, "name", path), (*path, "name"))
+        policy = self.choice(d.get("policy", "elastic"), (*path, "policy"), POLICIES)
+        mode = d.get("mode")
+        if mode is not None:  # its value is the config loader's to judge (arm_configs)
+            mode = self.text(mode, (*path, "mode"))
+        h = d.get("inner_steps_h")
+        if h is not None:
+            h = self.integer(h, (*path, "inner_steps_h"), minimum=1)
+        cfg = self.mapping(d.get("config", {}) or {}, (*path, "config"), "run-config overrides")
+        return Arm(name, policy, mode, h, dict(cfg), self.text(d.get("note", ""), (*path, "note"), empty=True))
+
+    def faults(self, raw: Any, path: Path_) -> tuple[dict[str, Any] | None, str]:
+        from chaos.scenario import Scenario, ScenarioError, load_scenario
+
+        if raw is None or raw == "none":
+            return None, "none"
+        if isinstance(raw, str):
+            cands = [self.base_dir / raw, ROOT / raw]
+            p = next((c for c in cands if c.is_file()), None)
+            if p is None:
+                raise self.err(path, f"scenario file {raw!r} not found (looked in {self.base_dir} and {ROOT})")
+            try:
+                sc = load_scenario(p)
+            except ScenarioError as e:
+                raise self.err(path, f"scenario file {raw!r} is invalid: {e}") from None
+            return sc.to_dict(), raw
+        if isinstance(raw, Mapping):
+            try:
+                sc = Scenario.from_dict(raw, source=self.source)
+            except ScenarioError as e:  # the inline scenario's own field, under this path
+                inner = e.field
+                where = path
+                line = self.line(path)
+                # locate the inner field's line through our line table
+                parts: list[Any] = []
+                for tok in inner.replace("]", "").replace("[", ".").split("."):
+                    if tok:
+                        parts.append(int(tok) if tok.isdigit() else tok)
+                line = self.line((*path, *parts))
+                raise ProtocolError(self.source, line, f"{_dotted(where)}.{inner}" if inner else _dotted(where),
+                                    e.reason) from None
+            return sc.to_dict(), "inline"
+        raise self.err(path, f"expected a scenario file name, an inline scenario mapping or null, got {_tname(raw)}")
+
+    def stratum(self, raw: Any, path: Path_) -> Stratum:
+        d = self.mapping(raw, path, "a stratum")
+        self.unknown(d, STRATUM_KEYS, path)
+        name = self.text(self.required(d, "name", path), (*path, "name"))
+        seed = self.integer(d.get("seed", 0), (*path, "seed"))
+        order = self.integer(d.get("data_order", 1234), (*path, "data_order"))
+        faults, src = self.faults(d.get("faults"), (*path, "faults"))
+        link = d.get("link")
+        if link is not None:
+            link = self.mapping(link, (*path, "link"), "a link profile")
+            self.unknown(link, LINK_KEYS, (*path, "link"))
+            link = {k: self.integer(v, (*path, "link", k)) for k, v in link.items()}
+        split = self.choice(d.get("split", "heldout"), (*path, "split"), SPLITS)
+        family = self.text(d.get("family", ""), (*path, "family"), empty=True)
+        region = dict(self.mapping(d.get("region", {}) or {}, (*path, "region"), "uncertainty-region labels"))
+        return Stratum(name, seed, order, faults, src, link, split, family, region)
+
+    def gate(self, raw: Any, path: Path_) -> Gate:
+        d = self.mapping(raw, path, "a gate")
+        self.unknown(d, GATE_KEYS, path)
+        name = self.text(self.required(d, "name", path), (*path, "name"))
+        metric = self.choice(self.required(d, "metric", path), (*path, "metric"), METRICS)
+        kind = self.choice(self.required(d, "kind", path), (*path, "kind"), GATE_KINDS)
+        direction = self.choice(self.required(d, "direction", path), (*path, "direction"), ("lower", "higher"))
+        margin = self.number(d.get("margin", 0), (*path, "margin"))
+        if margin < 0:
+            raise self.err((*path, "margin"), f"must be >= 0 (it is in the metric's own unit), got {margin:g}")
+        if kind == "superiority" and margin != 0:
+            raise self.err((*path, "margin"), "a superiority gate has margin 0; use kind: noninferiority for a margin")
+        alpha = self.number(self.required(d, "alpha", path), (*path, "alpha"))
+        if not 0 < alpha < 1:
+            raise self.err((*path, "alpha"), f"must be > 0 and < 1, got {alpha:g}")
+        test = self.choice(d.get("test", "sign_flip_exact"), (*path, "test"), TESTS)
+        relative = d.get("relative", False)
+        if not isinstance(relative, bool):
+            raise self.err((*path, "relative"), f"expected true/false, got {_tname(relative)} {relative!r}")
+        return Gate(name, metric, kind, direction, margin, alpha, test,
+                    self.text(d.get("note", ""), (*path, "note"), empty=True), relative)
+
+    def protocol(self, data: Any) -> Protocol:
+        d = self.mapping(data, (), "a protocol")
+        self.unknown(d, TOP_KEYS, ())
+        name = self.text(self.required(d, "name", ()), ("name",))
+        version = self.integer(d.get("version", 1), ("version",), minimum=1)
+        question = self.text(self.required(d, "question", ()), ("question",))
+        claim = self.text(self.required(d, "claim", ()), ("claim",))
+        target = self.integer(self.required(d, "target_useful_tokens", ()), ("target_useful_tokens",), minimum=1)
+        base = dict(self.mapping(d.get("base_config", {}) or {}, ("base_config",), "run-config overrides"))
+        arms_raw = self.seq(self.required(d, "arms", ()), ("arms",), "arms", min_len=2)
+        arms = tuple(self.arm(a, ("arms", i)) for i, a in enumerate(arms_raw))
+        self._unique([a.name for a in arms], "arms")
+        names = [a.name for a in arms]
+        c = self.mapping(self.required(d, "contrast", ()), ("contrast",), "the contrast")
+        self.unknown(c, ("treatment", "control"), ("contrast",))
+        treatment = self.choice(self.required(c, "treatment", ("contrast",)), ("contrast", "treatment"), names)
+        control = self.choice(self.required(c, "control", ("contrast",)), ("contrast", "control"), names)
+        if treatment == control:
+            raise self.err(("contrast", "control"), "the control must be another arm than the treatment")
+        strata_raw = self.seq(self.required(d, "strata", ()), ("strata",), "strata", min_len=1)
+        strata = tuple(self.stratum(s, ("strata", i)) for i, s in enumerate(strata_raw))
+        self._unique([s.name for s in strata], "strata")
+        metrics = tuple(self.choice(m, ("metrics", i), METRICS)
+                        for i, m in enumerate(self.seq(d.get("metrics", list(METRICS)), ("metrics",), "metrics")))
+        ev = self.mapping(d.get("evaluation", {}) or {}, ("evaluation",), "the evaluation")
+        self.unknown(ev, ("split",), ("evaluation",))
+        split = self.choice(ev.get("split", "heldout"), ("evaluation", "split"), SPLITS)
+        if not any(s.split == split for s in strata):
+            raise self.err(("evaluation", "split"), f"no stratum is in the {split!r} split")
+        inval = tuple(self.choice(x, ("invalidators", i), INVALIDATORS) for i, x in
+                      enumerate(self.seq(d.get("invalidators", list(INVALIDATORS)), ("invalidators",), "invalidators")))
+        gates_raw = self.seq(self.required(d, "gates", ()), ("gates",), "gates", min_len=1)
+        gates = tuple(self.gate(g, ("gates", i)) for i, g in enumerate(gates_raw))
+        self._unique([g.name for g in gates], "gates")
+        for i, g in enumerate(gates):
+            if g.metric not in metrics:
+                raise self.err(("gates", i, "metric"), f"{g.metric!r} is not among the protocol's metrics {list(metrics)}")
+        controls = d.get("controls")
+        if controls is not None:
+            controls = self._controls(controls, names, [s.name for s in strata])
+        notes = self.text(d.get("notes", ""), ("notes",), empty=True)
+        return Protocol(name, version, question, claim, target, base, arms, treatment, control, strata, metrics,
+                        split, inval, gates, controls, self.source, self.lines, notes)
+
+    def _controls(self, raw: Any, arms: list[str], strata: list[str]) -> dict[str, Any]:
+        d = self.mapping(raw, ("controls",), "the no-failure controls")
+        self.unknown(d, ("arms", "strata", "expect"), ("controls",))
+        a = [self.choice(x, ("controls", "arms", i), arms)
+             for i, x in enumerate(self.seq(self.required(d, "arms", ("controls",)), ("controls", "arms"), "arms", 1))]
+        s = [self.choice(x, ("controls", "strata", i), strata) for i, x in
+             enumerate(self.seq(self.required(d, "strata", ("controls",)), ("controls", "strata"), "strata", 1))]
+        expect = self.choice(d.get("expect", "identical"), ("controls", "expect"), ("identical", "report"))
+        return {"arms": a, "strata": s, "expect": expect}
+
+    def _unique(self, names: list[str], where: str) -> None:
+        seen: set[str] = set()
+        for i, n in enumerate(names):
+            if n in seen:
+                raise self.err((where, i, "name"), f"duplicate name {n!r}")
+            seen.add(n)
+
+
+def parse_protocol(text: str, source: str = "<string>", base_dir: Path | None = None) -> Protocol:
+    from chaos.scenario import ScenarioError, _yaml_tree  # the same line-marked YAML reader as scenarios
+
+    try:
+        data, lines = _yaml_tree(text, source)
+    except ScenarioError as e:
+        raise ProtocolError(source, e.line, e.field, e.reason) from None
+    return _V(source, lines, base_dir or ROOT).protocol(data if data is not None else {})
+
+
+def load_protocol(path: str | Path) -> Protocol:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ProtocolError(str(p), None, "", f"cannot read protocol file: {e.strerror or e}") from None
+    return parse_protocol(text, str(p), p.resolve().parent)
+
+
+# ------------------------------------------------------------------------------ run configs
+
+
+def stratum_overrides(p: Protocol, s: Stratum) -> dict[str, Any]:
+    out: dict[str, Any] = {"train": {"seed": s.seed, "target_useful_tokens": p.target_useful_tokens},
+                           "data": {"shuffle_seed": s.data_order}}
+    if s.link is not None:
+        prof = dict(s.link)
+        out["wan"] = {"site_link": {"up": prof, "down": prof}}
+    return out
+
+
+def arm_overrides(a: Arm) -> dict[str, Any]:
+    from ground.config import merge
+
+    out: dict[str, Any] = {"recovery": {"policy": a.policy}}
+    train: dict[str, Any] = {}
+    if a.mode is not None:
+        train["mode"] = a.mode
+    if a.inner_steps_h is not None:
+        train["inner_steps_h"] = a.inner_steps_h
+    if train:
+        out["train"] = train
+    return merge(dict(a.config), out)
+
+
+def run_config_dict(p: Protocol, s: Stratum, a: Arm) -> dict[str, Any]:
+    """base_config < stratum < arm: the config dict of one run (not yet validated)."""
+    from ground.config import merge
+
+    return merge(merge(dict(_plain(p.base_config)), stratum_overrides(p, s)), arm_overrides(a))
+
+
+def arm_configs(p: Protocol) -> dict[str, Any]:
+    """{arm: RunConfig of the first stratum}; a config the loader refuses raises ProtocolError at
+    that arm's line with the loader's own message (e.g. a mode it does not accept yet)."""
+    from ground.config import ConfigError, load_config
+
+    out = {}
+    for i, a in enumerate(p.arms):
+        try:
+            for s in p.strata:
+                cfg = load_config(run_config_dict(p, s, a))
+            out[a.name] = cfg
+        except ConfigError as e:
+            v = _V(p.source, p.lines, ROOT)
+            field_ = "mode" if a.mode is not None and "mode" in str(e) else "config"
+            raise v.err(("arms", i, field_), f"arm {a.name!r} is refused by the run-config loader: {e}") from None
+    return out

@@ -1,0 +1,91 @@
+"""The study artifact and page from a synthetic ledger (pure: no runs): pairs, gates, the family
+ledger with its rankings and abstentions, schema validation, every section rendered."""
+
+from __future__ import annotations
+
+from studies.artifact import build_artifact, validate
+from studies.protocol import parse_protocol
+from studies.report import render
+
+PROTO = """
+name: fam
+question: Does t beat c?
+claim: t is noninferior to c.
+target_useful_tokens: 1024
+arms: [{name: c}, {name: t}, {name: s, mode: sync}]
+contrast: {treatment: t, control: c}
+strata:
+  - {name: cal, family: calm, split: calibration}
+  - {name: p-mild, family: partition, region: {latency: mid}, seed: 1}
+  - {name: p-severe, family: partition, region: {latency: high}, seed: 2}
+  - {name: q-mild, family: squeeze, region: {bandwidth: mid}, seed: 3}
+  - {name: q-severe, family: squeeze, region: {bandwidth: low}, seed: 4}
+metrics: [final_heldout_nll, opportunity_ticks, energy_j]
+gates:
+  - {name: learning, metric: final_heldout_nll, kind: noninferiority, direction: lower, margin: 0.05, alpha: 0.25}
+"""
+NLL = {  # stratum -> arm -> final NLL: t wins both partition regions; squeeze flips
+    "cal": {"c": 2.5, "t": 2.5, "s": 2.6},
+    "p-mild": {"c": 2.6, "t": 2.4, "s": 2.7}, "p-severe": {"c": 2.9, "t": 2.5, "s": 2.8},
+    "q-mild": {"c": 2.5, "t": 2.52, "s": 2.45}, "q-severe": {"c": 2.7, "t": 2.6, "s": 2.9},
+}
+
+
+def _finished(p):
+    out = {}
+    for s in p.strata:
+        for a in p.arms:
+            nll = NLL[s.name][a.name]
+            base = {"dataset_id": "d", "eval_set": "e", "baselines": {"evidence": "unavailable", "reason": "synthetic"}}
+            out[f"{s.name}/{a.name}"] = {
+                "key": f"{s.name}/{a.name}", "run_dir": f"/nonexistent/{s.name}-{a.name}", "code_revision": {"commit": "x"},
+                "hashes": {"config_sha256": "0" * 64, "summary_sha256": "1" * 64, "logs_sha256": "2" * 64},
+                "metrics": {"final_heldout_nll": {"value": nll, "unit": "nats/token", "evidence": "measured"},
+                            "opportunity_ticks": {"value": 20 if a.name == "t" else 24, "unit": "ticks",
+                                                  "evidence": "logical"},
+                            "energy_j": {"value": None, "unit": "J", "evidence": "unavailable", "reason": "no meter"}},
+                "record": {"useful_tokens": 1024, "attempted_tokens": 1024, "final_heldout_nll": nll,
+                           "state_hash": "h", "checkpoints": 1, "clean_exit": True, "work_balanced": True,
+                           "faults_never_fired": 0, "heldout_nll_curve": [{"heldout_nll": nll + 1}, {"heldout_nll": nll}],
+                           "curve_ticks": [10, 20], **base}}
+    return out
+
+
+def test_artifact_pairs_gates_families_and_page():
+    p = parse_protocol(PROTO, "fam.yaml")
+    entry = {"version": 2, "sha256": "a" * 64, "registered_utc": "now", "code_revision": {"commit": "x"}}
+    earlier = [{"version": 1, "sha256": "b" * 64, "conclusion": "No claim: 1 failed", "artifact_path": "old.json"}]
+    art = build_artifact(p, entry, _finished(p), earlier, __import__("pathlib").Path("/tmp"))
+    validate(art)
+    assert art["study"]["complete"] and len(art["pairs"]) == 5
+    (g,) = art["gates"]
+    assert g["n"] == 4 and g["n_patterns"] == 16  # the four held-out pairs only
+    assert g["vacuous"] and "n-gram" in g["vacuous_reason"]  # no baselines: learning proves nothing
+    assert not art["conclusion"]["claim_stated"]
+    fam = {f["family"]: f for f in art["families"]["ledger"]}
+    assert set(fam) == {"calm", "partition", "squeeze"}
+    # no noise floor for this config: every family abstains and says why, none vanishes into a median
+    assert all(f["ranking"] == "abstains" and "noise floor" in f["reason"] for f in fam.values())
+    assert fam["partition"]["learning_delta"] < 0 and fam["partition"]["completion_ratio"] == 20 / 24
+    assert fam["squeeze"]["ranking_flips"] and not fam["partition"]["ranking_flips"]
+    regions = {r["stratum"]: r for r in art["families"]["regions"]}
+    assert regions["q-mild"]["hindsight_best"] == "s" and regions["q-severe"]["hindsight_best"] == "t"
+    assert art["trajectory"]["t"] == [{"tick": 10.0, "heldout_nll": 3.5}, {"tick": 20.0, "heldout_nll": 2.5}]
+    page = render(art)
+    for sec in ("headline", "medians", "trajectory-section", "intervals", "decision", "pairs", "families", "runs",
+                "versions", "provenance"):
+        assert f"<section id='{sec}'" in page, sec
+    assert "b" * 64 in page and "No claim: 1 failed" in page  # the earlier version, with hash and conclusion
+
+
+def test_families_rank_when_the_noise_floor_is_known():
+    from studies.families import family_tables
+
+    p = parse_protocol(PROTO, "fam.yaml")
+    f = _finished(p)
+    runs = [{"stratum": k.split("/")[0], "arm": k.split("/")[1], "control": False, **v} for k, v in f.items()]
+    t = family_tables(list(p.strata), ["c", "t", "s"], "t", "c", runs, floor_nats=0.05)
+    fam = {x["family"]: x for x in t["ledger"]}
+    assert fam["partition"]["ranking"] == "t wins"
+    assert fam["squeeze"]["ranking"] == "abstains"  # +0.02 inside the floor in one region
+    assert fam["calm"]["ranking"] == "abstains"
