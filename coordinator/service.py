@@ -30,6 +30,8 @@ from coordinator.messages import (BadMessage, CheckpointDurable, Heartbeat, Join
 from coordinator.recovery import (ClusterView, Frontier, OracleFaults, Plan, Policy, Restore,
                                   checkpoint_before_waiting, decide_recovery)
 from coordinator.replay import RecentEpochs, after_epoch, pending_checkpoints, recent_epochs
+from coordinator.settings import EpochSettings, due_change, setting_for_epoch
+from control.setting import ConsistencySetting
 from wan.frames import Message, TrafficClass
 from wan.node import WanNode
 from site_agent.schedule import samples_per_round, target_samples
@@ -88,6 +90,8 @@ class Coordinator:
         self.stop = False
         self.shutdown_sent = False
         self.journal_path = run_dir / "coordinator" / "journal.jsonl"
+        # Consistency settings per epoch, the commit record's step count, the controller (issue 12).
+        self.settings = EpochSettings(cfg)
         self._recover_from_journal()
         self.journal = Journal(self.journal_path)
 
@@ -110,6 +114,7 @@ class Coordinator:
                          for s in self.cfg.cluster.sites}
                 self.m = mb.Membership(epoch=r["epoch"], members=plan.members, sites=sites)
                 self._apply_plan_lineage(plan)
+                self.settings.replay_epoch(r["epoch"], r, plan.start_round)
             elif r["type"] == "frontier":
                 self.frontier = Frontier(r["round"], r["cursor"], r["manifest_hash"], r.get("commit_id"))
         self.recent = recent_epochs(records)
@@ -143,6 +148,7 @@ class Coordinator:
         self.committed_cursor = commit["cursor_end"]
         self.oracle = self.oracle.after_commit(commit["cursor_end"])
         self.unproven -= set(commit["members"])  # a commit proves its members held the lineage's state
+        self.settings.on_commit(commit)
 
     def _apply_plan_lineage(self, plan: Plan) -> None:
         """A restore from the store branches the lineage at the frontier's commit. Whoever gets state
@@ -152,6 +158,7 @@ class Coordinator:
         if plan.restore == Restore.STORE:
             self.unproven |= set(plan.members)
             self.tip = plan.parent_commit
+            self.settings.on_store_restore(plan.parent_commit)
             self.committed_round = plan.start_round - 1
             self.committed_cursor = plan.start_cursor
 
@@ -316,6 +323,7 @@ class Coordinator:
             return
         key = (epoch, rnd)
         self.reports.setdefault(key, {})[msg.src] = r
+        self.settings.on_cycle(epoch, rnd, msg.src, msg.body.get("cycle"))
         got = self.reports[key]
         if set(got) != set(members):
             return
@@ -351,6 +359,9 @@ class Coordinator:
             "flops": {s: r.flops for s, r in got.items()},
         }
         record["useful_tokens"] = record["cursor_end"] * self.cfg.model.seq_len
+        es = self.settings.of(epoch)
+        if es is not None:
+            record["setting"] = es.setting.to_json()
         self.journal.append(record)  # durable before anyone is told
         self.commits.append(record)
         self._advance(record)
@@ -359,6 +370,12 @@ class Coordinator:
         pending = self.pending_frontiers.pop((rnd, record["cursor_end"]), None)
         if pending is not None:  # its checkpoint was durable before the round committed
             self._set_frontier(Frontier(rnd, record["cursor_end"], pending, record["commit_id"]))
+        obs, decision = self.settings.after_commit(epoch, rnd, members)
+        if obs is not None:
+            self.log.emit("cycle_observed", **obs.to_json())
+        if decision is not None:
+            self.log.emit("controller_decision", round=rnd, action=decision.action, setting=decision.setting.to_json(),
+                          current=self.settings.current.to_json(), reason=decision.reason, evidence=decision.evidence)
 
     def send_plan(self, to: list[str]) -> None:
         if self.plan is None:
@@ -369,6 +386,9 @@ class Coordinator:
         # oracle's drain before a fault (the continuing members' leader), for this epoch only.
         body["checkpoint_first"] = bool(self.checkpoint_first_epoch == self.m.epoch
                                         and (self.plan.paused or self.plan.drain is not None))
+        es = self.settings.of(self.m.epoch)
+        if es is not None:  # the epoch's consistency setting, its start step, the mode before it
+            body.update(es.to_json())
         for s in to:
             self.node.send(s, "membership", CONTROL, body, epoch=self.m.epoch)
 
@@ -389,11 +409,13 @@ class Coordinator:
                            paused=paused, failed=failed, joiners=joiners,
                            committed_round=self.committed_round, committed_cursor=self.committed_cursor,
                            frontier=self.frontier, target_samples=self.target, drop_before=drops,
-                           round_samples=0 if paused else samples_per_round(self.cfg, len(self.m.members)),
+                           round_samples=0 if paused else samples_per_round(self.settings.effective(), len(self.m.members)),
                            unproven=tuple(sorted(self.unproven & set(self.m.members))), scheduled=scheduled)
 
-    def new_epoch(self, plan: Plan, reason: str) -> None:
+    def new_epoch(self, plan: Plan, reason: str, setting: ConsistencySetting | None = None) -> None:
         old_members = set(self.m.members)
+        before = self.settings.current
+        first_epoch = not self.settings.order
         epoch = self.m.epoch + 1
         sites = dict(self.m.sites)
         for s in plan.members:
@@ -415,6 +437,9 @@ class Coordinator:
         self.m = mb.Membership(epoch=epoch, members=plan.members, sites=sites)
         self.plan = plan
         self._apply_plan_lineage(plan)
+        if setting is None:
+            setting = setting_for_epoch(self.cfg, before, plan.start_round, plan.start_cursor)
+        es = self.settings.plan_epoch(epoch, plan.start_round, self.committed_round, setting)
         # Keep the partial reports of every epoch still remembered: the round in flight under an
         # older epoch commits when its last report comes (dropping them lost that round for good).
         self.reports = {k: v for k, v in self.reports.items() if k[0] == epoch or k[0] in self.epoch_members}
@@ -423,12 +448,17 @@ class Coordinator:
         self.node.set_fence(self.recent.fence)
         self.log.set_context(epoch=epoch)
         self.journal.append({"type": "epoch", "epoch": epoch, "plan": plan.to_json(), "reason": reason,
-                             "held_out": [list(h) for h in held_out], "checkpoint_first": first})
+                             "held_out": [list(h) for h in held_out], "checkpoint_first": first,
+                             **es.to_json()})
         self.log.emit("membership_epoch", members=list(plan.members), paused=plan.paused,
                       start_round=plan.start_round, start_cursor=plan.start_cursor, restore=plan.restore.value,
                       donor=plan.donor, joiners=list(plan.joiners), manifest_hash=plan.manifest_hash,
                       parent_commit=plan.parent_commit, drain=plan.to_json()["drain"], policy=self.policy.value,
-                      reason=reason)
+                      reason=reason, **es.to_json())
+        if es.setting != before and not first_epoch:
+            self.log.emit("setting_changed", old=before.to_json(), new=es.setting.to_json(),
+                          start_round=plan.start_round, start_cursor=plan.start_cursor, start_step=es.start_step,
+                          reason=reason)
         # Everyone who should know: the new members and the sites that were just removed.
         alive = {s for s, st in self.m.sites.items()}
         self.send_plan(sorted((set(plan.members) | old_members) & alive))
@@ -470,6 +500,23 @@ class Coordinator:
             self.last_recovery_reason = why
         if plan is not None:
             self.new_epoch(plan, why)
+            return
+        self.step_setting()
+
+    def step_setting(self) -> None:
+        """A due change of the consistency setting (coordinator/settings.py), when nothing else is
+        happening: same members, from their own snapshots, at the boundary after the round in flight."""
+        v = self.view()
+        if v.paused or v.scheduled is not None or set(v.failed) & set(v.members) or v.joiners or not v.members \
+                or v.round_samples <= 0:
+            return
+        cursor = v.committed_cursor + v.round_samples
+        if cursor >= self.target:
+            return
+        change = due_change(self.cfg, self.settings.current, (v.committed_round + 2, cursor), self.settings.decision)
+        if change is not None:
+            self.new_epoch(Plan(v.members, False, v.committed_round + 2, cursor, Restore.NONE), change[1],
+                           setting=change[0])
 
     def run(self) -> int:
         self.node.start()

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from control.setting import MODES, ConsistencySetting, SettingError
 from wan.frames import Message
 
 MAX_INT = 2**62  # rounds, cursors, epochs, offsets: anything larger is not a real value
@@ -133,6 +134,11 @@ class Plan:
     frontier_manifest: str | None = None
     checkpoint_first: bool = False
     parent_commit: str | None = None
+    # The epoch's consistency setting (control.setting; None: a coordinator that sends none, i.e. the
+    # run's fixed setting), inner steps before start_round, and the mode of the round before it.
+    setting: ConsistencySetting | None = None
+    start_step: int | None = None
+    prev_mode: str | None = None
 
 
 @dataclass(frozen=True)
@@ -163,9 +169,23 @@ def parse_plan(msg: Message, sites: frozenset[str], coordinator: str) -> Plan:
                 manifest_hash=_opt_str(b, "manifest_hash", what, _HEX64),
                 frontier_manifest=_opt_str(b, "frontier_manifest", what, _HEX64),
                 checkpoint_first=_bool(b, "checkpoint_first", what, default=False),
-                parent_commit=_opt_str(b, "parent_commit", what))
+                parent_commit=_opt_str(b, "parent_commit", what), **_setting_fields(b, what))
     _check_plan(plan)
     return plan
+
+
+def _setting_fields(b: dict[str, Any], what: str) -> dict[str, Any]:
+    """The epoch's consistency setting, start step and previous mode (all or none of them)."""
+    if b.get("setting") is None:
+        return {}
+    try:
+        setting = ConsistencySetting.from_json(b["setting"])
+    except SettingError as e:
+        raise Rejected("bad_field", f"{what} field 'setting': {e}") from None
+    prev = _field(b, "prev_mode", what)
+    if prev not in MODES:
+        raise Rejected("bad_field", f"{what} field 'prev_mode' = {_show(prev)}, expected one of {list(MODES)}")
+    return {"setting": setting, "start_step": req_int(b, "start_step", what), "prev_mode": prev}
 
 
 def _check_plan(p: Plan) -> None:
