@@ -77,7 +77,10 @@ class Observation:
     loss: float | None  # mean over members
     cos_to_mean: float | None  # mean over members of cos(contribution, cluster mean); None: n < 2
     norm_ratio: float | None  # max / min member contribution norm
-    update_age_rounds: int  # rounds since the members last agreed on the parameters (1 = every round)
+    # Inner steps since the members last agreed on the parameters: the local model a contribution
+    # comes from is this many steps older than the last agreement (H; 1 in sync). Every commit is
+    # an agreement here (no asynchronous or delayed outer steps), so the age is the setting's H.
+    update_age_steps: int
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,4 +111,4 @@ def observe(rnd: int, epoch: int, setting_label: str, h: int, cycles: Mapping[st
         loss=sum(losses) / len(losses) if losses else None,
         cos_to_mean=sum(cos) / len(cos) if len(cos) >= 2 else None,
         norm_ratio=max(norms) / min(norms) if len(norms) >= 2 else None,
-        update_age_rounds=1)
+        update_age_steps=h)

@@ -374,7 +374,7 @@ class Coordinator:
         if obs is not None:
             self.log.emit("cycle_observed", **obs.to_json())
         if decision is not None:
-            self.log.emit("controller_decision", round=rnd, action=decision.action, setting=decision.setting.to_json(),
+            self.log.emit("controller_decision", round=rnd, commit_epoch=epoch, action=decision.action, setting=decision.setting.to_json(),
                           current=self.settings.current.to_json(), reason=decision.reason, evidence=decision.evidence)
 
     def send_plan(self, to: list[str]) -> None:

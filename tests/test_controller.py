@@ -22,7 +22,7 @@ def obs(rnd: int, s: ConsistencySetting, goodput_bps: float, *, n: int = 3, chan
     return Observation(round=rnd, epoch=1, setting=s.label(), inner_steps_h=s.steps_per_round, n_members=n,
                        members_changed=changed, t_step_s=T_STEP, t_comm_s=payload / goodput_bps,
                        payload_bytes=payload, goodput_bps=goodput_bps, stalls=stalls, loss=3.0, cos_to_mean=cos,
-                       norm_ratio=1.1, update_age_rounds=1)
+                       norm_ratio=1.1, update_age_steps=s.steps_per_round)
 
 
 def run(seq: list[float], start: ConsistencySetting, **kw) -> list[tuple[str, ConsistencySetting]]:

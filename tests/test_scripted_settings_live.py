@@ -154,3 +154,26 @@ def test_every_round_reports_its_cycle_and_the_coordinator_observes_it(scripted_
     # The payload per round follows the encoding: int8 is a quarter of float32 (same model size).
     by = {o["setting"]: o["payload_bytes"] for o in obs}
     assert abs(by["local H=16 int8"] * 4 - by["local H=4"]) <= 4 * 64, by
+
+
+def test_the_commit_ledger_is_in_the_artifact_and_queryable(scripted_run):
+    from analysis.artifact import build_artifact
+    from analysis.sql import query
+
+    run_dir, s = scripted_run
+    commits = [e for e in events(run_dir, "coord") if e["event"] == "commit"]
+    rows = build_artifact([run_dir])["runs"][0]["commit_ledger"]
+    assert [r["commit_id"] for r in rows] == [c["commit_id"] for c in commits]
+    assert [(r["mode"], r["inner_steps_h"], r["compression"]) for r in rows] == [
+        ("sync", 1, "none")] * 2 + [("local", 4, "none")] * 2 + [("local", 16, "int8")] + [("sync", 1, "none")] * 2
+    for r, c in zip(rows, commits):
+        assert r["in_lineage"] and r["evidence"] == "measured" and r["setting_source"] == "scripted"
+        assert r["attempted_tokens"] == (c["cursor_end"] - c["cursor_start"]) * 128 and r["replayed_tokens"] == 0
+        assert r["wan_payload_bytes"] > 0 and r["wan_time_s"] > 0 and r["update_age_steps"] == r["inner_steps_h"]
+        assert r["stress"] == [] and r["members"] == ["a", "b", "c"]
+    # Evaluated every 4th round and at the end: those rows carry the held-out NLL.
+    assert rows[3]["heldout_nll"] is not None and rows[-1]["heldout_nll"] == s["final_heldout_nll"]
+    cols, got = query([run_dir], "SELECT round, mode, inner_steps_h, compression, payload_bytes FROM ledger "
+                                 "ORDER BY round")
+    assert [g[1:4] for g in got] == [(r["mode"], r["inner_steps_h"], r["compression"]) for r in rows]
+    assert all(g[4] == r["wan_payload_bytes"] for g, r in zip(got, rows))
