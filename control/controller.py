@@ -16,11 +16,12 @@ communicating is f(H, c) = T_comm(c) / (H x t_step). The controller picks the le
 then the smallest H (H = 1 is sync when allowed), with f <= comm_fraction_max: few syncs only
 when the link forces them (fewer syncs cost learning per token; AdaComm, DeCo-SGD).
 
-Hysteresis (no flapping): when the current setting's fraction exceeds comm_fraction_max it moves
-to the preferred setting predicted to fit; it moves back down (to the preferred fitting setting)
-only once the current fraction falls under comm_fraction_shrink (< comm_fraction_max). Between the
-two thresholds the current setting is kept, so measurement noise near one threshold cannot make
-it oscillate.
+Hysteresis (no flapping), in level and in time: when the current setting's fraction (at the
+window's median goodput) exceeds comm_fraction_max it moves to the preferred setting predicted to
+fit; it moves back down only once the current fraction at the window's SLOWEST cycle falls under
+comm_fraction_shrink (< comm_fraction_max), to the preferred setting that fits even at that
+slowest cycle. Between the thresholds it keeps the setting. And it never returns to a setting the
+run left within reverse_guard_cycles cycles, so a noisy estimate cannot make it oscillate.
 Disagreement: when the members' contributions disagree (mean cosine to the cluster mean below
 disagreement_cos_min) and the link allows it (f <= comm_fraction_max), it steps one H down.
 
@@ -74,6 +75,22 @@ def comm_fraction(s: ConsistencySetting, t_step_s: float, payload_now_b: float, 
     return (payload / goodput_bps) / (s.steps_per_round * t_step_s)
 
 
+def _median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def _recently_left(observations: Sequence[Observation], current: ConsistencySetting, cycles: int) -> dict[str, int]:
+    """Settings (labels) the run trained in within the last `cycles` observations, other than the
+    current one, with how many cycles ago each was last seen."""
+    out: dict[str, int] = {}
+    for age, o in enumerate(reversed(observations[-cycles:] if cycles > 0 else []), start=1):
+        if o.setting != current.label() and o.setting not in out:
+            out[o.setting] = age
+    return out
+
+
 def decide(observations: Sequence[Observation], current: ConsistencySetting, cfg: AdaptiveConfig) -> Decision:
     """One decision after a finished communication cycle (the newest observation is the last)."""
     mine: list[Observation] = []
@@ -101,22 +118,37 @@ def decide(observations: Sequence[Observation], current: ConsistencySetting, cfg
     ev.update(goodput_bps=round(mean_gp, 1), goodput_cv=round(cv, 3))
     if cv > cfg.max_goodput_cv:
         return Decision("abstain", current, f"link in flux: goodput varies by {cv:.2f} (> {cfg.max_goodput_cv})", ev)
-    t_step = sorted(steps)[len(steps) // 2]
-    payload = sorted(o.payload_bytes for o in window)[len(window) // 2]
-    frac = lambda s: comm_fraction(s, t_step, payload, current.compression, mean_gp)  # noqa: E731
-    now = frac(current)
-    ev.update(t_step_s=round(t_step, 4), payload_bytes=payload, comm_fraction=round(now, 3),
-              t_comm_s=round(payload / mean_gp, 4), t_inner_s=round(current.steps_per_round * t_step, 4))
+    t_step = _median(steps)
+    payload = _median([float(o.payload_bytes) for o in window])
+    # Robust estimates: the median goodput decides a move up (one slow cycle is not a collapse);
+    # a move down is judged on the window's SLOWEST cycle (it must fit even then).
+    med_gp, worst_gp = _median(gp), min(gp)
+    frac = lambda s, g=med_gp: comm_fraction(s, t_step, payload, current.compression, g)  # noqa: E731
+    now, now_worst = frac(current), frac(current, worst_gp)
+    ev.update(t_step_s=round(t_step, 4), payload_bytes=int(payload), comm_fraction=round(now, 3),
+              comm_fraction_worst=round(now_worst, 3), t_comm_s=round(payload / med_gp, 4),
+              t_inner_s=round(current.steps_per_round * t_step, 4))
     cands = _candidates(cfg)
     fits = [s for s in cands if frac(s) <= cfg.comm_fraction_max]
     best = fits[0] if fits else cands[-1]  # nothing fits: the cheapest communication there is
     ev["predicted_fraction"] = round(frac(best), 3)
+    left = _recently_left(observations, current, cfg.reverse_guard_cycles)
     if _rank(best) > _rank(current):
+        if best.label() in left:
+            return Decision("keep", current, f"hysteresis: {best.label()} was left {left[best.label()]} cycle(s) ago "
+                                             f"(guard {cfg.reverse_guard_cycles}); communication {now:.0%}", ev)
         return Decision("change", best, f"communication {now:.0%} of compute > {cfg.comm_fraction_max:.0%}: "
                                         f"{best.label()} predicts {frac(best):.0%}", ev)
-    if now < cfg.comm_fraction_shrink and _rank(best) < _rank(current):
-        return Decision("change", best, f"link recovered: communication {now:.0%} of compute < "
-                                        f"{cfg.comm_fraction_shrink:.0%}; {best.label()} predicts {frac(best):.0%}", ev)
+    down = [s for s in cands if frac(s, worst_gp) <= cfg.comm_fraction_max]
+    if now_worst < cfg.comm_fraction_shrink and down and _rank(down[0]) < _rank(current):
+        target = down[0]
+        ev["predicted_fraction"] = round(frac(target, worst_gp), 3)
+        if target.label() in left:
+            return Decision("keep", current, f"hysteresis: {target.label()} was left {left[target.label()]} "
+                                             f"cycle(s) ago (guard {cfg.reverse_guard_cycles})", ev)
+        return Decision("change", target, f"link recovered: communication {now_worst:.0%} of compute (slowest "
+                                          f"cycle) < {cfg.comm_fraction_shrink:.0%}; {target.label()} predicts "
+                                          f"{frac(target, worst_gp):.0%}", ev)
     cos = [o.cos_to_mean for o in window if o.cos_to_mean is not None]
     if cos:
         ev["cos_to_mean"] = round(sum(cos) / len(cos), 3)
@@ -127,5 +159,8 @@ def decide(observations: Sequence[Observation], current: ConsistencySetting, cfg
             return Decision("change", step_down, f"sites disagree (cos {ev['cos_to_mean']:.2f} < "
                                                  f"{cfg.disagreement_cos_min}); the link allows {step_down.label()}",
                             ev)
+    if now > cfg.comm_fraction_max:
+        return Decision("keep", current, f"communication {now:.0%} of compute > {cfg.comm_fraction_max:.0%}, "
+                                         f"but {current.label()} is the cheapest allowed setting", ev)
     return Decision("keep", current, f"communication {now:.0%} of compute is within "
-                                     f"[{cfg.comm_fraction_shrink:.0%}, {cfg.comm_fraction_max:.0%}] or best", ev)
+                                     f"[{cfg.comm_fraction_shrink:.0%}, {cfg.comm_fraction_max:.0%}]", ev)

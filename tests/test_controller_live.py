@@ -23,8 +23,7 @@ ADAPTIVE = {
     "model": {"d_model": 64, "n_layers": 2, "n_heads": 2},
     "train": {"mode": "adaptive", "per_site_batch": 4, "inner_steps_h": 4, "target_useful_tokens": 1_100_000,
               "eval_every_rounds": 10_000, "checkpoint_every_rounds": 10_000, "threads_per_site": 1,
-              "device": "cpu", "adaptive": {"h_choices": [4, 8, 16, 32], "allow_sync": False, "min_cycles": 2,
-                                            "window_cycles": 2}},
+              "device": "cpu", "adaptive": {"h_choices": [4, 8, 16, 32], "allow_sync": False}},
     "wan": {"site_link": {"up": {"latency_ms": 5, "bandwidth_kbps": 20_000},
                           "down": {"latency_ms": 5, "bandwidth_kbps": 20_000}}},
 }
@@ -57,13 +56,16 @@ def test_collapse_moves_to_cheaper_communication_and_back(collapse_run):
     before = [d for d in changes if d["round"] < cut]
     # A steady good link: at most one change (from the starting H to the one the time model wants).
     assert len(before) <= 1, before
-    # The first cycle trained entirely under the collapsed link is the one after the cut's round in
-    # flight; with a 2-cycle window the evidence is sufficient one cycle later, and the change must
-    # come at that decision at the latest.
+    # The link collapses right after round `cut` commits, with round cut+1 in flight: rounds from
+    # cut+2 on are trained entirely on the collapsed link. The evidence is sufficient at the first
+    # decision whose whole window is such rounds; the change must come within one cycle of it.
     during = [d for d in changes if cut < d["round"] <= heal]
     assert during, [(d["round"], d["action"], d["reason"]) for d in decisions if d["round"] > cut][:8]
     first = during[0]
-    assert first["round"] <= cut + 2 + 2, (cut, first)
+    window = load_config(ADAPTIVE).train.adaptive.window_cycles
+    sufficient = next(d for d in decisions if d["round"] > cut and len(d["evidence"]["window_rounds"]) == window
+                      and min(d["evidence"]["window_rounds"]) >= cut + 2)
+    assert first["round"] <= sufficient["round"] + 1, (cut, sufficient, first)
     assert _rank(_setting(first["setting"])) > _rank(_setting(first["current"])), first
     assert obs[first["round"]]["goodput_bps"] < 2_000_000, obs[first["round"]]
     # While the window straddles the collapse, it abstained (a link in flux) rather than guess.

@@ -71,8 +71,11 @@ class AdaptiveConfig:
     comm_fraction_shrink: float = 0.1
     # Finished communication cycles IN THE CURRENT SETTING needed before any decision (so also the
     # cooldown after a change), and the most it reads (the newest ones).
-    min_cycles: int = 2
+    min_cycles: int = 3
     window_cycles: int = 3
+    # No return to a setting the run left within this many cycles (hysteresis in time): a noisy
+    # estimate near a threshold cannot make it oscillate between two settings.
+    reverse_guard_cycles: int = 8
     max_goodput_cv: float = 0.5  # coefficient of variation of goodput above this = link in flux: abstain
     disagreement_cos_min: float = 0.2  # mean pseudo-gradient cosine below this: prefer a smaller H
     allow_sync: bool = True  # H = 1 means mode sync
