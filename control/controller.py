@@ -116,18 +116,23 @@ def decide(observations: Sequence[Observation], current: ConsistencySetting, cfg
     mean_gp = sum(gp) / len(gp)
     cv = math.sqrt(sum((g - mean_gp) ** 2 for g in gp) / len(gp)) / mean_gp
     ev.update(goodput_bps=round(mean_gp, 1), goodput_cv=round(cv, 3))
-    if cv > cfg.max_goodput_cv:
-        return Decision("abstain", current, f"link in flux: goodput varies by {cv:.2f} (> {cfg.max_goodput_cv})", ev)
     t_step = _median(steps)
     payload = _median([float(o.payload_bytes) for o in window])
     # Robust estimates: the median goodput decides a move up (one slow cycle is not a collapse);
     # a move down is judged on the window's SLOWEST cycle (it must fit even then).
-    med_gp, worst_gp = _median(gp), min(gp)
+    med_gp, worst_gp, best_gp = _median(gp), min(gp), max(gp)
     frac = lambda s, g=med_gp: comm_fraction(s, t_step, payload, current.compression, g)  # noqa: E731
-    now, now_worst = frac(current), frac(current, worst_gp)
+    now, now_worst, now_best = frac(current), frac(current, worst_gp), frac(current, best_gp)
     ev.update(t_step_s=round(t_step, 4), payload_bytes=int(payload), comm_fraction=round(now, 3),
-              comm_fraction_worst=round(now_worst, 3), t_comm_s=round(payload / med_gp, 4),
-              t_inner_s=round(current.steps_per_round * t_step, 4))
+              comm_fraction_worst=round(now_worst, 3), comm_fraction_best=round(now_best, 3),
+              t_comm_s=round(payload / med_gp, 4), t_inner_s=round(current.steps_per_round * t_step, 4))
+    # A varying link is evidence enough when every cycle of the window points the same way (even
+    # the fastest is comm-bound, or even the slowest is well under): the variance does not change
+    # the decision then. Otherwise the decision hinges on which cycle is representative: abstain.
+    clear = now_best > cfg.comm_fraction_max or now_worst < cfg.comm_fraction_shrink
+    if cv > cfg.max_goodput_cv and not clear:
+        return Decision("abstain", current, f"link in flux: goodput varies by {cv:.2f} (> {cfg.max_goodput_cv}) "
+                                            f"and the window's cycles disagree on the decision", ev)
     cands = _candidates(cfg)
     fits = [s for s in cands if frac(s) <= cfg.comm_fraction_max]
     best = fits[0] if fits else cands[-1]  # nothing fits: the cheapest communication there is
@@ -162,5 +167,8 @@ def decide(observations: Sequence[Observation], current: ConsistencySetting, cfg
     if now > cfg.comm_fraction_max:
         return Decision("keep", current, f"communication {now:.0%} of compute > {cfg.comm_fraction_max:.0%}, "
                                          f"but {current.label()} is the cheapest allowed setting", ev)
+    if now < cfg.comm_fraction_shrink:
+        return Decision("keep", current, f"communication {now:.0%} of compute: {current.label()} is the most "
+                                         f"frequent-sync setting allowed (smallest H, least compression)", ev)
     return Decision("keep", current, f"communication {now:.0%} of compute is within "
                                      f"[{cfg.comm_fraction_shrink:.0%}, {cfg.comm_fraction_max:.0%}]", ev)

@@ -116,8 +116,12 @@ def test_abstains_on_membership_change_stalls_and_flux():
     assert d.action == "abstain" and "membership" in d.reason
     d = decide(base + [obs(3, L(8), 20e6, stalls=2)], L(8), CFG)
     assert d.action == "abstain" and "stall" in d.reason
-    d = decide([obs(0, L(8), 20e6), obs(1, L(8), 2e6), obs(2, L(8), 20e6), obs(3, L(8), 20e6)], L(8), CFG)
+    # At H=16 the fast cycles say "keep" (14 %) and the slow one "move up" (140 %): in flux.
+    d = decide([obs(0, L(16), 20e6), obs(1, L(16), 2e6), obs(2, L(16), 20e6)], L(16), CFG)
     assert d.action == "abstain" and "flux" in d.reason and d.evidence["goodput_cv"] > CFG.max_goodput_cv
+    # The same variance when every cycle agrees (even the fastest is comm-bound at H=4) is no reason to wait.
+    d = decide([obs(0, L(4), 20e6), obs(1, L(4), 2e6), obs(2, L(4), 20e6)], L(4), CFG)
+    assert d.action == "change" and d.evidence["goodput_cv"] > CFG.max_goodput_cv
 
 
 def test_only_observations_in_the_current_setting_count():

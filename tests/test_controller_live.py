@@ -21,7 +21,7 @@ from xdc.launcher import launch
 
 ADAPTIVE = {
     "model": {"d_model": 64, "n_layers": 2, "n_heads": 2},
-    "train": {"mode": "adaptive", "per_site_batch": 4, "inner_steps_h": 4, "target_useful_tokens": 1_100_000,
+    "train": {"mode": "adaptive", "per_site_batch": 4, "inner_steps_h": 4, "target_useful_tokens": 1_250_000,
               "eval_every_rounds": 10_000, "checkpoint_every_rounds": 10_000, "threads_per_site": 1,
               "device": "cpu", "adaptive": {"h_choices": [4, 8, 16, 32], "allow_sync": False}},
     "wan": {"site_link": {"up": {"latency_ms": 5, "bandwidth_kbps": 20_000},
