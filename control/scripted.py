@@ -11,7 +11,7 @@ setting its start boundary has, and a change superseded by such an epoch is re-a
 
 from __future__ import annotations
 
-from control.setting import ConsistencySetting, SettingError, base_setting, effective_config
+from control.setting import ConsistencySetting, SettingError, base_setting
 from xdc.config import RunConfig, ScheduledSetting
 
 
@@ -54,13 +54,12 @@ def planned_rounds(cfg: RunConfig, n_members: int, target: int) -> list[tuple[in
     """The fault-free run's rounds under the scripted schedule: (round, cursor_start, cursor_end,
     setting) for every round until the target (in samples). What a single-process reference
     replays, and what the coordinator's switches produce when nothing fails."""
-    from site_agent.schedule import samples_per_round
-
     out: list[tuple[int, int, int, ConsistencySetting]] = []
     rnd, cursor = 0, 0
     while cursor < target:
         s, _ = setting_at(cfg, rnd, cursor)
-        end = min(cursor + samples_per_round(effective_config(cfg, s), n_members), target)
+        # site_agent.schedule.samples_per_round under the epoch's setting (members x batch x H)
+        end = min(cursor + n_members * cfg.train.per_site_batch * s.steps_per_round, target)
         out.append((rnd, cursor, end, s))
         rnd, cursor = rnd + 1, end
     return out

@@ -46,7 +46,7 @@ import torch
 from checkpoint_store.blobstore import StoreError
 from control.scripted import check_schedule
 from control.setting import SettingError, effective_config, is_fixed, step_after_round
-from control.site_hooks import contribution_stats, enter_round, max_steps_per_round, plan_setting
+from site_agent.consistency import contribution_stats, enter_round, max_steps_per_round, plan_setting
 from site_agent.collective import AllReduce, CollectiveAborted, CollectiveInterrupted, PeerUnreachable
 from site_agent.data import batch_for, eval_fields, eval_set, load_corpus, sample_order
 from site_agent.epochs import interrupts, next_plan

@@ -18,7 +18,7 @@ import torch
 
 from control.scripted import planned_rounds
 from control.setting import ConsistencySetting, effective_config
-from control.site_hooks import enter_round
+from site_agent.consistency import enter_round
 from site_agent.collective import reduce_in_order, roundtrip
 from site_agent.data import batch_for, load_corpus, sample_order
 from site_agent.lr_schedule import step_frontier_tokens

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from control.setting import ConsistencySetting, base_setting, is_fixed
+from site_agent.model import flat_params
 from xdc.config import RunConfig
 
 
@@ -45,8 +46,6 @@ def enter_round(cfg: RunConfig, trainer: Any, setting: ConsistencySetting, first
     """Prepare the trainer for a round in `setting`; returns what was done (for the log), or None."""
     if is_fixed(cfg):
         return None  # the setting never changes: nothing to reconcile, arithmetic exactly as before
-    from site_agent.model import flat_params
-
     if setting.mode == "local":
         with torch.no_grad():
             trainer.global_params.copy_(flat_params(trainer.model))
