@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.checkers import run_checkers
+from analysis.commit_ledger import commit_ledger
 from analysis.energy import energy_metric, energy_section
 from analysis.learning import run_baselines
 from analysis.learning_refs import learning_refs
@@ -298,6 +299,9 @@ def analyse_run(h: RunHistory) -> tuple[dict[str, Any], dict[str, Any]]:
         "bad_lines": [b.__dict__ for b in h.bad_lines],
         "config": cfg,
     }
+    # The optimizer-commit ledger: setting, decision, disagreement, work, WAN per commit (issue 12).
+    section["commit_ledger"] = commit_ledger(h.events("coord"), h.events("chaos"),
+                                             [e for site in sites for e in h.events(site, "eval")], cfg)
     lc = section["learning"]["curve"]
     section["metrics"]["final_heldout_nll"] = q(section["learning"]["final_heldout_nll"], "nats/token",
                                                 "measured" if section["learning"]["final_heldout_nll"] is not None

@@ -6,6 +6,8 @@ Views (one row per event):
   commits  the coordinator's commit record: run, id, epoch, round, commit_id, parent, members
   work     every work_attempted: run, process (the site), epoch, round, tokens, flops
   spans    every span event: run, process, event, start_ns, end_ns, seconds
+  ledger   the optimizer-commit ledger: per commit its setting (mode, H, compression), useful
+           tokens, the cycle's disagreement / payload / WAN time, the controller's action and reason
 
 Examples (also in the README):
   SELECT run, process, count(*) FROM work GROUP BY ALL ORDER BY ALL
@@ -36,6 +38,20 @@ CREATE VIEW work AS
   SELECT run, process, id, epoch, CAST(data->>'round' AS BIGINT) AS round,
          CAST(data->>'tokens' AS BIGINT) AS tokens, CAST(data->>'flops' AS DOUBLE) AS flops, wall_ns
   FROM events WHERE event = 'work_attempted';
+CREATE VIEW ledger AS
+  SELECT c.run, c.data->>'commit_id' AS commit_id, c.data->>'parent' AS parent, c.epoch,
+         CAST(c.data->>'round' AS BIGINT) AS round, c.step, c.wall_ns,
+         c.data->'setting'->>'mode' AS mode, CAST(c.data->'setting'->>'inner_steps_h' AS BIGINT) AS inner_steps_h,
+         c.data->'setting'->>'compression' AS compression, CAST(c.data->>'useful_tokens' AS BIGINT) AS useful_tokens,
+         CAST(o.data->>'cos_to_mean' AS DOUBLE) AS cos_to_mean, CAST(o.data->>'payload_bytes' AS BIGINT) AS payload_bytes,
+         CAST(o.data->>'t_comm_s' AS DOUBLE) AS wan_time_s, CAST(o.data->>'goodput_bps' AS DOUBLE) AS goodput_bps,
+         d.data->>'action' AS action, d.data->>'reason' AS reason
+  FROM events c
+  LEFT JOIN events o ON o.event = 'cycle_observed' AND o.run = c.run AND o.process = c.process
+       AND o.data->>'round' = c.data->>'round' AND o.data->>'epoch' = CAST(c.epoch AS VARCHAR)
+  LEFT JOIN events d ON d.event = 'controller_decision' AND d.run = c.run AND d.process = c.process
+       AND d.data->>'round' = c.data->>'round' AND d.data->>'commit_epoch' = CAST(c.epoch AS VARCHAR)
+  WHERE c.event = 'commit';
 CREATE VIEW spans AS
   SELECT run, process, event, id, CAST(data->>'start_wall_ns' AS BIGINT) AS start_ns,
          CAST(data->>'end_wall_ns' AS BIGINT) AS end_ns,

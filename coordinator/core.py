@@ -28,6 +28,7 @@ from coordinator.core_types import (EVENTS, KINDS, Context, CoordState, Emit, Fe
                                     Tick, membership_config, policy_of)
 from coordinator.recovery import ClusterView, OracleFaults, Policy
 from coordinator.rules import Rules
+from coordinator.settings import EpochSettings
 from ground.config import RunConfig
 from ground.schedule import samples_for_tokens, target_samples
 
@@ -39,7 +40,8 @@ __all__ = ["EVENTS", "KINDS", "Context", "CoordState", "Emit", "Fence", "Journal
 def initial_state(cfg: RunConfig) -> CoordState:
     """A coordinator that has heard nothing yet (the oracle's faults converted to sample cursors)."""
     faults = tuple((site, samples_for_tokens(cfg, tokens)) for site, tokens in cfg.recovery.oracle_faults)
-    return CoordState(oracle=OracleFaults(faults if policy_of(cfg) == Policy.ORACLE else ()))
+    return CoordState(oracle=OracleFaults(faults if policy_of(cfg) == Policy.ORACLE else ()),
+                      settings=EpochSettings(cfg))
 
 
 def step(state: CoordState, event: Received | Tick, now_ns: int, cfg: RunConfig) -> tuple[CoordState, list[Output]]:

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 from coordinator import membership as mb
 from coordinator.recovery import Frontier, OracleFaults, Policy
 from coordinator.replay import RecentEpochs
+from coordinator.settings import EpochSettings
 from ground.config import RunConfig
 from ground.messages import RoundDone
 from ground.plans import Plan
@@ -22,7 +23,9 @@ EVENTS = frozenset({
     "commit", "commit_refused", "coordinator_recovered", "frontier", "frontier_deferred", "join_deferred",
     "journal_torn_tail", "membership_decision", "membership_epoch", "preemption_notice", "recovery_decision",
     "recovery_settled", "rejoin_answered", "report_rejected", "run_complete", "site_done", "site_failed",
-    "site_joined", "site_metrics", "site_suspected", "suspicion_cleared"})
+    "site_joined", "site_metrics", "site_suspected", "suspicion_cleared",
+    # consistency settings per epoch and the adaptive controller (coordinator/settings.py)
+    "cycle_observed", "controller_decision", "setting_changed"})
 KINDS = ("join", "heartbeat", "round_done", "site_done", "telemetry", "preempt_notice", "checkpoint_durable",
          "peer_unreachable")
 
@@ -108,6 +111,9 @@ class CoordState:
     last_reason: str = ""
     last_recovery_reason: str = ""
     shutdown_sent: bool = False
+    # Consistency settings per epoch, the commit record's step count and the controller's evidence
+    # (coordinator/settings.py); None only before initial_state gives it one. Rules works on a copy.
+    settings: EpochSettings | None = None
 
 
 def policy_of(cfg: RunConfig) -> Policy:

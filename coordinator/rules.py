@@ -15,12 +15,14 @@ from coordinator.core_types import (EVENTS, Context, CoordState, Emit, Fence, Jo
                                     membership_config, policy_of)
 from coordinator.recovery import ClusterView, Frontier, checkpoint_before_waiting, decide_recovery
 from coordinator.replay import after_epoch, pending_checkpoints, recent_epochs
+from coordinator.settings import EpochSettings, due_change, setting_for_epoch
 from ground.config import RunConfig
 from ground.messages import (BadMessage, CheckpointDurable, Heartbeat, Join, PeerUnreachable, PreemptNotice,
                              RoundDone, SiteDone, Telemetry, parse)
 from ground.plans import EpochPlan, Plan, Restore
 from ground.records import Commit, EpochRecord
 from ground.schedule import samples_per_round, target_samples, tokens_of_samples
+from ground.setting import ConsistencySetting
 
 # Members run at most about one round ahead of the commit record; a report further ahead is absurd.
 ROUND_WINDOW = 8
@@ -46,6 +48,7 @@ class Rules:
         self.reports = {k: dict(v) for k, v in s.reports.items()}
         self.last_reason, self.last_recovery_reason = s.last_reason, s.last_recovery_reason
         self.shutdown_sent = s.shutdown_sent
+        self.settings = s.settings.copy() if s.settings is not None else EpochSettings(cfg)
 
     def freeze(self) -> CoordState:
         return CoordState(membership=self.membership, plan=self.plan, recent=self.recent, oracle=self.oracle,
@@ -55,7 +58,8 @@ class Rules:
                           frontier=self.frontier, unproven=frozenset(self.unproven),
                           settle_until_ns=self.settle_until_ns, pending_frontiers=self.pending_frontiers,
                           reports=self.reports, last_reason=self.last_reason,
-                          last_recovery_reason=self.last_recovery_reason, shutdown_sent=self.shutdown_sent)
+                          last_recovery_reason=self.last_recovery_reason, shutdown_sent=self.shutdown_sent,
+                          settings=self.settings)
 
     def emit(self, event: str, **fields: Any) -> None:
         assert event in EVENTS, event
@@ -84,6 +88,7 @@ class Rules:
                          for s in self.cfg.cluster.sites}
                 self.membership = mb.Membership(epoch=rec.epoch, members=plan.members, sites=sites)
                 self._apply_plan_lineage(plan)
+                self.settings.replay_epoch(rec.epoch, rec.setting, rec.start_step, rec.prev_mode, plan.start_round)
             elif r["type"] == "frontier":
                 self.frontier = Frontier(r["round"], r["cursor"], r["manifest_hash"], r.get("commit_id"))
         self.recent = recent_epochs(records)
@@ -109,6 +114,7 @@ class Rules:
         self.committed_cursor = commit.cursor_end
         self.oracle = self.oracle.after_commit(commit.cursor_end)
         self.unproven -= set(commit.members)  # a commit proves its members held the lineage's state
+        self.settings.on_commit(commit.commit_id, commit.step)
 
     def _apply_plan_lineage(self, plan: Plan) -> None:
         """A restore from the store branches the lineage at the frontier's commit. Whoever gets state
@@ -118,6 +124,7 @@ class Rules:
         if plan.restore == Restore.STORE:
             self.unproven |= set(plan.members)
             self.tip = plan.parent_commit
+            self.settings.on_store_restore(plan.parent_commit)
             self.committed_round = plan.start_round - 1
             self.committed_cursor = plan.start_cursor
 
@@ -277,6 +284,8 @@ class Rules:
             return
         key = (epoch, rnd)
         self.reports.setdefault(key, {})[msg.src] = r
+        # The site's own timings of the cycle: the controller's evidence, never a condition of the commit.
+        self.settings.on_cycle(epoch, rnd, msg.src, msg.body.get("cycle") if isinstance(msg.body, dict) else None)
         got = self.reports[key]
         if set(got) != set(members):
             return
@@ -301,7 +310,8 @@ class Rules:
                         members=members, param_hash=first.param_hash, cursor_start=first.cursor_start,
                         cursor_end=first.cursor_end, tokens={s: r.tokens for s, r in got.items()},
                         flops={s: r.flops for s, r in got.items()},
-                        useful_tokens=tokens_of_samples(self.cfg, first.cursor_end))
+                        useful_tokens=tokens_of_samples(self.cfg, first.cursor_end),
+                        setting=es.setting if (es := self.settings.of(epoch)) is not None else None)
         record = commit.to_json()
         self.out.append(Journal(record))  # durable before anyone is told
         self.commits.append(commit)
@@ -311,6 +321,13 @@ class Rules:
         pending = self.pending_frontiers.pop((rnd, commit.cursor_end), None)
         if pending is not None:  # its checkpoint was durable before the round committed
             self._set_frontier(Frontier(rnd, commit.cursor_end, pending, commit.commit_id))
+        obs, decision = self.settings.after_commit(epoch, rnd, members)
+        if obs is not None:
+            self.emit("cycle_observed", **obs.to_json())
+        if decision is not None:
+            self.emit("controller_decision", round=rnd, commit_epoch=epoch, action=decision.action,
+                      setting=decision.setting.to_json(), current=self.settings.current.to_json(),
+                      reason=decision.reason, evidence=decision.evidence)
 
     def send_plan(self, to: list[str]) -> None:
         if self.plan is None:
@@ -319,8 +336,11 @@ class Rules:
         # oracle's drain before a fault (the continuing members' leader), for this epoch only.
         first = bool(self.recent.checkpoint_first_epoch == self.membership.epoch
                      and (self.plan.paused or self.plan.drain is not None))
+        es = self.settings.of(self.membership.epoch)  # the epoch's setting, its start step, the mode before it
         body = EpochPlan.announce(self.membership.epoch, self.plan, target_samples=self.target, checkpoint_first=first,
-                                  frontier_manifest=self.frontier.manifest_hash if self.frontier else None).to_body()
+                                  frontier_manifest=self.frontier.manifest_hash if self.frontier else None,
+                                  setting=es.setting if es else None, start_step=es.start_step if es else None,
+                                  prev_mode=es.prev_mode if es else None).to_body()
         for s in to:
             self.out.append(Send(s, "membership", body, self.membership.epoch))
 
@@ -341,11 +361,13 @@ class Rules:
                            paused=paused, failed=failed, joiners=joiners,
                            committed_round=self.committed_round, committed_cursor=self.committed_cursor,
                            frontier=self.frontier, target_samples=self.target, drop_before=self.oracle.ahead(),
-                           round_samples=0 if paused else samples_per_round(self.cfg, len(self.membership.members)),
+                           round_samples=0 if paused else samples_per_round(self.settings.effective(),
+                                                                            len(self.membership.members)),
                            unproven=tuple(sorted(self.unproven & set(self.membership.members))), scheduled=scheduled)
 
-    def new_epoch(self, plan: Plan, reason: str) -> None:
+    def new_epoch(self, plan: Plan, reason: str, setting: ConsistencySetting | None = None) -> None:
         old_members = set(self.membership.members)
+        before, first_epoch = self.settings.current, not self.settings.order
         epoch = self.membership.epoch + 1
         sites = dict(self.membership.sites)
         for s in plan.members:
@@ -367,6 +389,9 @@ class Rules:
         self.membership = mb.Membership(epoch=epoch, members=plan.members, sites=sites)
         self.plan = plan
         self._apply_plan_lineage(plan)
+        if setting is None:
+            setting = setting_for_epoch(self.cfg, before, plan.start_round, plan.start_cursor)
+        es = self.settings.plan_epoch(epoch, plan.start_round, self.committed_round, setting)
         # Keep the partial reports of every epoch still remembered: the round in flight under an
         # older epoch commits when its last report comes (dropping them lost that round for good).
         self.reports = {k: v for k, v in self.reports.items() if k[0] == epoch or k[0] in self.epoch_members}
@@ -374,11 +399,15 @@ class Rules:
         # epoch was scheduled; _on_round_done decides precisely which of those reports count.
         self.out.append(Fence(self.recent.fence))
         self.out.append(Context({"epoch": epoch}))
-        self.out.append(Journal(EpochRecord(epoch, plan, reason, tuple(held_out), first).to_json()))
+        self.out.append(Journal(EpochRecord(epoch, plan, reason, tuple(held_out), first, es.setting, es.start_step,
+                                            es.prev_mode).to_json()))
         self.emit("membership_epoch", members=list(plan.members), paused=plan.paused, start_round=plan.start_round,
                   start_cursor=plan.start_cursor, restore=plan.restore.value, donor=plan.donor,
                   joiners=list(plan.joiners), manifest_hash=plan.manifest_hash, parent_commit=plan.parent_commit,
-                  drain=plan.to_json()["drain"], policy=self.policy.value, reason=reason)
+                  drain=plan.to_json()["drain"], policy=self.policy.value, reason=reason, **es.to_json())
+        if es.setting != before and not first_epoch:
+            self.emit("setting_changed", old=before.to_json(), new=es.setting.to_json(), start_round=plan.start_round,
+                      start_cursor=plan.start_cursor, start_step=es.start_step, reason=reason)
         # Everyone who should know: the new members and the sites that were just removed.
         alive = set(self.membership.sites)
         self.send_plan(sorted((set(plan.members) | old_members) & alive))
@@ -426,6 +455,23 @@ class Rules:
             self.last_recovery_reason = why
         if plan is not None:
             self.new_epoch(plan, why)
+            return
+        self.step_setting()
+
+    def step_setting(self) -> None:
+        """A due change of the consistency setting (coordinator/settings.py), when nothing else is
+        happening: same members, from their own snapshots, at the boundary after the round in flight."""
+        v = self.view()
+        if v.paused or v.scheduled is not None or set(v.failed) & set(v.members) or v.joiners or not v.members \
+                or v.round_samples <= 0:
+            return
+        cursor = v.committed_cursor + v.round_samples
+        if cursor >= self.target:
+            return
+        change = due_change(self.cfg, self.settings.current, (v.committed_round + 2, cursor), self.settings.decision)
+        if change is not None:
+            self.new_epoch(Plan(v.members, False, v.committed_round + 2, cursor, Restore.NONE), change[1],
+                           setting=change[0])
 
     def _check_complete(self) -> None:
         """Every member done and the target committed: the run is complete; every site is told to stop."""

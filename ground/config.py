@@ -48,10 +48,48 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
+class ScheduledSetting:
+    """One change of a scripted schedule (train.mode = scripted): from round `at_round`, or from the
+    first round boundary at or past `at_useful_tokens`, train in (mode, inner_steps_h, compression).
+    Exactly one trigger is set (the other stays -1)."""
+
+    at_round: int = -1
+    at_useful_tokens: int = -1
+    mode: Literal["sync", "local"] = "local"
+    inner_steps_h: int = 8
+    compression: Literal["none", "fp16", "int8"] = "none"
+
+
+@dataclass(frozen=True)
+class AdaptiveConfig:
+    """Thresholds of the adaptive controller (control/controller.py), with units in the names."""
+
+    h_choices: tuple[int, ...] = (1, 2, 4, 8, 16, 32)  # allowed inner steps H (1 in sync mode)
+    comm_fraction_max: float = 0.25  # T_comm may be at most this fraction of T_inner = H * t_step
+    # Hysteresis: move to a smaller H only when the smaller H would keep comm under this
+    # (stricter) fraction; a larger H is chosen as soon as comm_fraction_max is exceeded.
+    comm_fraction_shrink: float = 0.1
+    # Finished communication cycles IN THE CURRENT SETTING needed before any decision (so also the
+    # cooldown after a change), and the most it reads (the newest ones).
+    min_cycles: int = 3
+    window_cycles: int = 3
+    # No return to a setting the run left within this many cycles (hysteresis in time): a noisy
+    # estimate near a threshold cannot make it oscillate between two settings.
+    reverse_guard_cycles: int = 8
+    max_goodput_cv: float = 0.5  # coefficient of variation of goodput above this = link in flux: abstain
+    disagreement_cos_min: float = 0.2  # mean pseudo-gradient cosine below this: prefer a smaller H
+    allow_sync: bool = True  # H = 1 means mode sync
+    compression_when_h_max: Literal["none", "fp16", "int8"] = "int8"  # at the largest H and still comm-bound
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """How the sites train together."""
 
-    mode: Literal["sync", "local"] = "local"
+    # sync | local: one consistency setting for the whole run (the fields below). scripted: the
+    # settings of `settings_schedule`, each from its round or useful-token boundary on. adaptive: the
+    # controller of control/controller.py picks them from measured observations (`adaptive`).
+    mode: Literal["sync", "local", "scripted", "adaptive"] = "local"
     per_site_batch: int = 8  # samples per site per inner step
     inner_lr: float = 3e-3  # AdamW
     inner_weight_decay: float = 0.0
@@ -82,6 +120,10 @@ class TrainConfig:
     # is split among them (min 1 each). 1 = the single-process site.
     workers_per_site: int = 1
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # --- Consistency settings per epoch (issue 12, control/): used by mode scripted / adaptive.
+    # Until the first scheduled change the run trains in (local, inner_steps_h, compression).
+    settings_schedule: tuple[ScheduledSetting, ...] = ()
+    adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
 
 
 @dataclass(frozen=True)

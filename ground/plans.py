@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ground.fields import HEX64, MAX_INT, NAME, Rejected, field, names, opt_str, req_bool, req_int, show
+from ground.setting import MODES, ConsistencySetting, SettingError
 
 
 class Restore(str, enum.Enum):
@@ -85,21 +86,32 @@ class EpochPlan:
     parent_commit: str | None = None
     drain: Drain | None = None
     target_samples: int | None = None
+    # The epoch's consistency setting (ground/setting.py; None: a coordinator that sends none, i.e.
+    # the run's fixed setting), inner steps before start_round, and the mode of the round before it.
+    setting: ConsistencySetting | None = None
+    start_step: int | None = None
+    prev_mode: str | None = None
 
     @staticmethod
     def announce(epoch: int, plan: Plan, *, target_samples: int, frontier_manifest: str | None,
-                 checkpoint_first: bool) -> EpochPlan:
+                 checkpoint_first: bool, setting: ConsistencySetting | None = None, start_step: int | None = None,
+                 prev_mode: str | None = None) -> EpochPlan:
         return EpochPlan(epoch=epoch, members=plan.members, paused=plan.paused, start_round=plan.start_round,
                          start_cursor=plan.start_cursor, restore=plan.restore, donor=plan.donor,
                          joiners=plan.joiners, manifest_hash=plan.manifest_hash,
                          frontier_manifest=frontier_manifest, checkpoint_first=checkpoint_first,
-                         parent_commit=plan.parent_commit, drain=plan.drain, target_samples=target_samples)
+                         parent_commit=plan.parent_commit, drain=plan.drain, target_samples=target_samples,
+                         setting=setting, start_step=start_step, prev_mode=prev_mode)
 
     def to_body(self) -> dict[str, Any]:
         """The `membership` message body (what `from_body` reads back)."""
         d = asdict(self)
         d["restore"] = self.restore.value
         d["members"], d["joiners"] = list(self.members), list(self.joiners)
+        for k in ("setting", "start_step", "prev_mode"):  # all or none: absent for a fixed-setting coordinator
+            d.pop(k)
+        if self.setting is not None:
+            d.update(setting=self.setting.to_json(), start_step=self.start_step, prev_mode=self.prev_mode)
         return d
 
     @staticmethod
@@ -124,7 +136,8 @@ class EpochPlan:
                          frontier_manifest=opt_str(b, "frontier_manifest", what, HEX64),
                          checkpoint_first=req_bool(b, "checkpoint_first", what, default=False),
                          parent_commit=opt_str(b, "parent_commit", what), drain=_drain(b.get("drain"), sites),
-                         target_samples=None if target is None else req_int(b, "target_samples", what))
+                         target_samples=None if target is None else req_int(b, "target_samples", what),
+                         **_setting_fields(b, what))
         plan.check()
         return plan
 
@@ -150,3 +163,17 @@ def _drain(v: Any, sites: frozenset[str]) -> Drain | None:
     if site is None or (sites and site not in sites):
         raise Rejected("bad_field", f"membership drain names {show(site)}, not a site of this cluster")
     return Drain(site, req_int(v, "at_cursor", "membership drain", hi=MAX_INT))
+
+
+def _setting_fields(b: dict[str, Any], what: str) -> dict[str, Any]:
+    """The epoch's consistency setting, start step and previous mode (all or none of them)."""
+    if b.get("setting") is None:
+        return {}
+    try:
+        setting = ConsistencySetting.from_json(b["setting"])
+    except SettingError as e:
+        raise Rejected("bad_field", f"{what} field 'setting': {e}") from None
+    prev = field(b, "prev_mode", what)
+    if prev not in MODES:
+        raise Rejected("bad_field", f"{what} field 'prev_mode' = {show(prev)}, expected one of {list(MODES)}")
+    return {"setting": setting, "start_step": req_int(b, "start_step", what), "prev_mode": prev}

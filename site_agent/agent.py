@@ -44,6 +44,9 @@ import numpy as np
 import torch
 
 from checkpoint_store.blobstore import StoreError
+from control.scripted import check_schedule
+from ground.setting import SettingError, effective_config, is_fixed, step_after_round
+from site_agent.consistency import contribution_stats, enter_round, max_steps_per_round, plan_setting
 from site_agent.collective import AllReduce, CollectiveAborted, CollectiveInterrupted, PeerUnreachable
 from site_agent.data import batch_for, eval_fields, eval_set, load_corpus, sample_order
 from site_agent.epochs import interrupts, next_plan
@@ -89,6 +92,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         world = check_workers(cfg)  # W processes in this site; 1 = just this one
     except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        check_schedule(cfg)
+        if not is_fixed(cfg) and world > 1:
+            raise SettingError("a changing consistency setting (train.mode scripted / adaptive) needs "
+                               "train.workers_per_site = 1")
+    except SettingError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     topo = Topology.load(run_dir / "topology.json")
@@ -196,6 +207,7 @@ class Site:
         self.done_epoch = -1  # the epoch in which we reached the target and said so
         self.leader = False
         self.inflight: int | None = None  # the round being computed / reduced now
+        self.step_at_end: dict[int, int] = {}  # round -> inner steps taken once it is done (per its setting)
 
     # ------------------------------------------------------------------ control
     def _poll_ctl(self) -> None:
@@ -335,10 +347,14 @@ class Site:
         self.status["epoch"] = self.epoch
         self.node.set_fence(self.epoch)
         self.allreduce.reset(self.epoch)
+        setting, start_step, _prev = plan_setting(self.cfg, plan)
+        self.allreduce.set_compression(setting.compression)
+        self.step_at_end[plan.start_round - 1] = start_step
         log.set_context(epoch=self.epoch)
         members = list(plan.members)
         log.emit("membership", members=members, paused=plan.paused, start_round=plan.start_round,
-                 start_cursor=plan.start_cursor, restore=plan.restore.value, donor=plan.donor, joiners=list(plan.joiners))
+                 start_cursor=plan.start_cursor, restore=plan.restore.value, donor=plan.donor, joiners=list(plan.joiners),
+                 setting=setting.to_json(), start_step=start_step)
         if self.me not in members:
             # Removed (we failed, hung, or were partitioned away) but alive: ask to come back in.
             log.emit("not_a_member", epoch=self.epoch)
@@ -461,8 +477,10 @@ class Site:
             self.inflight = None
 
     def _train(self) -> None:
-        cfg, log, plan = self.cfg, self.log, self.plan
+        log, plan = self.log, self.plan
         assert plan is not None
+        setting, start_step, prev_mode = plan_setting(self.cfg, plan)
+        cfg = effective_config(self.cfg, setting)  # this epoch's mode, H and compression
         members = list(plan.members)
         n, idx = len(members), members.index(self.me)
         rnd = plan.start_round
@@ -475,12 +493,20 @@ class Site:
             if self.newer_plan_waiting():
                 raise Interrupted("a newer epoch takes effect at this round")
             self.status["round"] = rnd
-            log.set_context(step=(rnd + 1) * self.spr)
+            step = step_after_round(start_step, plan.start_round, rnd, setting)
+            self.step_at_end[rnd] = step
+            log.set_context(step=step)
             # The state at this round's start is the one whose hash the previous iteration logged.
             self.snapshots[rnd] = take_snapshot(self.trainer, rnd, self.retained, phash)
             self.snapshots = {k: v for k, v in self.snapshots.items() if k >= rnd - 3}
             self.next_round = None  # mid-round: the state is neither this round's start nor its end
-            payload, ids_round, losses = self.compute(rnd, n, idx, cs, ce)
+            did = enter_round(self.cfg, self.trainer, setting, rnd == plan.start_round, prev_mode)
+            if did:
+                log.emit("setting_entered", round=rnd, setting=setting.to_json(), action=did)
+            t_compute = time.monotonic()
+            payload, ids_round, losses = self.compute(rnd, n, idx, cs, ce, cfg)
+            t_comm = time.monotonic()
+            t_compute = t_comm - t_compute
             with log.span("collective", round=rnd, payload_values=int(payload.size)) as sp:
                 cpu0 = time.process_time()
                 try:
@@ -490,7 +516,11 @@ class Site:
                     last = self.allreduce.last_stats
                     sp.update(payload_bytes_sent=last.payload_bytes_sent, messages_sent=last.messages_sent,
                               rejected=last.rejected, cpu_s=time.process_time() - cpu0)
+            t_comm = time.monotonic() - t_comm
             round_ids = _round_samples(stats, members)
+            cycle = {"compute_s": t_compute, "inner_steps": len(losses), "comm_s": t_comm,
+                     "payload_bytes": int(last.payload_bytes_sent), "stalls": int(last.rejected),
+                     "loss": float(np.mean(losses)) if losses else None, **contribution_stats(payload, avg)}
             if self.pool is not None:  # every rank applies the same vector
                 self.pool.share(rnd, avg)
             if cfg.train.mode == "sync":  # the lr of the round's (one) step: at its start, cs
@@ -504,9 +534,9 @@ class Site:
                 self.pool.check(rnd, phash)
             tokens = len(ids_round) * cfg.model.seq_len
             self.node.send(COORD, "round_done", CONTROL, {
-                "round": rnd, "step": (rnd + 1) * self.spr, "param_hash": phash, "cursor_start": cs,
+                "round": rnd, "step": step, "param_hash": phash, "cursor_start": cs,
                 "cursor_end": ce, "samples": ids_round, "tokens": tokens,
-                "flops": tokens * self.trainer.flops_per_token})
+                "flops": tokens * self.trainer.flops_per_token, "cycle": cycle})
             if losses:
                 self.node.send(COORD, "telemetry", TELEMETRY, {"round": rnd, "loss": float(np.mean(losses))},
                                reliable=False)
@@ -528,7 +558,8 @@ class Site:
         self.node.send(COORD, "site_done", CONTROL, {"round": self.status["round"]})
         log.emit("target_reached", epoch=self.epoch, round=self.status["round"])
 
-    def compute(self, rnd: int, n: int, idx: int, cs: int, ce: int) -> tuple[np.ndarray, list[int], list[float]]:
+    def compute(self, rnd: int, n: int, idx: int, cs: int, ce: int,
+                cfg: RunConfig | None = None) -> tuple[np.ndarray, list[int], list[float]]:
         """This site's part of a round: sync = one backward; local = up to H inner AdamW steps.
 
         Every inner step's work is logged as `work_attempted` as soon as it is done, so work
@@ -536,14 +567,15 @@ class Site:
         this site's share of the round's samples, so the cluster mean weighs every sample
         equally when the last round is cut short (the scale is exactly 1.0 otherwise).
         """
-        cfg, log, trainer = self.cfg, self.log, self.trainer
+        cfg = cfg or self.cfg  # the epoch's effective config (its mode and H)
+        log, trainer = self.log, self.trainer
         world = cfg.train.workers_per_site
         if self.pool is not None:  # the other ranks compute this round with us
             self.pool.begin_round(rnd, n, idx, self.epoch, cs, ce)
         ids_round: list[int] = []
         losses: list[float] = []
         payload: np.ndarray | None = None
-        steps = 1 if cfg.train.mode == "sync" else self.spr
+        steps = 1 if cfg.train.mode == "sync" else cfg.train.inner_steps_h
         with log.span("compute", round=rnd) as sp:
             cpu0 = time.process_time()  # all of this process's threads (WAN I/O, an evaluation) included
             for h in range(steps):
@@ -625,7 +657,7 @@ class Site:
         with self.log.span("checkpoint_write", round=rnd) as sp:
             sp.update(samples_sha256=samples_sha, canonical_sha256=canonical_sha, samples=int(ids.size), cursor=cursor)
             mhash, _manifest = self.store.save(blobs, {
-                "run_id": cfg.run_id, "ckpt_id": f"e{epoch}r{rnd}", "round": rnd, "step": (rnd + 1) * self.spr,
+                "run_id": cfg.run_id, "ckpt_id": f"e{epoch}r{rnd}", "round": rnd, "step": self.step_at_end.get(rnd, (rnd + 1) * self.spr),
                 "epoch": epoch, "parent": parent, "samples": int(ids.size), "samples_sha256": samples_sha,
                 "canonical_sha256": canonical_sha, "cursor": cursor, "useful_tokens": int(ids.size) * cfg.model.seq_len,
                 "params_hash": phash, "dataset_id": self.corpus.dataset_id,
@@ -640,7 +672,7 @@ def _reducer(cfg: RunConfig, node: WanNode, inbox: Any, me: str, n_params: int, 
     part_elems = max(1, cfg.wan.chunk_bytes // 4)
     n_sites = len(cfg.cluster.sites)
     return AllReduce(node, inbox, me, cfg.wan.chunk_bytes, cfg.train.compression, max_total=n_params, attest=True,
-                     max_samples=cfg.train.per_site_batch * steps_per_round(cfg), sample_id_limit=n_samples,
+                     max_samples=cfg.train.per_site_batch * max_steps_per_round(cfg), sample_id_limit=n_samples,
                      early_max_bytes=16 * n_params + (1 << 20),
                      early_max_parts=4 * n_sites * (-(-n_params // part_elems) + 1) + 64,
                      sites=frozenset(cfg.cluster.sites))

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import queue
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -144,6 +144,23 @@ class AllReduce:
         self.last_stats = RoundStats(round=-1)
         self.interrupted: Callable[[], bool] = lambda: False
         self.stall_timeout_s: float | None = None
+
+    def set_compression(self, compression: str) -> None:
+        """The epoch's payload encoding (a consistency setting per epoch may change it)."""
+        if compression not in PAYLOAD_DTYPES:
+            raise ValueError(f"unknown compression {compression!r}")
+        self.compression = compression
+        self.limits = replace(self.limits, compression=compression)
+
+    def _limits_for(self, msg: Message) -> CollLimits:
+        """The limits a part is checked against: this epoch's; a part of a LATER epoch (whose setting
+        this site may not have heard yet) may use any payload encoding: it is held, and its values
+        are still checked (shape, finiteness) like any other."""
+        if self.epoch is None or msg.epoch <= self.epoch or not msg.buf_meta:
+            return self.limits
+        by_dtype = {v: k for k, v in PAYLOAD_DTYPES.items()}
+        how = by_dtype.get(msg.buf_meta[0][0])
+        return self.limits if how is None else replace(self.limits, compression=how)
 
     def reset(self, epoch: int) -> None:
         """A new membership epoch: parts of older epochs are void; parts of this or later ones wait."""
@@ -272,7 +289,7 @@ class AllReduce:
     # ------------------------------------------------------------------ receiving
     def _parse(self, msg: Message, stats: RoundStats) -> CollPart | None:
         try:
-            return parse_coll_part(msg, self.limits)
+            return parse_coll_part(msg, self._limits_for(msg))
         except Rejected as e:
             self._reject(msg, stats, e.reason, e.detail)
             return None

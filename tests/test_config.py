@@ -85,7 +85,7 @@ def test_unknown_nested_field_names_the_dotted_path() -> None:
         ({"train": {"per_site_batch": 8.0}}, "train.per_site_batch: expected an integer, got 8.0"),
         ({"train": {"inner_lr": "0.1"}}, "train.inner_lr: expected a number, got '0.1'"),
         ({"train": {"inner_lr": False}}, "train.inner_lr: expected a number, got False"),
-        ({"train": {"mode": "async"}}, "train.mode: 'async' is not one of ['sync', 'local']"),
+        ({"train": {"mode": "async"}}, "train.mode: 'async' is not one of ['sync', 'local', 'scripted', 'adaptive']"),
         ({"train": {"compression": "zstd"}}, "train.compression: 'zstd' is not one of ['none', 'fp16', 'int8']"),
         ({"wan": {"curve": 1}}, "wan.curve: expected true/false, got 1"),
         ({"run_id": 5}, "run_id: expected a string, got 5"),

@@ -16,7 +16,7 @@ from ground.eventlog import read_events
 from ground.events import EVENTS, STAMPED
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("ground", "wan", "coordinator", "site_agent", "checkpoint_store", "chaos", "xdc", "analysis")
+PACKAGES = ("ground", "control", "wan", "coordinator", "site_agent", "checkpoint_store", "telemetry", "chaos", "xdc", "analysis", "studies")
 
 
 def emitted_in_code() -> dict[str, set[str]]:

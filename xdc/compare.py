@@ -26,6 +26,11 @@ def run_end(cfg: RunConfig) -> tuple[int, int]:
     from ground.schedule import rounds_for_target, steps_per_round, target_tokens
 
     tokens = target_tokens(cfg)
+    if cfg.train.mode == "scripted":  # each round's own H (control/scripted.py)
+        from control.scripted import planned_rounds
+
+        return tokens, sum(st.steps_per_round for *_r, st in planned_rounds(cfg, len(cfg.cluster.sites),
+                                                                           target_samples(cfg)))
     step = rounds_for_target(cfg, len(cfg.cluster.sites)) * steps_per_round(cfg)
     return tokens, step
 
