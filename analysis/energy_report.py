@@ -20,6 +20,7 @@ from analysis.load import RunHistory
 from telemetry.trace import TRACE_NAME, read_trace
 
 MAX_TRACE_POINTS = 20_000
+ENERGY_TRACES = "energy_traces"  # beside the report's traces/ (which holds one event trace per run)
 
 ENERGY_TRACE_JS = """
 window.xdcEnergyTraceLoaded = function (key, cols, rows) {
@@ -129,7 +130,7 @@ def _run_block(r: dict[str, Any]) -> str:
         f"<details><summary>Per-site split ({_ev('modeled')})</summary><p>{escape(str(site.get('by', 'unavailable')))}</p>"
         f"<table><thead><tr><th>Process</th><th>Modeled energy</th><th>CPU s</th></tr></thead><tbody>{site_rows}</tbody>"
         "</table></details>"
-        f"<div class='trace' id='etrace-{key}'><button type='button' data-src='traces/{key}.energy.js' "
+        f"<div class='trace' id='etrace-{key}'><button type='button' data-src='energy_traces/{key}.js' "
         "onclick='xdcLoadTrace(this)'>Load the raw telemetry trace</button> <span class='trace-status'>not loaded</span>"
         "<table hidden><thead><tr></tr></thead><tbody></tbody></table></div>")
 
@@ -145,7 +146,7 @@ def energy_section_html(art: dict[str, Any]) -> str:
 
 def write_energy_traces(histories: list[RunHistory], art: dict[str, Any], out_dir: Path) -> None:
     """Each run's telemetry points as one JS call (loaded on demand): point, time, phase at timestamp, values."""
-    (out_dir / "traces").mkdir(parents=True, exist_ok=True)
+    (out_dir / ENERGY_TRACES).mkdir(parents=True, exist_ok=True)
     for h in histories:
         tr = read_trace(h.run_dir / "logs" / TRACE_NAME)
         if tr is None:
@@ -161,6 +162,6 @@ def write_energy_traces(histories: list[RunHistory], art: dict[str, Any], out_di
             rows.append([p["i"], round((p["wall_ns"] - t0) / 1e9, 3), ph or "idle",
                          *[(p["v"].get(s) or [None])[0] for s in sids]])
         cols = ["point", "t (s)", "phase at timestamp", *sids]
-        (out_dir / "traces" / f"{key}.energy.js").write_text(
+        (out_dir / ENERGY_TRACES / f"{key}.js").write_text(
             f"window.xdcEnergyTraceLoaded({json.dumps(key)}, {json.dumps(cols)}, {json.dumps(rows)});\n")
 
