@@ -2,7 +2,7 @@
 
 Two arms, alternated in one run (S C S C ... S), each in its own OS processes:
 
-  C (cluster): `xdc.launcher.Launcher` runs the demo's training settings (`xdc.cli.DEMO["train"]`:
+  C (cluster): `xdc.launcher.Launcher` runs the demo's training settings (`xdc.cli.DEMO["train"]` and `["model"]`:
      DiLoCo, H inner steps, its eval and checkpoint cadence) on three sites with a coordinator and a
      checkpoint store, over Toxiproxy links with the default site link (20 ms latency, no bandwidth
      limit), no faults. Throughput = useful tokens of rounds k0+1..kN over the time from the last
@@ -59,11 +59,12 @@ def _cfg_dict(rounds: int, runs_dir: str, extra: dict | None = None) -> dict:
     from ground.config import load_config, merge
 
     train = dict(DEMO["train"])
-    base = load_config({"train": train})
+    model = dict(DEMO.get("model", {}))  # the demo's model too, not only its training settings
+    base = load_config({"train": train, "model": model})
     tokens_per_round = base.train.per_site_batch * base.train.inner_steps_h * base.model.seq_len * len(
         base.cluster.sites)
     train["target_useful_tokens"] = rounds * tokens_per_round
-    d = {"train": train, "runs_dir": runs_dir}
+    d = {"train": train, "model": model, "runs_dir": runs_dir}
     return merge(d, extra or {})
 
 
