@@ -126,7 +126,12 @@ def check_controls(p: Protocol, finished: dict[str, dict[str, Any]]) -> list[dic
     out = []
     for sname in c["strata"]:
         s = next(x for x in p.strata if x.name == sname)
-        recs = {a: finished.get(control_key(p, s, a), {}).get("record") for a in c["arms"]}
+        fin = {a: finished.get(control_key(p, s, a), {}) for a in c["arms"]}
+        recs = {a: f.get("record") for a, f in fin.items()}
+        # a run without faults whose membership changed saw a failure nobody injected (e.g. a site
+        # that missed its heartbeats on a loaded machine): name it, it explains a mismatch
+        unplanned = {a: ((f.get("metrics") or {}).get("opportunity_ticks") or {}).get("membership_changes", 0)
+                     for a, f in fin.items()}
         if any(r is None for r in recs.values()):
             out.append({"stratum": sname, "status": "unknown", "reason": "not every control run finished",
                         "runs": {}})
@@ -136,7 +141,11 @@ def check_controls(p: Protocol, finished: dict[str, dict[str, Any]]) -> list[dic
         same = {f: len({json.dumps(v) for v in vals[f].values()}) == 1 for f in fields}
         ok = all(same.values())
         status = "pass" if ok else ("fail" if c["expect"] == "identical" else "differs")
+        why = "" if ok else f"differ in {', '.join(f for f, v in same.items() if not v)}"
+        extra = [f"{a} had {n} membership change(s) without an injected fault" for a, n in unplanned.items() if n]
+        if extra:
+            why += ("; " if why else "") + "; ".join(extra)
         out.append({"stratum": sname, "status": status, "expect": c["expect"], "matched": same, "values": vals,
-                    "reason": ("state, work and final NLL matched exactly" if ok else
-                               f"differ in {', '.join(f for f, v in same.items() if not v)}")})
+                    "unplanned_membership_changes": unplanned,
+                    "reason": why if why else "state, work and final NLL matched exactly"})
     return out

@@ -25,7 +25,11 @@ CHROMIUM = os.environ.get("XDC_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
-pytestmark = pytest.mark.integration
+# The module fixture makes five real cluster runs (four plus the one it interrupts): about 40 s each
+# on an idle 2-core machine (3-4 minutes), but 100-140 s each at the load average of 20-25 seen while
+# other work shares the machine, which ran past the suite's 600 s per-test guard once (the first
+# test carries the fixture). 1,500 s is a hang guard for that, not a speed claim.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 
 
 def xdc(*args: str) -> subprocess.CompletedProcess:
@@ -39,7 +43,7 @@ def study(tmp_path_factory):
     reg, proto, out = tmp / "registry.json", tmp / "tiny.yaml", tmp / "tiny-study"
     proto.write_text(TINY.read_text())
     r = xdc("register", str(proto), "--registry", str(reg))
-    assert r.returncode == 0 and "registered tiny version 1" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "registered tiny version 1" in r.stdout, r.stdout + r.stderr  # a fresh registry
     first = xdc("run", str(proto), "--registry", str(reg), "--out", str(out), "--max-runs", "1")
     assert first.returncode == 3, first.stdout + first.stderr  # stopped: not complete
     after_first = Ledger(out / "ledger.jsonl").finished()
@@ -103,7 +107,12 @@ def test_artifact_is_valid_and_decides_every_gate(study):
     assert not art["conclusion"]["claim_stated"]  # the energy gate is unknown, so no claim
     # the no-failure control: elastic and restart without a failure are the same computation
     (ctl,) = art["controls"]
-    assert ctl["stratum"] == "calm" and ctl["status"] == "pass", ctl
+    assert ctl["stratum"] == "calm"
+    if not any(ctl["unplanned_membership_changes"].values()):
+        assert ctl["status"] == "pass", ctl
+    else:  # a site failed without a fault (missed heartbeats on a loaded machine): the check must say so
+        assert ctl["status"] == "fail" and "without an injected fault" in ctl["reason"], ctl
+        assert not art["conclusion"]["claim_stated"] and "no-failure control" in art["conclusion"]["text"]
 
 
 def test_a_protocol_edited_after_registration_is_refused(study):
