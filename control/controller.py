@@ -168,7 +168,8 @@ def decide(observations: Sequence[Observation], current: ConsistencySetting, cfg
         return Decision("keep", current, f"communication {now:.0%} of compute > {cfg.comm_fraction_max:.0%}, "
                                          f"but {current.label()} is the cheapest allowed setting", ev)
     if now < cfg.comm_fraction_shrink:
-        return Decision("keep", current, f"communication {now:.0%} of compute: {current.label()} is the most "
-                                         f"frequent-sync setting allowed (smallest H, least compression)", ev)
+        return Decision("keep", current, f"communication {now:.0%} of compute, but no smaller H or lighter "
+                                         f"compression fits under {cfg.comm_fraction_max:.0%} at the window's "
+                                         f"slowest cycle", ev)
     return Decision("keep", current, f"communication {now:.0%} of compute is within "
                                      f"[{cfg.comm_fraction_shrink:.0%}, {cfg.comm_fraction_max:.0%}]", ev)

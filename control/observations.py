@@ -7,9 +7,12 @@ and the norm of its pseudo-gradient and its dot product with the cluster mean (w
 holds after the collective, so the disagreement costs no extra traffic). The coordinator joins the
 members' reports of a committed round into one `Observation` and logs it (`cycle_observed`).
 
-Goodput per link is the collective's own: bytes a site sent in the round over the time its
-collective took (a lower bound on the link: the wait includes the slowest peer). Nothing here
-comes from the configured toxics.
+Goodput is the collective's own: bytes a member sent in the round over the time its collective
+took. A member's collective time also holds its wait for peers still computing (a straggler, or
+CPU contention on a shared machine), which is no property of the link; so the observation takes
+the collective time of the member that finished computing LAST (it waits for nobody's compute)
+as the round's communication time, and reports the others' extra wait as `straggler_wait_s`.
+Nothing here comes from the configured toxics.
 """
 
 from __future__ import annotations
@@ -70,9 +73,10 @@ class Observation:
     n_members: int
     members_changed: bool  # the round's members differ from the previous observed round's
     t_step_s: float  # median over members of compute_s / inner_steps
-    t_comm_s: float  # max over members of the collective's wall time
+    t_comm_s: float  # the collective's wall time at the member that finished computing last
+    straggler_wait_s: float  # the longest extra wait of another member (peers' compute skew)
     payload_bytes: int  # per member (the median)
-    goodput_bps: float  # median over members of payload_bytes / comm_s (bytes per second)
+    goodput_bps: float  # that member's payload_bytes / t_comm_s (bytes per second)
     stalls: int
     loss: float | None  # mean over members
     cos_to_mean: float | None  # mean over members of cos(contribution, cluster mean); None: n < 2
@@ -98,16 +102,18 @@ def observe(rnd: int, epoch: int, setting_label: str, h: int, cycles: Mapping[st
     members = tuple(sorted(cycles))
     cs = [cycles[m] for m in members]
     steps = [c.compute_s / c.inner_steps for c in cs if c.inner_steps > 0]
-    goodput = [c.payload_bytes / c.comm_s for c in cs if c.comm_s > 0 and c.payload_bytes > 0]
+    last = max(cs, key=lambda c: c.compute_s) if cs else None  # waited for nobody's compute
     losses = [c.loss for c in cs if c.loss is not None]
     cos = [c.update_dot_mean / (c.update_norm * c.mean_norm) for c in cs if c.update_norm > 0 and c.mean_norm > 0]
     norms = [c.update_norm for c in cs if c.update_norm > 0]
     return Observation(
         round=rnd, epoch=epoch, setting=setting_label, inner_steps_h=h, n_members=len(members),
         members_changed=prev_members is not None and prev_members != members,
-        t_step_s=_median(steps) if steps else 0.0, t_comm_s=max((c.comm_s for c in cs), default=0.0),
+        t_step_s=_median(steps) if steps else 0.0, t_comm_s=last.comm_s if last else 0.0,
+        straggler_wait_s=max(c.comm_s for c in cs) - last.comm_s if last else 0.0,
         payload_bytes=int(_median([float(c.payload_bytes) for c in cs])) if cs else 0,
-        goodput_bps=_median(goodput) if goodput else 0.0, stalls=sum(c.stalls for c in cs),
+        goodput_bps=last.payload_bytes / last.comm_s if last and last.comm_s > 0 else 0.0,
+        stalls=sum(c.stalls for c in cs),
         loss=sum(losses) / len(losses) if losses else None,
         cos_to_mean=sum(cos) / len(cos) if len(cos) >= 2 else None,
         norm_ratio=max(norms) / min(norms) if len(norms) >= 2 else None,

@@ -20,7 +20,7 @@ def obs(rnd: int, s: ConsistencySetting, goodput_bps: float, *, n: int = 3, chan
         cos: float | None = 0.8) -> Observation:
     payload = int(P_BYTES * {"none": 1, "fp16": 0.5, "int8": 0.25}[s.compression])
     return Observation(round=rnd, epoch=1, setting=s.label(), inner_steps_h=s.steps_per_round, n_members=n,
-                       members_changed=changed, t_step_s=T_STEP, t_comm_s=payload / goodput_bps,
+                       members_changed=changed, t_step_s=T_STEP, t_comm_s=payload / goodput_bps, straggler_wait_s=0.0,
                        payload_bytes=payload, goodput_bps=goodput_bps, stalls=stalls, loss=3.0, cos_to_mean=cos,
                        norm_ratio=1.1, update_age_steps=s.steps_per_round)
 
@@ -142,12 +142,16 @@ def test_disagreement_steps_h_down_when_the_link_allows():
 
 
 def test_observe_joins_members_measurements():
-    c = lambda comm, norm, dot: SiteCycle(compute_s=0.8, inner_steps=8, comm_s=comm, payload_bytes=1000,  # noqa
-                                          loss=2.5, update_norm=norm, update_dot_mean=dot, mean_norm=1.0)
-    o = observe(7, 3, "local H=8", 8, {"a": c(0.5, 2.0, 1.0), "b": c(1.0, 1.0, 1.0), "c": c(0.25, 1.0, 0.5)},
-                ("a", "b", "c"))
-    assert o.t_step_s == 0.1 and o.t_comm_s == 1.0 and o.goodput_bps == 2000.0 and o.n_members == 3
+    c = lambda comp, comm, norm, dot: SiteCycle(compute_s=comp, inner_steps=8, comm_s=comm,  # noqa: E731
+                                                payload_bytes=1000, loss=2.5, update_norm=norm, update_dot_mean=dot,
+                                                mean_norm=1.0)
+    # c finished computing last (1.2 s): its collective (0.25 s) waited for nobody's compute; a and
+    # b waited for c as well (their longer collective times are straggler wait, not the link).
+    o = observe(7, 3, "local H=8", 8, {"a": c(0.8, 0.5, 2.0, 1.0), "b": c(0.8, 1.0, 1.0, 1.0),
+                                       "c": c(1.2, 0.25, 1.0, 0.5)}, ("a", "b", "c"))
+    assert o.t_step_s == 0.1 and o.t_comm_s == 0.25 and o.goodput_bps == 4000.0 and o.n_members == 3
+    assert o.straggler_wait_s == 0.75
     assert not o.members_changed and abs(o.cos_to_mean - (0.5 + 1.0 + 0.5) / 3) < 1e-12 and o.norm_ratio == 2.0
-    o2 = observe(8, 3, "local H=8", 8, {"a": c(0.5, 1, 1), "b": c(0.5, 1, 1)}, ("a", "b", "c"))
+    o2 = observe(8, 3, "local H=8", 8, {"a": c(0.8, 0.5, 1, 1), "b": c(0.8, 0.5, 1, 1)}, ("a", "b", "c"))
     assert o2.members_changed
     assert replace(o2, round=9).round == 9

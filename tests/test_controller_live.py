@@ -78,3 +78,35 @@ def test_collapse_moves_to_cheaper_communication_and_back(collapse_run):
     changed = [e for e in coord if e["event"] == "setting_changed"]
     assert 1 <= len(changed) <= len(changes)
     assert {c["setting"]["compression"] for c in commits} >= {"none"}
+
+
+@pytest.fixture(scope="module")
+def churn_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """The same adaptive cluster on a steady link; b crashes at 120,000 tokens, back 2 s later (elastic)."""
+    from chaos.scenario import Scenario
+
+    cfg = load_config(merge(ADAPTIVE, {"runs_dir": str(tmp_path_factory.mktemp("churn")),
+                                       "train": {"target_useful_tokens": 360_000},
+                                       "recovery": {"policy": "elastic"}}))
+    scenario = Scenario.build("churn-once", "b crashes and rejoins").crash("b", at_useful_tokens=120_000,
+                                                                          restart_after_s=2)
+    return launch(cfg, quiet=True, timeout_s=600, scenario=scenario)
+
+
+def test_churn_makes_it_abstain(churn_run):
+    run_dir, s = churn_run
+    assert s["clean_exit"], s["exit_codes"]
+    coord = events(run_dir, "coord")
+    obs = {(e["epoch"], e["round"]): e for e in coord if e["event"] == "cycle_observed"}
+    by_round = {e["round"]: e for e in obs.values()}
+    decisions = [e for e in coord if e["event"] == "controller_decision"]
+    churned = [r for r, o in by_round.items() if o["members_changed"]]
+    assert churned, "no committed round saw the membership change"
+    # No decision rests on a window that spans a membership change: each such one abstained, and said why.
+    spans = [d for d in decisions if any(by_round.get(r, {}).get("members_changed")
+                                         or by_round.get(r, {}).get("n_members") != by_round[d["round"]]["n_members"]
+                                         for r in d["evidence"].get("window_rounds", []))]
+    assert spans, decisions[:5]
+    for d in spans:
+        assert d["action"] == "abstain" and ("membership" in d["reason"] or "too few samples" in d["reason"]), d
+    assert any("membership" in d["reason"] for d in spans), [d["reason"] for d in spans]

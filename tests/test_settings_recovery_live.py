@@ -20,6 +20,11 @@ from ground.setting import ConsistencySetting
 from tests.conftest import assert_ledger_balanced, events
 from ground.config import load_config, merge
 
+# Four real cluster runs in one fixture: 9.5 min on a loaded 2-core machine once, 13 min at load
+# average 24 (each run ~3.3 min, mostly process start-up); the suite's 600 s per-test limit would
+# cut the fixture, not a hang.
+pytestmark = pytest.mark.timeout(1800)
+
 # 3 sites x 8 samples: H=4 rounds 96 samples (288 after 3), sync rounds 24 (360 after 3), H=8 192.
 CFG = {"train": {"mode": "scripted", "per_site_batch": 8, "inner_steps_h": 4,
                  "target_useful_tokens": (360 + 384) * 128, "eval_every_rounds": 4, "checkpoint_every_rounds": 2,
