@@ -67,7 +67,7 @@ EVENTS: dict[str, Event] = {
     "cpu_by_process": Event(("telemetry.sampler",), span=False,
         fields=("cpu_s", "evidence", "source")),
     "cycle_observed": Event(("coordinator.rules",), span=False,
-        fields=("round", "epoch", "setting", "inner_steps_h", "n_members", "members_changed", "t_step_s", "t_comm_s",
+        fields=("round", "epoch", "setting", "inner_steps_h", "n_members", "members_changed", "t_step_s", "t_comm_s", "straggler_wait_s",
                 "payload_bytes", "goodput_bps", "stalls", "loss", "cos_to_mean", "norm_ratio", "update_age_steps")),
     "eval": Event(("site_agent.agent", "site_agent.evaluator", "xdc.reference"), span=True,
         fields=("background", "cpu_s", "heldout_nll", "round", "useful_tokens_trained")),
