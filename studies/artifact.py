@@ -56,7 +56,7 @@ def _invalidators(p: Protocol, runs: list[dict[str, Any]], mixed: bool) -> list[
 
 def _noise_floor(p: Protocol, runs: list[dict[str, Any]]) -> dict[str, Any]:
     from analysis.learning_refs import NOISE_FLOOR_RECORD
-    from xdc.noise_floor import match
+    from analysis.noise_floor_record import match
 
     ctl = [r for r in runs if r["arm"] == p.control and not r["control"]]
     if not ctl:

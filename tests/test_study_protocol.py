@@ -70,11 +70,11 @@ def test_a_protocol_edited_after_registration_is_refused(tmp_path):
 
 
 def test_an_arm_the_config_loader_refuses_is_refused_with_its_words():
-    text = TINY.read_text().replace("{name: restart, policy: restart}", "{name: restart, policy: restart, mode: adaptive}")
+    text = TINY.read_text().replace("{name: restart, policy: restart}", "{name: restart, policy: restart, mode: telepathic}")
     p = parse_protocol(text, "p.yaml")  # the file is well formed ...
     with pytest.raises(ProtocolError) as ei:  # ... but the run config is the loader's to accept
         arm_configs(p)
-    assert ei.value.field == "arms[1].mode" and "adaptive" in ei.value.reason and "refused by the run-config loader" \
+    assert ei.value.field == "arms[1].mode" and "telepathic" in ei.value.reason and "refused by the run-config loader" \
         in ei.value.reason
 
 

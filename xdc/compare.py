@@ -23,7 +23,7 @@ class ScenarioBeyondRun(ValueError):
 
 def run_end(cfg: RunConfig) -> tuple[int, int]:
     """(useful tokens, step) of the last commit of a fault-free run with every site."""
-    from ground.schedule import rounds_for_target, steps_per_round, target_tokens
+    from ground.schedule import rounds_for_target, steps_per_round, target_samples, target_tokens
 
     tokens = target_tokens(cfg)
     if cfg.train.mode == "scripted":  # each round's own H (control/scripted.py)
