@@ -214,3 +214,16 @@ def test_missing_requirements_names_only_what_is_absent(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, str(ROOT / "compose" / "missing_requirements.py"), str(ROOT / "pyproject.toml")],
                        capture_output=True, text=True, timeout=60)
     assert r.stdout == ""  # this venv (what the local base image carries) lacks nothing
+
+
+def test_the_image_copies_every_package_the_project_installs() -> None:
+    """The image runs `pip install /app`: a package pyproject lists but the Dockerfile does not copy
+    fails that build (the compose smoke's build failed this way when ground/, control/, telemetry/ and
+    studies/ were added)."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    packages = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    copied = set(re.findall(r"^COPY (\S+) /app/\1$", (root / "compose" / "Dockerfile").read_text(), flags=re.M))
+    missing = sorted(set(packages) - copied)
+    assert not missing, f"compose/Dockerfile does not COPY {missing} into /app"
