@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from chaos.scenario import _Validator, _dotted, _tname
+
 ROOT = Path(__file__).resolve().parent.parent
 
 METRICS = ("final_heldout_nll", "progress_per_flop", "attempted_flops", "opportunity_ticks", "wall_s",
@@ -162,40 +164,16 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def _dotted(path: Path_) -> str:
-    out = ""
-    for p in path:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
-    return out
-
-
-def _tname(v: Any) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
-            float: "a number", type(None): "nothing"}.get(type(v), type(v).__name__)
-
-
-class _V:
-    """The validator: every check raises ProtocolError at the line of the path it checks."""
+class _V(_Validator):
+    """The validator: every check raises ProtocolError at the line of the path it checks. The line
+    lookup and the mapping / unknown-field checks are the scenario validator's (chaos/scenario.py)."""
 
     def __init__(self, source: str, lines: Mapping[Path_, int], base_dir: Path) -> None:
-        self.source, self.lines, self.base_dir = source, lines, base_dir
+        super().__init__(source, lines, None)
+        self.base_dir = base_dir
 
-    def line(self, path: Path_) -> int | None:
-        p = tuple(path)
-        while True:
-            if p in self.lines:
-                return self.lines[p]
-            if not p:
-                return None
-            p = p[:-1]
-
-    def err(self, path: Path_, reason: str) -> ProtocolError:
+    def err(self, path: Path_, reason: str) -> ProtocolError:  # type: ignore[override]
         return ProtocolError(self.source, self.line(path), _dotted(path), reason)
-
-    def mapping(self, v: Any, path: Path_, what: str) -> Mapping[str, Any]:
-        if not isinstance(v, Mapping):
-            raise self.err(path, f"expected {what} (a mapping), got {_tname(v)}")
-        return v
 
     def seq(self, v: Any, path: Path_, what: str, min_len: int = 0) -> list[Any]:
         if not isinstance(v, (list, tuple)):
@@ -203,14 +181,6 @@ class _V:
         if len(v) < min_len:
             raise self.err(path, f"needs at least {min_len} item{'s' if min_len > 1 else ''}, got {len(v)}")
         return list(v)
-
-    def unknown(self, d: Mapping[str, Any], known: Iterable[str], path: Path_) -> None:
-        known = list(known)
-        for k in d:
-            if k not in known:
-                hint = difflib.get_close_matches(str(k), known, n=1)
-                extra = f" (did you mean {hint[0]!r}?)" if hint else ""
-                raise self.err((*path, k), f"unknown field{extra}; known: {known}")
 
     def required(self, d: Mapping[str, Any], key: str, path: Path_) -> Any:
         if key not in d:
