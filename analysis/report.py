@@ -26,11 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from analysis import figures
+from analysis.controller_report import controller_section_html
 from analysis.energy_report import energy_section_html, write_energy_traces
 from analysis.learning import verdict
 from analysis.load import RunHistory
 
-SECTIONS = ("recovery", "work", "bytes", "completion", "learning", "energy", "checks", "provenance")
+SECTIONS = ("recovery", "work", "bytes", "completion", "learning", "controller", "energy", "checks", "provenance")
 CHART_SECTIONS = ("recovery", "work", "bytes", "completion", "learning")
 MAX_TRACE_EVENTS = 200_000  # per run; beyond this the trace file says it is truncated
 
@@ -516,7 +517,8 @@ def render_report(art: dict[str, Any]) -> str:
     title = f"xdc report — {scen.get('name', art['runs'][0]['run_id'])}"
     nav = "".join(f"<a href='#{s}'>{s}</a>" for s in SECTIONS)
     body = (_recovery_section(art) + _work_section(art) + _bytes_section(art) + _completion_section(art)
-            + _learning_section(art) + energy_section_html(art) + _checks_section(art) + _provenance_section(art))
+            + _learning_section(art) + controller_section_html(art, _fig_html) + energy_section_html(art)
+            + _checks_section(art) + _provenance_section(art))
     return ("<!doctype html><html lang='en'><head><meta charset='utf-8'>"
             "<meta name='viewport' content='width=device-width,initial-scale=1'>"
             f"<title>{escape(title)}</title><style>{CSS}</style>"

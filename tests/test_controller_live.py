@@ -110,3 +110,31 @@ def test_churn_makes_it_abstain(churn_run):
     for d in spans:
         assert d["action"] == "abstain" and ("membership" in d["reason"] or "too few samples" in d["reason"]), d
     assert any("membership" in d["reason"] for d in spans), [d["reason"] for d in spans]
+
+
+def test_the_report_shows_what_the_controller_chose_in_the_collapse(collapse_run):
+    """The report section of a real adaptive run: its setting intervals are the settings the commits
+    were trained in, one interval per change the coordinator applied, and every change is listed."""
+    from analysis.artifact import build_artifact
+    from analysis.controller_report import chosen_run, controller_section_html, setting_intervals
+    from analysis.report import _fig_html
+
+    run_dir, _ = collapse_run
+    art = build_artifact([run_dir])
+    run = chosen_run(art)
+    assert run is not None and run["run_id"] == art["runs"][0]["run_id"]
+    coord = events(run_dir, "coord")
+    commits = [e for e in coord if e["event"] == "commit"]
+    assert len(run["commit_ledger"]) == len(commits)
+    labels = [iv["label"] for iv in setting_intervals(run)]
+    distinct = []
+    for c in commits:
+        s = _setting(c["setting"])
+        label = "sync" if s.mode == "sync" else f"local H={s.inner_steps_h}" + (
+            f" {s.compression}" if s.compression != "none" else "")
+        if not distinct or distinct[-1] != label:
+            distinct.append(label)
+    assert labels == distinct and len(labels) >= 2, labels
+    html = controller_section_html(art, _fig_html)
+    changes = [e for e in coord if e["event"] == "controller_decision" and e["action"] in ("change", "abstain")]
+    assert f"{len(changes)} decisions changed the setting or abstained" in html
