@@ -50,9 +50,26 @@ PASS, FAIL, UNKNOWN = "pass", "fail", "unknown"
 MAX_EVIDENCE = 20  # lines of evidence kept per checker (the count says how many there were)
 
 # Bytes no traffic class owns, per connection: the ZMTP greeting + CURVE handshake (< 2 KiB) and
-# ZMTP heartbeats (< 128 B/s). See tests/test_cluster_e2e.py for where the bounds come from.
+# ZMTP heartbeats. A link's Toxiproxy count holds BOTH directions of its connection, and each side
+# sends, every heartbeat interval, its own PING and a PONG to the other's: 4 heartbeat commands per
+# interval per connection. Each is a CURVE MESSAGE-wrapped ZMTP command: frame header 2 B + "MESSAGE"
+# 8 B + nonce 8 B + MAC 16 B + flags 1 B + PING/PONG with TTL 7 B = 42 B (measured: 39 B a command
+# on an idle proxied connection, tests/test_heartbeat_bytes.py); HEARTBEAT_COMMAND_BOUND_B leaves
+# room for a PING context. The old bound of 128 B/s per connection counted one direction only and
+# failed every run longer than about 90 s.
 HANDSHAKE_BOUND_B = 2048
-HEARTBEAT_BOUND_B_PER_S = 128
+HEARTBEAT_COMMAND_BOUND_B = 48
+HEARTBEAT_COMMANDS_PER_INTERVAL = 4  # per connection: two sides x (own PING + PONG to the peer's)
+
+
+def heartbeat_bound_b_per_s(zmq_heartbeat_ivl_ms: float) -> float:
+    """Most unowned heartbeat bytes a second one connection carries, both directions together."""
+    return HEARTBEAT_COMMANDS_PER_INTERVAL * HEARTBEAT_COMMAND_BOUND_B * 1000.0 / float(zmq_heartbeat_ivl_ms)
+
+
+def _heartbeat_bound(h: RunHistory) -> float:
+    ivl = (h.config.get("wan") or {}).get("zmq_heartbeat_ivl_ms") or 1000
+    return heartbeat_bound_b_per_s(ivl)
 
 
 @dataclass
@@ -302,7 +319,7 @@ def check_byte_classes(runs: list[RunHistory], ctx: dict[str, Any]) -> CheckResu
         conns = ctx["connections"][h.run_id]
         for link, row in rec["per_link"].items():
             n = conns.get(link, 1)
-            bound = n * (HANDSHAKE_BOUND_B + HEARTBEAT_BOUND_B_PER_S * dur_s)
+            bound = n * (HANDSHAKE_BOUND_B + _heartbeat_bound(h) * dur_s)
             # A process killed with bytes still queued counted them as sent though they never reached
             # the proxy: on links of faulted processes allow 1% of the link's bytes either way.
             slack = 0.01 * max(row["proxy"], row["counted"]) if link in ctx["faulted_links"][h.run_id] else 0

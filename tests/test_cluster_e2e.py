@@ -17,12 +17,11 @@ from site_agent.trainer import SiteTrainer
 from tests.conftest import assert_ledger_balanced, events
 from wan.frames import TRAFFIC_CLASSES
 from ground.config import config_from_json
+from analysis.checkers import HANDSHAKE_BOUND_B, heartbeat_bound_b_per_s
 
 # Bytes no traffic class owns: per connection, the ZMTP greeting and CURVE handshake
 # (HELLO 200 B, WELCOME 168 B, INITIATE ~260 B + metadata, READY + metadata: under 2 KiB),
-# and ZMTP heartbeats (encrypted PING/PONG, under 128 B per second per connection).
-HANDSHAKE_BOUND_B = 2048
-HEARTBEAT_BOUND_B_PER_S = 128
+# and ZMTP heartbeats (encrypted PING/PONG, both directions: analysis/checkers.py says how).
 
 
 def _duration_s(run_dir) -> float:
@@ -70,7 +69,7 @@ def test_byte_classes_reconcile_with_toxiproxy_counters(local_run):
     duration = _duration_s(run_dir)
     # Every link: the proxy saw at least what we counted, and the rest is bounded framing overhead.
     for link, row in rec["per_link"].items():
-        bound = HANDSHAKE_BOUND_B + HEARTBEAT_BOUND_B_PER_S * duration
+        bound = HANDSHAKE_BOUND_B + heartbeat_bound_b_per_s(s["config"]["wan"]["zmq_heartbeat_ivl_ms"]) * duration
         assert 0 <= row["overhead"] <= bound, (link, row, bound)
     assert rec["overhead_fraction"] < 0.01
 
