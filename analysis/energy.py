@@ -170,6 +170,129 @@ def _unavailable_reason(meters: list[dict[str, Any]], quantities: tuple[str, ...
     return "; ".join(f"{m['sensor']}: {m.get('reason') or m.get('last_status')}" for m in rows) or "no such meter"
 
 
+def _trace_info(tr: Trace, closed: dict[str, Any] | None) -> dict[str, Any]:
+    """The trace file: its hash (and whether it matches the one the sampler logged), size and problems."""
+    trace_info = {"path": f"logs/{TRACE_NAME}", "sha256": tr.sha256, "sha256_logged": closed.get("sha256") if closed else None,
+                  "hash_matches": bool(closed and closed.get("sha256") == tr.sha256), "points": len(tr.points),
+                  "bytes": tr.n_bytes, "truncated": tr.truncated, "problems": tr.problems,
+                  "missed_polls": closed.get("missed_polls") if closed else None,
+                  "sampler_cpu_s": closed.get("sampler_cpu_s") if closed else None}
+    if closed and not trace_info["hash_matches"]:
+        trace_info["problems"] = [*tr.problems, "the file's SHA-256 differs from the one the sampler logged"]
+    return trace_info
+
+
+def _meter_rows(sensors: dict[str, dict[str, Any]], run_series: dict[str, list[Any]],
+                eff: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per sensor: what it is, its last status, its effective update period, whether it was lost."""
+    meters = []
+    for sid, row in sensors.items():
+        e = eff[sid]
+        last = run_series[sid][-1][3] if run_series[sid] else row.get("support")
+        meters.append({**row, "last_status": last, "effective_update_period_ms": e["effective_update_period_ms"],
+                       "changes": e["changes"], "readable_polls": e["readable_polls"], "polls": e["polls"],
+                       "lost_after_wall_ns": e["lost_after_wall_ns"],
+                       "disappeared": e["lost_after_wall_ns"] is not None})
+    return meters
+
+
+def _idle_baseline(tr: Trace, primary: list[str], has_modeled: bool, no_meter: str | None) -> dict[str, Any]:
+    """Idle baseline (sensitivity only): mean power of each baseline window, per meter."""
+    idle = {}
+    for name, ctr_ids in (("measured", primary), ("modeled", [MODELED_SENSOR] if has_modeled else [])):
+        rows = {}
+        for stage in ("baseline_before", "baseline_after"):
+            b = _stage_bounds(tr, stage)
+            if not b or not ctr_ids:
+                rows[stage] = _q(None, "W", "unavailable", reason=no_meter if name == "measured" else "no baseline points")
+                continue
+            energies = [Counter(tr.series(s, stage)).integrate([b])[0] for s in ctr_ids]
+            val = None if any(x is None for x in energies) else sum(energies) / ((b[1] - b[0]) / 1e9)  # type: ignore[arg-type]
+            rows[stage] = _q(val, "W", name, duration_s=(b[1] - b[0]) / 1e9)
+        idle[name] = rows
+    return idle
+
+
+def _idle_w(idle: dict[str, Any], name: str) -> float | None:
+    vals = [r["value"] for r in idle[name].values() if r["value"] is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _phase_row(p: str, spans: list[tuple[int, int]], *, primary: list[str], counters: dict[str, Counter],
+               modeled: Counter | None, eff: dict[str, dict[str, Any]], no_meter: str | None, how: dict[str, str],
+               claim: dict[str, Any], phase_updates: dict[str, int], idle: dict[str, Any],
+               useful_tokens: int) -> dict[str, Any]:
+    """One phase's measured and modeled energy (total, per token, idle-subtracted) and its counter updates."""
+    dur = sum(b - a for a, b in spans) / 1e9
+    if primary:
+        parts = [counters[s].integrate(spans) for s in primary]
+        val = None if any(x[0] is None for x in parts) else sum(x[0] for x in parts)  # type: ignore[misc]
+        cov = min(x[1] for x in parts)
+        m_e = _q(val, "J", "measured", coverage=cov, claim=claim["status"],
+                 **({} if val is not None else {"reason": "no readable point of the meter covers this phase "
+                                                          "(it was lost, or the trace is truncated)"}))
+    else:
+        m_e = _q(None, "J", "unavailable", reason=no_meter)
+    mod_val, mod_cov = modeled.integrate(spans) if modeled else (None, 0.0)
+    mod_e = _q(mod_val, "J", "modeled", coverage=mod_cov, **how)
+    iw = _idle_w(idle, "measured")
+    eff_p = eff[primary[0]]["effective_update_period_ms"] if primary else None
+    eff_m = eff[MODELED_SENSOR]["effective_update_period_ms"] if modeled else None
+    return {
+        "phase": p, "spans": len(spans), "duration": _q(dur, "s", "measured"),
+        "energy": m_e, "energy_modeled": mod_e,
+        "energy_per_token": _q(m_e["value"] / useful_tokens if m_e["value"] is not None and useful_tokens else None,
+                               "J/token", m_e["evidence"], reason=m_e.get("reason")),
+        "energy_modeled_per_token": _q(mod_val / useful_tokens if mod_val is not None and useful_tokens else None,
+                                       "J/token", "modeled"),
+        "idle_subtracted": _q(m_e["value"] - iw * dur if (m_e["value"] is not None and iw is not None) else None,
+                              "J", "measured", sensitivity=True, reason=no_meter or "no idle baseline"),
+        "counter_updates": phase_updates.get(p, 0) if primary else None,
+        "modeled_updates": updates_in(modeled.changes, spans) if modeled else None,
+        "effective_update_equivalents": (dur * 1000 / eff_p) if eff_p else None,
+        "modeled_update_equivalents": (dur * 1000 / eff_m) if eff_m else None,
+        "claim": claim["status"]}
+
+
+def _per_site(evs: list[dict[str, Any]], tcfg: dict[str, Any]) -> dict[str, Any] | None:
+    """The modeled per-site split: each site's processes' measured CPU seconds x the declared W per core."""
+    cpu = next((e for e in reversed(evs) if e["event"] == "cpu_by_process"), None)
+    if cpu is None:
+        return None
+    w = float(tcfg.get("modeled_cpu_watts_per_core", 15.0))
+    by_site: dict[str, float] = {}
+    for name, s in cpu.get("cpu_s", {}).items():
+        site = name.split(".w")[0]
+        by_site[site] = by_site.get(site, 0.0) + float(s)
+    return {"evidence": "modeled", "by": f"each process's measured CPU seconds x {w:g} W per core (declared, "
+            "prior); all sites share one device, so no meter can split them",
+            "processes": {k: _q(v * w, "J", "modeled", cpu_s=v) for k, v in sorted(by_site.items())}}
+
+
+def _phase_spans(h: RunHistory, run_b: tuple[int, int] | None
+                 ) -> tuple[tuple[int, int] | None, dict[str, list[tuple[int, int]]]]:
+    """Phases on the machine timeline over the run stage: (the run's bounds, extended to the logs' last
+    span, and each phase's spans)."""
+    sp = site_phases(h)
+    if run_b and sp:  # a trace that ends before the logs' last span (truncated): the rest is uncovered, not dropped
+        run_b = (run_b[0], max(run_b[1], max(int(p["end_ns"]) for p in sp)))
+    timeline = machine_timeline(sp, *run_b) if run_b else []
+    spans: dict[str, list[tuple[int, int]]] = {p: [] for p in ENERGY_PHASES}
+    for a, b, p in timeline:
+        spans[p].append((a, b))
+    return run_b, spans
+
+
+def _run_measured(counters: dict[str, Counter], primary: list[str], run_b: tuple[int, int] | None,
+                  run_claim: dict[str, Any], no_meter: str | None) -> dict[str, Any]:
+    """The run's measured energy: the primary meters' counters over the run stage."""
+    if primary and run_b:
+        parts = [counters[s].integrate([run_b]) for s in primary]
+        rv = None if any(x[0] is None for x in parts) else sum(x[0] for x in parts)  # type: ignore[misc]
+        return _q(rv, "J", "measured", claim=run_claim["status"], meter=primary)
+    return _q(None, "J", "unavailable", reason=no_meter or "no run-stage points")
+
+
 def energy_section(h: RunHistory, useful_tokens: int, inv: EnergyInvalidators | None = None) -> dict[str, Any]:
     evs = h.logs.get("telemetry", [])
     tr = read_trace(h.run_dir / "logs" / TRACE_NAME)
@@ -183,25 +306,12 @@ def energy_section(h: RunHistory, useful_tokens: int, inv: EnergyInvalidators | 
     inv = inv or EnergyInvalidators(**(tcfg.get("invalidators") or {}))
     period_ms = float(tr.header.get("poll_period_ms") or tcfg.get("poll_period_ms") or 20)
     closed = next((e for e in reversed(evs) if e["event"] == "trace_closed"), None)
-    trace_info = {"path": f"logs/{TRACE_NAME}", "sha256": tr.sha256, "sha256_logged": closed.get("sha256") if closed else None,
-                  "hash_matches": bool(closed and closed.get("sha256") == tr.sha256), "points": len(tr.points),
-                  "bytes": tr.n_bytes, "truncated": tr.truncated, "problems": tr.problems,
-                  "missed_polls": closed.get("missed_polls") if closed else None,
-                  "sampler_cpu_s": closed.get("sampler_cpu_s") if closed else None}
-    if closed and not trace_info["hash_matches"]:
-        trace_info["problems"] = [*tr.problems, "the file's SHA-256 differs from the one the sampler logged"]
+    trace_info = _trace_info(tr, closed)
     run_b = _stage_bounds(tr, "run")
     sensors = tr.sensors()
     run_series = {sid: tr.series(sid, "run") for sid in sensors}
     eff = {sid: effective_update(s) for sid, s in run_series.items()}
-    meters = []
-    for sid, row in sensors.items():
-        e = eff[sid]
-        last = run_series[sid][-1][3] if run_series[sid] else row.get("support")
-        meters.append({**row, "last_status": last, "effective_update_period_ms": e["effective_update_period_ms"],
-                       "changes": e["changes"], "readable_polls": e["readable_polls"], "polls": e["polls"],
-                       "lost_after_wall_ns": e["lost_after_wall_ns"],
-                       "disappeared": e["lost_after_wall_ns"] is not None})
+    meters = _meter_rows(sensors, run_series, eff)
     t_run0 = run_b[0] if run_b else 0
     trace_info["sensors_lost"] = [f"{m['sensor']} stopped reading {(m['lost_after_wall_ns'] - t_run0) / 1e9:.2f} s into "
                                   f"the run ({run_series[m['sensor']][-1][3]}); later spans are not covered by it"
@@ -211,14 +321,7 @@ def energy_section(h: RunHistory, useful_tokens: int, inv: EnergyInvalidators | 
               [sid for sid, r in sensors.items() if r["quantity"] == "cpu_energy" and r["support"] == "ok"]
     no_meter = None if primary else ("no energy meter readable: " + _unavailable_reason(meters, ("gpu_energy", "cpu_energy")))
     cal = poll_calibration([p["mono_ns"] for p in tr.points if p.get("stage") == "run"], period_ms)
-    # Phases on the machine timeline over the run stage.
-    sp = site_phases(h)
-    if run_b and sp:  # a trace that ends before the logs' last span (truncated): the rest is uncovered, not dropped
-        run_b = (run_b[0], max(run_b[1], max(int(p["end_ns"]) for p in sp)))
-    timeline = machine_timeline(sp, *run_b) if run_b else []
-    spans: dict[str, list[tuple[int, int]]] = {p: [] for p in ENERGY_PHASES}
-    for a, b, p in timeline:
-        spans[p].append((a, b))
+    run_b, spans = _phase_spans(h, run_b)
     counters = {sid: Counter(run_series[sid]) for sid in primary}
     modeled = Counter(run_series[MODELED_SENSOR]) if MODELED_SENSOR in run_series else None
     phase_updates = {p: sum(updates_in(c.changes, spans[p]) for c in counters.values()) for p in ENERGY_PHASES
@@ -227,81 +330,21 @@ def energy_section(h: RunHistory, useful_tokens: int, inv: EnergyInvalidators | 
     claims = [claim_status(c, results, no_meter) for c in ("run_energy", "power_integrated_energy")]
     phase_claims = {p: claim_status(f"phase_energy:{p}", results, no_meter) for p in ENERGY_PHASES if spans[p]}
     claims += list(phase_claims.values())
-    # Idle baseline (sensitivity only): mean power of each baseline window, per meter.
-    idle = {}
-    for name, ctr_ids in (("measured", primary), ("modeled", [MODELED_SENSOR] if modeled else [])):
-        rows = {}
-        for stage in ("baseline_before", "baseline_after"):
-            b = _stage_bounds(tr, stage)
-            if not b or not ctr_ids:
-                rows[stage] = _q(None, "W", "unavailable", reason=no_meter if name == "measured" else "no baseline points")
-                continue
-            energies = [Counter(tr.series(s, stage)).integrate([b])[0] for s in ctr_ids]
-            val = None if any(x is None for x in energies) else sum(energies) / ((b[1] - b[0]) / 1e9)  # type: ignore[arg-type]
-            rows[stage] = _q(val, "W", name, duration_s=(b[1] - b[0]) / 1e9)
-        idle[name] = rows
-
-    def idle_w(name: str) -> float | None:
-        vals = [r["value"] for r in idle[name].values() if r["value"] is not None]
-        return sum(vals) / len(vals) if vals else None
-
+    idle = _idle_baseline(tr, primary, modeled is not None, no_meter)
     modeled_note = sensors.get(MODELED_SENSOR, {}).get("note", "")
     how = {"derived": modeled_note} if modeled_note else {"reason": "no modeled meter in this trace"}
-    phases_out = []
-    for p in ENERGY_PHASES:
-        if not spans[p]:
-            continue
-        dur = sum(b - a for a, b in spans[p]) / 1e9
-        if primary:
-            parts = [counters[s].integrate(spans[p]) for s in primary]
-            val = None if any(x[0] is None for x in parts) else sum(x[0] for x in parts)  # type: ignore[misc]
-            cov = min(x[1] for x in parts)
-            m_e = _q(val, "J", "measured", coverage=cov, claim=phase_claims[p]["status"],
-                     **({} if val is not None else {"reason": "no readable point of the meter covers this phase "
-                                                              "(it was lost, or the trace is truncated)"}))
-        else:
-            m_e = _q(None, "J", "unavailable", reason=no_meter)
-        mod_val, mod_cov = modeled.integrate(spans[p]) if modeled else (None, 0.0)
-        mod_e = _q(mod_val, "J", "modeled", coverage=mod_cov, **how)
-        iw = idle_w("measured")
-        eff_p = eff[primary[0]]["effective_update_period_ms"] if primary else None
-        eff_m = eff[MODELED_SENSOR]["effective_update_period_ms"] if modeled else None
-        phases_out.append({
-            "phase": p, "spans": len(spans[p]), "duration": _q(dur, "s", "measured"),
-            "energy": m_e, "energy_modeled": mod_e,
-            "energy_per_token": _q(m_e["value"] / useful_tokens if m_e["value"] is not None and useful_tokens else None,
-                                   "J/token", m_e["evidence"], reason=m_e.get("reason")),
-            "energy_modeled_per_token": _q(mod_val / useful_tokens if mod_val is not None and useful_tokens else None,
-                                           "J/token", "modeled"),
-            "idle_subtracted": _q(m_e["value"] - iw * dur if (m_e["value"] is not None and iw is not None) else None,
-                                  "J", "measured", sensitivity=True, reason=no_meter or "no idle baseline"),
-            "counter_updates": phase_updates.get(p, 0) if primary else None,
-            "modeled_updates": updates_in(modeled.changes, spans[p]) if modeled else None,
-            "effective_update_equivalents": (dur * 1000 / eff_p) if eff_p else None,
-            "modeled_update_equivalents": (dur * 1000 / eff_m) if eff_m else None,
-            "claim": phase_claims[p]["status"]})
+    phases_out = [_phase_row(p, spans[p], primary=primary, counters=counters, modeled=modeled, eff=eff,
+                             no_meter=no_meter, how=how, claim=phase_claims[p], phase_updates=phase_updates,
+                             idle=idle, useful_tokens=useful_tokens)
+                  for p in ENERGY_PHASES if spans[p]]
     run_claim = claims[0]
-    if primary and run_b:
-        parts = [counters[s].integrate([run_b]) for s in primary]
-        rv = None if any(x[0] is None for x in parts) else sum(x[0] for x in parts)  # type: ignore[misc]
-        run_measured = _q(rv, "J", "measured", claim=run_claim["status"], meter=primary)
-    else:
-        run_measured = _q(None, "J", "unavailable", reason=no_meter or "no run-stage points")
+    run_measured = _run_measured(counters, primary, run_b, run_claim, no_meter)
     mv = modeled.integrate([run_b])[0] if (modeled and run_b) else None
     run_modeled = _q(mv, "J", "modeled", **how)
-    cpu = next((e for e in reversed(evs) if e["event"] == "cpu_by_process"), None)
-    per_site = None
-    if cpu is not None:
-        w = float(tcfg.get("modeled_cpu_watts_per_core", 15.0))
-        by_site: dict[str, float] = {}
-        for name, s in cpu.get("cpu_s", {}).items():
-            site = name.split(".w")[0]
-            by_site[site] = by_site.get(site, 0.0) + float(s)
-        per_site = {"evidence": "modeled", "by": f"each process's measured CPU seconds x {w:g} W per core (declared, "
-                    "prior); all sites share one device, so no meter can split them",
-                    "processes": {k: _q(v * w, "J", "modeled", cpu_s=v) for k, v in sorted(by_site.items())}}
+    per_site = _per_site(evs, tcfg)
     gate_status = energy_gate(run_measured, run_claim)
     evidence = ("measured" if run_claim["status"] == "stands" else "modeled" if mv is not None else "unavailable")
+    idle_measured_w = _idle_w(idle, "measured")
     return {
         "evidence": evidence,
         "reason": no_meter or run_claim["reason"],
@@ -316,8 +359,8 @@ def energy_section(h: RunHistory, useful_tokens: int, inv: EnergyInvalidators | 
         "phases": phases_out,
         "idle_baseline": idle,
         "run_energy": {"measured": run_measured, "modeled": run_modeled,
-                       "idle_subtracted": _q(run_measured["value"] - idle_w("measured") * (run_b[1] - run_b[0]) / 1e9
-                                             if (run_measured["value"] is not None and idle_w("measured") is not None
+                       "idle_subtracted": _q(run_measured["value"] - idle_measured_w * (run_b[1] - run_b[0]) / 1e9
+                                             if (run_measured["value"] is not None and idle_measured_w is not None
                                                  and run_b) else None, "J", "measured", sensitivity=True,
                                              reason=no_meter or "no idle baseline")},
         "per_site": per_site,

@@ -15,12 +15,13 @@ Sections (ids are stable; the browser test finds them):
   energy      Energy: meter validity before effect, then run and phase energy (analysis/energy_report.py)
   checks      The checkers' verdicts with evidence
   provenance  Code revision, dataset, runtime, scenario, input hashes, raw traces on demand
+
+The pieces: cell helpers (analysis/report_cells.py), the learning section
+(analysis/report_learning.py), raw traces on demand (analysis/report_traces.py).
 """
 
 from __future__ import annotations
 
-import json
-import re
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -28,12 +29,17 @@ from typing import Any
 from analysis import figures
 from analysis.controller_report import controller_section_html
 from analysis.energy_report import energy_section_html, write_energy_traces
-from analysis.learning import verdict
 from analysis.load import RunHistory
+from analysis.report_cells import ev, fig_html, num, qcell, run_key
+from analysis.report_learning import learning_section, learning_verdict
+from analysis.report_traces import MAX_TRACE_EVENTS, TRACE_JS, write_traces
+
+# Re-exported: importable from analysis.report as before the split.
+__all__ = ["CHART_SECTIONS", "MAX_TRACE_EVENTS", "SECTIONS", "TRACE_JS", "ev", "learning_verdict", "num", "qcell",
+           "recovery_title", "render_report", "write_report", "write_traces"]
 
 SECTIONS = ("recovery", "work", "bytes", "completion", "learning", "controller", "energy", "checks", "provenance")
 CHART_SECTIONS = ("recovery", "work", "bytes", "completion", "learning")
-MAX_TRACE_EVENTS = 200_000  # per run; beyond this the trace file says it is truncated
 
 CSS = """
 body{font:15px/1.5 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d232a;background:#fafafa}
@@ -52,67 +58,6 @@ td.num{text-align:right;font-variant-numeric:tabular-nums}
 details{margin:8px 0} summary{cursor:pointer;font-weight:600}
 .trace td{max-width:560px;word-break:break-all;font-size:.8em;font-family:ui-monospace,monospace}
 """
-
-TRACE_JS = """
-window.xdcTraces = {};
-window.xdcTraceLoaded = function (runKey, meta, events) {
-  window.xdcTraces[runKey] = events;
-  var box = document.getElementById('trace-' + runKey);
-  var status = box.querySelector('.trace-status');
-  status.textContent = events.length.toLocaleString() + ' events loaded' + (meta.truncated ? ' (first ' + events.length.toLocaleString() + ' of ' + meta.total.toLocaleString() + ')' : '');
-  var input = box.querySelector('input'); input.hidden = false;
-  var base = {id: 1, event: 1, process: 1, wall_ns: 1, epoch: 1, run_id: 1, mono_ns: 1, pid: 1, step: 1};
-  events.sort(function (a, b) { return a.wall_ns - b.wall_ns; });
-  var render = function () {
-    var q = input.value.trim(); var rows = [];
-    for (var i = 0; i < events.length && rows.length < 300; i++) {
-      var e = events[i]; if (q && e.event.indexOf(q) < 0 && e.id.indexOf(q) < 0) continue; rows.push(e);
-    }
-    var tb = box.querySelector('tbody'); tb.innerHTML = '';
-    rows.forEach(function (e) {
-      var tr = document.createElement('tr');
-      var rest = {}; Object.keys(e).forEach(function (k) { if (!base[k]) rest[k] = e[k]; });
-      [e.id, e.event, e.process, String(e.wall_ns), String(e.epoch), JSON.stringify(rest)].forEach(function (v) {
-        var td = document.createElement('td'); td.textContent = v; tr.appendChild(td); });
-      tb.appendChild(tr);
-    });
-    box.querySelector('table').hidden = false;
-  };
-  input.oninput = render; render();
-};
-function xdcLoadTrace(btn) {
-  var s = document.createElement('script'); s.src = btn.dataset.src;
-  var status = btn.parentNode.querySelector('.trace-status'); status.textContent = 'loading…';
-  s.onerror = function () { status.textContent = 'trace file ' + btn.dataset.src + ' is missing next to the report'; };
-  document.body.appendChild(s); btn.disabled = true;
-}
-"""
-
-
-def ev(evidence: str) -> str:
-    return f'<span class="ev ev-{escape(evidence)}">{escape(evidence)}</span>'
-
-
-def num(value: Any, evidence: str = "measured", unit: str = "", fmt: str = ",") -> str:
-    """A table cell holding a number and its evidence class."""
-    if value is None:
-        return f'<td class="num">—{ev("unavailable" if evidence == "measured" else evidence)}</td>'
-    text = format(value, fmt) if isinstance(value, (int, float)) else escape(str(value))
-    return f'<td class="num">{text}{(" " + escape(unit)) if unit else ""}{ev(evidence)}</td>'
-
-
-def qcell(qty: dict[str, Any], fmt: str = ",") -> str:
-    return num(qty.get("value"), qty.get("evidence", "measured"), qty.get("unit", ""), fmt)
-
-
-def _key(run: dict[str, Any]) -> str:
-    return re.sub(r"[^A-Za-z0-9_-]", "_", run["run_id"])
-
-
-def _fig_html(fig: Any, div_id: str) -> str:
-    return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
-                       config={"displaylogo": False, "responsive": True})
-
 
 # ----------------------------------------------------------------------------------------- sections
 def _lede(art: dict[str, Any]) -> str:
@@ -188,7 +133,7 @@ def _recovery_section(art: dict[str, Any]) -> str:
         "each site logged — compute, collective, state transfer, checkpoint, recovery, eval, waiting; marks are "
         "failure, preemption, restore, replay and rejoin events. Hover a mark for its event id and nanosecond "
         f"bounds. {ev('measured')}</p>"
-        f"<div class='chart' data-chart='recovery'>{_fig_html(figures.timeline_figure(runs), 'chart-recovery')}</div>"
+        f"<div class='chart' data-chart='recovery'>{fig_html(figures.timeline_figure(runs), 'chart-recovery')}</div>"
         "<details><summary>Accessible recovery timeline list</summary>"
         "<table id='timeline-list'><thead><tr><th>Policy</th><th>Mark</th><th>Site</th><th>t</th><th>Event id</th>"
         "<th>start_ns</th><th>end_ns</th><th>What happened</th></tr></thead><tbody>"
@@ -225,7 +170,7 @@ def _work_section(art: dict[str, Any]) -> str:
         "model; lost work was computed and then discarded; replayed work is lost work attempted again. "
         f"attempted = retained + lost, exactly. {ev('measured')} FLOPs are derived, not read from a counter: "
         f"the FLOP/token measured once by torch's FlopCounterMode times the tokens counted {ev('modeled')}.</p>"
-        f"<div class='chart' data-chart='work'>{_fig_html(figures.work_figure(runs), 'chart-work')}</div>"
+        f"<div class='chart' data-chart='work'>{fig_html(figures.work_figure(runs), 'chart-work')}</div>"
         f"<table><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>"
         "<details><summary>Per site</summary><table><thead><tr><th>Policy</th><th>Site</th><th>Attempted</th>"
         f"<th>Retained</th><th>Lost</th></tr></thead><tbody>{''.join(site_rows)}</tbody></table></details>"
@@ -253,7 +198,7 @@ def _bytes_section(art: dict[str, Any]) -> str:
         "<p>Every byte between sites (and between a site and a service) is counted by its sender in exactly one "
         "of six classes. The sum reconciles with Toxiproxy's own per-proxy counters; the difference is ZMTP/CURVE "
         f"framing that no class owns. {ev('measured')}</p>"
-        f"<div class='chart' data-chart='bytes'>{_fig_html(figures.bytes_figure(runs), 'chart-bytes')}</div>"
+        f"<div class='chart' data-chart='bytes'>{fig_html(figures.bytes_figure(runs), 'chart-bytes')}</div>"
         "<table><thead><tr><th>Policy</th>" + "".join(f"<th>{c}</th>" for c in classes)
         + "<th>Sum of classes</th><th>Toxiproxy</th><th>Framing overhead</th><th>Overhead</th></tr></thead><tbody>"
         + "".join(rows) + "</tbody></table>"
@@ -307,122 +252,13 @@ def _completion_section(art: dict[str, Any]) -> str:
         "work logs, and checks them against the logged hash and the canonical prefix. "
         f"{ev('measured')}</p>"
         f"{verdict}<div class='chart' data-chart='completion'>"
-        f"{_fig_html(figures.frontier_figure(runs), 'chart-completion')}</div>"
+        f"{fig_html(figures.frontier_figure(runs), 'chart-completion')}</div>"
         "<table><thead><tr><th>Policy</th><th>Frontier round</th><th>Useful tokens</th><th>Matched-frontier hash</th>"
         "<th>Recomputed from the lineage</th><th>Proof</th>"
         f"<th>Manifest hash</th><th>Event</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
         "<details><summary>Checkpoint lineage (abandoned branches kept)</summary><table><thead><tr><th>Policy</th>"
         "<th>Checkpoint</th><th>Round</th><th>Manifest</th><th>Parent</th><th>Branch</th></tr></thead><tbody>"
         f"{''.join(tree_rows)}</tbody></table></details></section>")
-
-
-def _se_text(se: Any) -> str:
-    return f" ± {se:.4f}" if isinstance(se, (int, float)) else ""
-
-
-def learning_verdict(art: dict[str, Any]) -> dict[str, str]:
-    """The report's sentence on whether the runs learned, from the artifact (rules: analysis/learning.py)."""
-    unavailable = {"evidence": "unavailable", "reason": "not in the artifact (built before baselines existed)"}
-    return verdict([{"policy": r["policy"], "final_nll": r["metrics"]["final_heldout_nll"]["value"],
-                     "baselines": r["learning"].get("baselines") or unavailable} for r in art["runs"]])
-
-
-def _eval_set_words(runs: list[dict[str, Any]]) -> str:
-    es = [r["learning"].get("eval_set") or {} for r in runs]
-    ids = {e.get("id") for e in es if e.get("evidence") == "measured"}
-    if not ids:
-        return f"<p>The evaluation set is not named in these logs (older runs). {ev('unavailable')}</p>"
-    e = next(x for x in es if x.get("evidence") == "measured")
-    same = "every run" if len(ids) == 1 and all(x.get("evidence") == "measured" for x in es) else "NOT every run"
-    return (f"<p>Held-out NLL is the mean over a fixed evaluation set of {e['tokens']['value']:,} tokens (windows spread "
-            f"evenly over the whole held-out split), <span class='hash'>{escape(str(e['id'])[:16])}</span>, the same "
-            f"for {same}. ± is the standard error of that mean over the windows. {ev('measured')}</p>")
-
-
-def _baselines_table(runs: list[dict[str, Any]]) -> str:
-    b = next((r["learning"].get("baselines") for r in runs
-              if (r["learning"].get("baselines") or {}).get("evidence") == "measured"), None)
-    if b is None:
-        reason = next(((r["learning"].get("baselines") or {}).get("reason") for r in runs), None) or "not logged"
-        return f"<p data-baselines='unavailable'>Baselines unavailable: {escape(str(reason))}. {ev('unavailable')}</p>"
-    rows = "".join(f"<tr><td>{escape(name)}</td>{num(m['value'], 'measured', '', '.4f')}"
-                   f"<td class='num'>{_se_text(m.get('se'))}</td><td>{escape(str(m.get('model')))}</td></tr>"
-                   for name, m in b["models"].items())
-    return ("<h3>Baselines on the same evaluation set</h3><p>Count models fitted on the training split and "
-            "scored on the same windows and targets as the model (same context: bytes of the window).</p>"
-            "<table data-baselines='measured'><thead><tr><th>Baseline</th><th>NLL (nats/token)</th><th>SE</th>"
-            f"<th>Model</th></tr></thead><tbody>{rows}</tbody></table>")
-
-
-def _learning_section(art: dict[str, Any]) -> str:
-    runs = art["runs"]
-    cards = []
-    for r in runs:
-        m = r["metrics"]
-        nll = m["final_heldout_nll"]
-        cards.append(f"<div class='card'><div>{escape(r['policy'])}</div><div class='big'>"
-                     f"{'—' if nll['value'] is None else format(nll['value'], '.4f')}{_se_text(nll.get('se'))}</div>"
-                     f"<div>final held-out NLL "
-                     f"(nats/token){ev(nll['evidence'])}</div><div>{m['attempted_tokens']['value']:,} tokens attempted"
-                     f"{ev(m['attempted_tokens']['evidence'])}</div></div>")
-    rows = []
-    for r in runs:
-        m = r["metrics"]
-        energy = m["energy"]
-        rows.append(f"<tr><td>{escape(r['run_id'])}</td><td>{escape(r['policy'])}</td>{qcell(m['final_heldout_nll'], '.4f')}"
-                    f"<td class='num'>{_se_text(m['final_heldout_nll'].get('se'))}</td>"
-                    f"{qcell(m['attempted_tokens'])}"
-                    f"<td class='num' title='{escape(str(energy.get('reason', '')))}'>—{ev(energy['evidence'])}</td>"
-                    f"{qcell(m['active_time'], '.1f')}{qcell(r['duration'], '.1f')}</tr>")
-    v = learning_verdict(art)
-    learning_fig = figures.learning_figure(runs, reference=_refs(art).get("reference"))
-    return (
-        "<section id='learning' data-section='learning'><h2>Did the model still learn as well?</h2>"
-        "<p>Lower held-out loss means the model predicts unseen text better. The lines show what each policy "
-        f"learned over the same failure clock; the cards show how much training each attempted. {ev('measured')}</p>"
-        f"<p class='verdict' data-learning-verdict='{escape(v['status'])}'><b>{escape(v['text'])}</b></p>"
-        f"{_eval_set_words(runs)}"
-        f"<div class='cards'>{''.join(cards)}</div>"
-        f"<div class='chart' data-chart='learning'>{_fig_html(learning_fig, 'chart-learning')}</div>"
-        f"{_baselines_table(runs)}"
-        + _learning_refs_block(art) +
-        "<h3>Run-level measurements</h3><table><thead><tr><th>Run</th><th>Policy</th><th>Final NLL</th><th>SE</th>"
-        "<th>Attempted tokens</th><th>Energy</th><th>Active time</th><th>Wall time</th></tr></thead><tbody>"
-        + "".join(rows) + "</tbody></table></section>")
-
-
-def _refs(art: dict[str, Any]) -> dict[str, Any]:
-    return art.get("learning_refs") or {}
-
-
-def _learning_refs_block(art: dict[str, Any]) -> str:
-    """The single-process reference's gap per policy, the noise floor, and every policy pair's
-    difference judged against it (analysis/learning_refs.py)."""
-    refs = _refs(art)
-    parts = []
-    ref = refs.get("reference")
-    if ref and ref.get("evidence") == "measured":
-        gaps = ", ".join(f"{escape(p)} {g:+.4f}" for p, g in ref["gap_by_policy"].items() if g is not None)
-        parts.append(f"<p data-ref='reference'>One process trained on the same samples with the same schedule and no "
-                     f"WAN (dashed line, its own clock) ended at <b>{ref['final_heldout_nll']:.4f}</b> nats/token"
-                     f"{ev('measured')}; each policy's final NLL minus it: {gaps}.</p>")
-    elif ref:
-        parts.append(f"<p data-ref='reference'>Single-process reference: {escape(ref.get('reason', ''))}"
-                     f"{ev('unavailable')}</p>")
-    floor = refs.get("noise_floor") or {}
-    if floor.get("evidence") == "measured":
-        parts.append(f"<p data-ref='noise-floor'>Noise floor: over {floor['n_seeds']} model-init seeds of this config "
-                     f"(no faults) the final NLL has std {floor['std_nll']:.4f} and spread {floor['spread_nll']:.4f} "
-                     f"nats{ev('measured')}; a difference under {floor['threshold_nats']:.4f} nats is "
-                     "\u201cno measurable difference\u201d.</p>")
-    elif floor:
-        parts.append(f"<p data-ref='noise-floor'>Noise floor: {escape(floor.get('reason', ''))}{ev('unavailable')}</p>")
-    rows = "".join(f"<tr><td>{escape(d['b'])} \u2212 {escape(d['a'])}</td><td class='num'>{d['difference_nats']:+.4f}</td>"
-                   f"<td>{escape(d['verdict'])}</td></tr>" for d in refs.get("differences", []))
-    if rows:
-        parts.append("<table data-ref='differences'><thead><tr><th>Final NLL difference</th><th>nats/token</th>"
-                     f"<th>Against the noise floor</th></tr></thead><tbody>{rows}</tbody></table>")
-    return "".join(parts)
 
 
 def _checks_section(art: dict[str, Any]) -> str:
@@ -448,7 +284,7 @@ def _provenance_section(art: dict[str, Any]) -> str:
         rt = p.get("runtime", {})
         hashes = "".join(f"<tr><td><code>{escape(k)}</code></td><td class='hash'>{escape(v)}</td></tr>"
                          for k, v in p["input_hashes"].items())
-        key = _key(r)
+        key = run_key(r)
         scen = p.get("scenario") or {}
         blocks.append(
             f"<details id='prov-{key}'><summary>{escape(r['policy'])} — {escape(r['run_id'])}</summary><table>"
@@ -475,41 +311,6 @@ def _provenance_section(art: dict[str, Any]) -> str:
 
 
 # ----------------------------------------------------------------------------------------- writing
-def write_traces(histories: list[RunHistory], art: dict[str, Any], out_dir: Path) -> None:
-    """Each run's raw log lines, verbatim, wrapped in one JS call (loaded by a <script> tag on demand).
-
-    The lines are copied as bytes, not re-encoded: they already are JSON objects. The page sorts
-    them by wall clock when it loads them.
-    """
-    (out_dir / "traces").mkdir(parents=True, exist_ok=True)
-    keys = {r["run_id"]: _key(r) for r in art["runs"]}
-    for h in histories:
-        key = keys[h.run_id]
-        total = h.n_events()
-        kept = 0
-        path = out_dir / "traces" / f"{key}.js"
-        with open(path, "wb") as out:
-            out.write(f"window.xdcTraceLoaded({json.dumps(key)}, ".encode())
-            meta_pos = out.tell()
-            out.write(b" " * 80 + b", [")  # room for the meta object, written once the count is known
-            first = True
-            for p in sorted((h.run_dir / "logs").glob("*.jsonl")):
-                with open(p, "rb") as f:
-                    for line in f:
-                        line = line.strip()
-                        if not line or kept >= MAX_TRACE_EVENTS:
-                            continue
-                        if not (line.startswith(b"{") and line.endswith(b"}")):
-                            continue  # a torn or malformed line (the log_integrity check reports it)
-                        out.write(line if first else b"," + line)
-                        first = False
-                        kept += 1
-            out.write(b"]);\n")
-            meta = json.dumps({"total": total, "truncated": kept < total}).encode()
-            out.seek(meta_pos)
-            out.write(meta.ljust(80))
-
-
 def render_report(art: dict[str, Any]) -> str:
     from plotly.offline import get_plotlyjs
 
@@ -517,7 +318,7 @@ def render_report(art: dict[str, Any]) -> str:
     title = f"xdc report — {scen.get('name', art['runs'][0]['run_id'])}"
     nav = "".join(f"<a href='#{s}'>{s}</a>" for s in SECTIONS)
     body = (_recovery_section(art) + _work_section(art) + _bytes_section(art) + _completion_section(art)
-            + _learning_section(art) + controller_section_html(art, _fig_html) + energy_section_html(art)
+            + learning_section(art) + controller_section_html(art, fig_html) + energy_section_html(art)
             + _checks_section(art) + _provenance_section(art))
     return ("<!doctype html><html lang='en'><head><meta charset='utf-8'>"
             "<meta name='viewport' content='width=device-width,initial-scale=1'>"

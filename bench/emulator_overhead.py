@@ -4,7 +4,7 @@ Two arms, interleaved step by step in one process, both training on the same sam
 
   A (bare):  SiteTrainer.inner_step (local mode, default model, per_site_batch 8) on trainer A.
   B (WAN):   the same inner step on trainer B, plus everything the site agent does per step and per
-             round besides training (`site_agent/agent.py` `_train`/`compute`): a `work_attempted` event
+             round besides training (`site_agent/rounds.py` `_train`/`compute`): a `work_attempted` event
              per step into a real EventLog, the round-start snapshot (`take_snapshot`), the compute and
              collective spans, pseudo_gradient(), the site's own collective (`agent._reducer`: parts
              validated, sample ids attested) as a real allreduce_mean over three CURVE WanNodes through

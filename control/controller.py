@@ -91,6 +91,34 @@ def _recently_left(observations: Sequence[Observation], current: ConsistencySett
     return out
 
 
+def _unusable_window(window: list[Observation], current: ConsistencySetting, cfg: AdaptiveConfig,
+                     ev: dict[str, Any]) -> str | None:
+    """Why the window cannot support a decision (abstain), or None. Adds the stall count to `ev`."""
+    if len(window) < cfg.min_cycles:
+        return f"too few samples: {len(window)} cycle(s) in {current.label()}, need {cfg.min_cycles}"
+    if any(o.members_changed for o in window) or len({o.n_members for o in window}) > 1:
+        return "membership changing inside the window"
+    stalls = sum(o.stalls for o in window)
+    if stalls:
+        ev["stalls"] = stalls
+        return f"link in flux: {stalls} stall/timeout event(s) in the window"
+    if min(o.goodput_bps for o in window) <= 0 or min(o.t_step_s for o in window) <= 0:
+        return "no goodput or compute time measured in the window"
+    return None
+
+
+def _keep_reason(now: float, current: ConsistencySetting, cfg: AdaptiveConfig) -> str:
+    """Why the current setting is kept when no move is called for (`now`: its communication fraction)."""
+    if now > cfg.comm_fraction_max:
+        return (f"communication {now:.0%} of compute > {cfg.comm_fraction_max:.0%}, "
+                f"but {current.label()} is the cheapest allowed setting")
+    if now < cfg.comm_fraction_shrink:
+        return (f"communication {now:.0%} of compute, but no smaller H or lighter "
+                f"compression fits under {cfg.comm_fraction_max:.0%} at the window's slowest cycle")
+    return (f"communication {now:.0%} of compute is within "
+            f"[{cfg.comm_fraction_shrink:.0%}, {cfg.comm_fraction_max:.0%}]")
+
+
 def decide(observations: Sequence[Observation], current: ConsistencySetting, cfg: AdaptiveConfig) -> Decision:
     """One decision after a finished communication cycle (the newest observation is the last)."""
     mine: list[Observation] = []
@@ -100,19 +128,11 @@ def decide(observations: Sequence[Observation], current: ConsistencySetting, cfg
         mine.append(o)
     window = list(reversed(mine[:cfg.window_cycles]))
     ev: dict[str, Any] = {"cycles_in_setting": len(mine), "window_rounds": [o.round for o in window]}
-    if len(window) < cfg.min_cycles:
-        return Decision("abstain", current, f"too few samples: {len(window)} cycle(s) in {current.label()}, "
-                                            f"need {cfg.min_cycles}", ev)
-    if any(o.members_changed for o in window) or len({o.n_members for o in window}) > 1:
-        return Decision("abstain", current, "membership changing inside the window", ev)
-    stalls = sum(o.stalls for o in window)
-    if stalls:
-        ev["stalls"] = stalls
-        return Decision("abstain", current, f"link in flux: {stalls} stall/timeout event(s) in the window", ev)
+    why = _unusable_window(window, current, cfg, ev)
+    if why is not None:
+        return Decision("abstain", current, why, ev)
     gp = [o.goodput_bps for o in window]
     steps = [o.t_step_s for o in window]
-    if min(gp) <= 0 or min(steps) <= 0:
-        return Decision("abstain", current, "no goodput or compute time measured in the window", ev)
     mean_gp = sum(gp) / len(gp)
     cv = math.sqrt(sum((g - mean_gp) ** 2 for g in gp) / len(gp)) / mean_gp
     ev.update(goodput_bps=round(mean_gp, 1), goodput_cv=round(cv, 3))
@@ -164,12 +184,4 @@ def decide(observations: Sequence[Observation], current: ConsistencySetting, cfg
             return Decision("change", step_down, f"sites disagree (cos {ev['cos_to_mean']:.2f} < "
                                                  f"{cfg.disagreement_cos_min}); the link allows {step_down.label()}",
                             ev)
-    if now > cfg.comm_fraction_max:
-        return Decision("keep", current, f"communication {now:.0%} of compute > {cfg.comm_fraction_max:.0%}, "
-                                         f"but {current.label()} is the cheapest allowed setting", ev)
-    if now < cfg.comm_fraction_shrink:
-        return Decision("keep", current, f"communication {now:.0%} of compute, but no smaller H or lighter "
-                                         f"compression fits under {cfg.comm_fraction_max:.0%} at the window's "
-                                         f"slowest cycle", ev)
-    return Decision("keep", current, f"communication {now:.0%} of compute is within "
-                                     f"[{cfg.comm_fraction_shrink:.0%}, {cfg.comm_fraction_max:.0%}]", ev)
+    return Decision("keep", current, _keep_reason(now, current, cfg), ev)

@@ -13,7 +13,7 @@ Two kinds of evidence that a member failed:
     Toxiproxy too: the proxy closes the downstream side when the upstream side closes), so
     this fails a killed site within the grace instead of the heartbeat timeout. A live site
     whose connection merely closed (a healed blackhole closes the held connections) reconnects
-    and heartbeats at once (`wan.node`: a reconnected route runs its periodic tasks at once),
+    and heartbeats at once (`wan.monitor`: a reconnected route runs its periodic tasks at once),
     well within the grace: that is no evidence. A link reset that keeps the coordinator's link
     down longer than the grace is indistinguishable from a death from here (both close the
     connection and stay silent), and counts as one: the site is failed and rejoins when its

@@ -26,7 +26,8 @@ With `train.workers_per_site` W > 1 this process is rank 0 of the site's W worke
 (see site_agent/worker.py): it spawns ranks 1..W-1, joins their gloo group, trains on its
 1/W slice of every step's batch with grads averaged over the group, does the WAN collective
 alone, broadcasts its result for every rank to apply and checks after every round that all
-ranks hold the same parameters (`intra_site_check`). With W = 1 none of that runs.
+The pieces of `Site`: adopting an epoch and restoring its state (site_agent/adoption.py), the
+round loop (site_agent/rounds.py) and the leader's checkpoints (site_agent/checkpointing.py).
 """
 
 from __future__ import annotations
@@ -45,40 +46,36 @@ import torch
 
 from checkpoint_store.blobstore import StoreError
 from control.scripted import check_schedule
-from ground.setting import SettingError, effective_config, is_fixed, step_after_round
-from site_agent.consistency import contribution_stats, enter_round, max_steps_per_round, plan_setting
+from ground.setting import SettingError, is_fixed
+from site_agent.adoption import EpochAdoption
+from site_agent.checkpointing import Checkpointing
+from site_agent.consistency import max_steps_per_round
 from site_agent.collective import AllReduce, CollectiveAborted, CollectiveInterrupted, PeerUnreachable
-from site_agent.data import batch_for, eval_fields, eval_set, load_corpus, sample_order
+from site_agent.data import eval_fields, eval_set, load_corpus, sample_order
 from site_agent.epochs import interrupts, next_plan
 from site_agent.background import OneAtATime
 from site_agent.evaluator import BackgroundEval
-from site_agent.lr_schedule import step_frontier_tokens
 from ground.fields import Rejected
-from ground.plans import EpochPlan, Restore
+from ground.plans import EpochPlan
 from site_agent.messages import Shutdown, parse_plan, parse_shutdown
 from site_agent.model import count_params, pick_device
-from ground.schedule import ids_at, round_span, site_positions, steps_per_round, target_samples
-from site_agent.state import (Snapshot, load_blobs, merge_retained, restore_snapshot, retained_of, samples_sha256,
-                              take_snapshot, with_lineage)
-from site_agent.state_transfer import StateTransferError, pack_state, receive_state, send_state, unpack_state
+from ground.schedule import steps_per_round, target_samples
+from site_agent.rounds import RoundLoop, _round_samples
+from site_agent.state import Snapshot, take_snapshot
 from site_agent.trainer import IntraSiteError, SiteTrainer
-from site_agent.worker import WorkerPool, check_workers, rank_slice, threads_per_worker
+from site_agent.unwind import Interrupted, Stop
+from site_agent.worker import WorkerPool, check_workers, threads_per_worker
 from wan.frames import TrafficClass
 from wan.node import WanNode
-from ground.config import ConfigError, RunConfig, config_from_json, to_dict
+from ground.config import ConfigError, RunConfig, config_from_json
 from ground.eventlog import EventLog
 from ground.topology import COORD, STORE, Topology
 
 CONTROL = TrafficClass.CONTROL.value
 TELEMETRY = TrafficClass.TELEMETRY.value
 
-
-class Stop(Exception):
-    """SIGTERM/SIGINT arrived: leave the loop and exit cleanly."""
-
-
-class Interrupted(Exception):
-    """A newer membership epoch (or a shutdown) arrived: abandon what is in flight."""
+# Re-exported: importable from site_agent.agent as before the split.
+__all__ = ["CONTROL", "TELEMETRY", "Interrupted", "Site", "Stop", "main", "_reducer", "_round_samples"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,7 +163,7 @@ def _run(args: argparse.Namespace, cfg: RunConfig, topo: Topology, me: str, log:
     return site.run()
 
 
-class Site:
+class Site(EpochAdoption, RoundLoop, Checkpointing):
     """One site's state across membership epochs (rank 0 of the site)."""
 
     def __init__(self, cfg: RunConfig, me: str, log: EventLog, node: WanNode, trainer: SiteTrainer, corpus: Any,
@@ -337,334 +334,6 @@ class Site:
             self.node.check()
             time.sleep(0.05)
 
-    # ------------------------------------------------------------------ epochs
-    def adopt(self, plan: EpochPlan) -> bool:
-        """Take a new epoch's plan; restore the state it names. True if we should train now."""
-        log = self.log
-        self.uploads.wait()  # the checkpoint in flight belongs to the epoch we leave; it ends first
-        self.plan = plan
-        self.epoch = plan.epoch
-        self.status["epoch"] = self.epoch
-        self.node.set_fence(self.epoch)
-        self.allreduce.reset(self.epoch)
-        setting, start_step, _prev = plan_setting(self.cfg, plan)
-        self.allreduce.set_compression(setting.compression)
-        self.step_at_end[plan.start_round - 1] = start_step
-        log.set_context(epoch=self.epoch)
-        members = list(plan.members)
-        log.emit("membership", members=members, paused=plan.paused, start_round=plan.start_round,
-                 start_cursor=plan.start_cursor, restore=plan.restore.value, donor=plan.donor, joiners=list(plan.joiners),
-                 setting=setting.to_json(), start_step=start_step)
-        if self.me not in members:
-            # Removed (we failed, hung, or were partitioned away) but alive: ask to come back in.
-            log.emit("not_a_member", epoch=self.epoch)
-            self.node.send(COORD, "join", CONTROL, {"pid": os.getpid(), "rejoin": True})
-            return False
-        start = plan.start_round
-        if plan.paused:
-            log.emit("paused", reason="the coordinator is waiting for failed sites")
-            if plan.checkpoint_first and members[0] == self.me and start > 0:
-                # Preemption with notice under `restart`: make the committed state durable first.
-                with log.span("restore", kind="rollback_for_checkpoint", start_round=start) as sp:
-                    self.rollback_to(start, sp)
-                self.next_round = start
-                self.checkpoint(start - 1, plan.start_cursor)
-            return False
-        self.leader = members[0] == self.me
-        with log.span("restore", kind=plan.restore.value, start_round=start) as sp:
-            if plan.restore == Restore.STORE:
-                self.restore_from_store(plan, sp)
-            elif plan.restore == Restore.DONOR and self.me in plan.joiners:
-                self.receive_from_donor(plan, sp)
-            else:
-                self.rollback_to(start, sp)
-                if plan.restore == Restore.DONOR and plan.donor == self.me:
-                    self.send_to_joiners(plan, sp)
-            sp.update(retained_samples=int(self.retained.size), samples_sha256=samples_sha256(self.retained))
-        self.next_round = start
-        self.snapshots = {k: v for k, v in self.snapshots.items() if k <= start}
-        if self.pool is not None:
-            self.pool.load_state(pack_state(self.trainer.state_tensors()))
-        if plan.checkpoint_first and self.leader and start > 0:
-            # The oracle drains a site just before its fault: make the committed state durable first.
-            self.checkpoint(start - 1, plan.start_cursor)
-        return True
-
-    def rollback_to(self, start: int, sp: dict[str, Any]) -> None:
-        """Make the trainer hold the state at the start of round `start` (our own snapshot)."""
-        if self.next_round == start:
-            sp["rolled_back"] = False
-            return
-        snap = self.snapshots.get(start)
-        if snap is None:
-            if self.next_round is not None and start > self.next_round:
-                raise RuntimeError(
-                    f"epoch {self.epoch} resumes at round {start}, but this site holds the state at the start of "
-                    f"round {self.next_round} and no epoch it received covers rounds {self.next_round}.."
-                    f"{start - 1} (snapshots {sorted(self.snapshots)})")
-            held = "mid-round" if self.next_round is None else f"round {self.next_round}"
-            raise RuntimeError(f"no snapshot of round {start} (holding {held}, snapshots {sorted(self.snapshots)})")
-        restore_snapshot(self.trainer, snap)
-        self.retained = snap.retained.copy()
-        sp.update(rolled_back=True, from_round=self.next_round, params_hash=snap.params_hash)
-
-    def restore_from_store(self, plan: EpochPlan, sp: dict[str, Any]) -> None:
-        want = plan.manifest_hash
-        if want is None:  # nothing durable yet: everyone restarts from the initial weights
-            restore_snapshot(self.trainer, self.initial)
-            self.retained = self.initial.retained.copy()
-            sp.update(source="initial weights", params_hash=self.initial.params_hash)
-            return
-        if self.store is None:
-            raise RuntimeError("restore from the store, but this site has no route to it")
-        # By hash, not "the frontier": a background upload may have made a newer checkpoint the
-        # frontier since the coordinator planned this restore; the plan's checkpoint is still there.
-        manifest = self.store.checkpoint(want, timeout_s=60.0)
-        blobs = self.store.load(manifest, timeout_s=120.0)
-        retained = retained_of(blobs, f"checkpoint {want}", manifest.get("samples_sha256"))
-        load_blobs(self.trainer, blobs)
-        if self.trainer.params_hash() != manifest["params_hash"]:
-            raise RuntimeError(f"checkpoint {want}: loaded parameters do not match the manifest's hash")
-        self.retained = retained
-        sp.update(source="store", manifest_hash=want, params_hash=manifest["params_hash"], round=manifest["round"])
-
-    def receive_from_donor(self, plan: EpochPlan, sp: dict[str, Any]) -> None:
-        donor = plan.donor
-        assert donor is not None  # parse_plan: a donor restore names one
-        try:
-            data, meta = receive_state(self.state_q, donor, self.epoch, timeout_s=120.0,
-                                       interrupted=self.newer_plan_waiting, max_total=self.max_state_bytes(),
-                                       reject=self._reject_state_chunk)
-        except StateTransferError as e:
-            sp["error_detail"] = str(e)
-            raise Interrupted(f"state transfer from {donor} failed: {e}") from e
-        blobs = unpack_state(data)
-        retained = retained_of(blobs, f"state from {donor}", meta["samples_sha256"])
-        load_blobs(self.trainer, blobs)
-        got = self.trainer.params_hash()
-        if got != meta["params_hash"]:
-            raise RuntimeError(f"state from {donor}: parameters hash {got} != announced {meta['params_hash']}")
-        self.retained = retained
-        self.log.emit("state_received", donor=donor, bytes=len(data), params_hash=got, round=meta["round"],
-                      samples_sha256=meta["samples_sha256"])
-        sp.update(source="donor", donor=donor, bytes=len(data), params_hash=got)
-
-    def max_state_bytes(self) -> int:
-        """The most bytes a donor's packed state may announce: generously above our own state's size."""
-        own = sum(t.numel() * t.element_size() for g in self.trainer.state_tensors().values() for t in g.values())
-        return 4 * own + 8 * self.target + (1 << 20)
-
-    def _reject_state_chunk(self, msg: Any, e: Rejected) -> None:
-        self.log.emit("message_rejected", kind=msg.kind, src=msg.src, msg_epoch=msg.epoch, reason=e.reason,
-                      detail=e.detail)
-
-    def send_to_joiners(self, plan: EpochPlan, sp: dict[str, Any]) -> None:
-        data = pack_state(with_lineage(self.trainer.state_tensors(), self.retained))
-        meta = {"round": plan.start_round, "params_hash": self.trainer.params_hash(),
-                "samples_sha256": samples_sha256(self.retained)}
-        for j in plan.joiners:
-            n = send_state(self.node, j, data, meta, self.cfg.wan.chunk_bytes, self.epoch)
-            self.log.emit("state_sent", joiner=j, bytes=n, params_hash=meta["params_hash"], round=meta["round"],
-                          samples_sha256=meta["samples_sha256"])
-        sp.update(sent_to=list(plan.joiners), bytes=len(data))
-
-    # ------------------------------------------------------------------ rounds
-    def train(self) -> None:
-        """Train round by round from the plan's start until the target, or until interrupted."""
-        try:
-            self._train()
-        finally:
-            self.inflight = None
-
-    def _train(self) -> None:
-        log, plan = self.log, self.plan
-        assert plan is not None
-        setting, start_step, prev_mode = plan_setting(self.cfg, plan)
-        cfg = effective_config(self.cfg, setting)  # this epoch's mode, H and compression
-        members = list(plan.members)
-        n, idx = len(members), members.index(self.me)
-        rnd = plan.start_round
-        phash: str | None = None  # params hash of the trainer's state after the last round applied here
-        while True:
-            cs, ce = round_span(cfg, n, plan.start_round, plan.start_cursor, rnd, self.target)
-            if cs >= self.target:
-                break
-            self.inflight = rnd
-            if self.newer_plan_waiting():
-                raise Interrupted("a newer epoch takes effect at this round")
-            self.status["round"] = rnd
-            step = step_after_round(start_step, plan.start_round, rnd, setting)
-            self.step_at_end[rnd] = step
-            log.set_context(step=step)
-            # The state at this round's start is the one whose hash the previous iteration logged.
-            self.snapshots[rnd] = take_snapshot(self.trainer, rnd, self.retained, phash)
-            self.snapshots = {k: v for k, v in self.snapshots.items() if k >= rnd - 3}
-            self.next_round = None  # mid-round: the state is neither this round's start nor its end
-            did = enter_round(self.cfg, self.trainer, setting, rnd == plan.start_round, prev_mode)
-            if did:
-                log.emit("setting_entered", round=rnd, setting=setting.to_json(), action=did)
-            t_compute = time.monotonic()
-            payload, ids_round, losses = self.compute(rnd, n, idx, cs, ce, cfg)
-            t_comm = time.monotonic()
-            t_compute = t_comm - t_compute
-            with log.span("collective", round=rnd, payload_values=int(payload.size)) as sp:
-                cpu0 = time.process_time()
-                try:
-                    avg, stats = self.allreduce.allreduce_mean(payload, rnd, members,
-                                                               cfg.wan.collective_timeout_ms / 1000, ids_round)
-                finally:
-                    last = self.allreduce.last_stats
-                    sp.update(payload_bytes_sent=last.payload_bytes_sent, messages_sent=last.messages_sent,
-                              rejected=last.rejected, cpu_s=time.process_time() - cpu0)
-            t_comm = time.monotonic() - t_comm
-            round_ids = _round_samples(stats, members)
-            cycle = {"compute_s": t_compute, "inner_steps": len(losses), "comm_s": t_comm,
-                     "payload_bytes": int(last.payload_bytes_sent), "stalls": int(last.rejected),
-                     "loss": float(np.mean(losses)) if losses else None, **contribution_stats(payload, avg)}
-            if self.pool is not None:  # every rank applies the same vector
-                self.pool.share(rnd, avg)
-            if cfg.train.mode == "sync":  # the lr of the round's (one) step: at its start, cs
-                self.trainer.apply_grads(avg, frontier_tokens=cs * cfg.model.seq_len)
-            else:
-                self.trainer.apply_outer(avg, frontier_tokens=cs * cfg.model.seq_len)
-            self.retained = merge_retained(self.retained, round_ids)
-            self.next_round = rnd + 1
-            phash = self.trainer.params_hash()
-            if self.pool is not None:
-                self.pool.check(rnd, phash)
-            tokens = len(ids_round) * cfg.model.seq_len
-            self.node.send(COORD, "round_done", CONTROL, {
-                "round": rnd, "step": step, "param_hash": phash, "cursor_start": cs,
-                "cursor_end": ce, "samples": ids_round, "tokens": tokens,
-                "flops": tokens * self.trainer.flops_per_token, "cycle": cycle})
-            if losses:
-                self.node.send(COORD, "telemetry", TELEMETRY, {"round": rnd, "loss": float(np.mean(losses))},
-                               reliable=False)
-            log.emit("round_done", round=rnd, param_hash=phash, cursor_start=cs, cursor_end=ce,
-                     retained_samples=int(self.retained.size), samples_sha256=samples_sha256(self.retained))
-            last = ce >= self.target
-            if self.leader and ((rnd + 1) % cfg.train.eval_every_rounds == 0 or last):
-                self.evaluator.submit(rnd, {"useful_tokens_trained": ce * cfg.model.seq_len})
-            if self.leader and ((rnd + 1) % cfg.train.checkpoint_every_rounds == 0 or last):
-                self.checkpoint(rnd, ce, background=True)
-            # Every round: a process killed later loses at most one round of byte counts.
-            log.emit("wan_counters", counters=self.node.counters.snapshot())
-            if last:
-                break
-            rnd += 1
-        self.evaluator.wait()  # the last round's evaluation is logged before the site says it is done
-        self.uploads.wait()  # and the last checkpoint is durable
-        self.done_epoch = self.epoch
-        self.node.send(COORD, "site_done", CONTROL, {"round": self.status["round"]})
-        log.emit("target_reached", epoch=self.epoch, round=self.status["round"])
-
-    def compute(self, rnd: int, n: int, idx: int, cs: int, ce: int,
-                cfg: RunConfig | None = None) -> tuple[np.ndarray, list[int], list[float]]:
-        """This site's part of a round: sync = one backward; local = up to H inner AdamW steps.
-
-        Every inner step's work is logged as `work_attempted` as soon as it is done, so work
-        that a failure later discards is still counted (as lost). The payload is scaled by
-        this site's share of the round's samples, so the cluster mean weighs every sample
-        equally when the last round is cut short (the scale is exactly 1.0 otherwise).
-        """
-        cfg = cfg or self.cfg  # the epoch's effective config (its mode and H)
-        log, trainer = self.log, self.trainer
-        world = cfg.train.workers_per_site
-        if self.pool is not None:  # the other ranks compute this round with us
-            self.pool.begin_round(rnd, n, idx, self.epoch, cs, ce)
-        ids_round: list[int] = []
-        losses: list[float] = []
-        payload: np.ndarray | None = None
-        steps = 1 if cfg.train.mode == "sync" else cfg.train.inner_steps_h
-        with log.span("compute", round=rnd) as sp:
-            cpu0 = time.process_time()  # all of this process's threads (WAN I/O, an evaluation) included
-            for h in range(steps):
-                # Rank 0 alone may leave mid-round only without workers (they would wait in gloo).
-                if h > 0 and self.pool is None and self.newer_plan_waiting():
-                    if self.pool is not None:
-                        self.pool.compute_done()
-                    raise Interrupted(f"a newer epoch arrived after inner step {h} of round {rnd}")
-                ids = ids_at(self.order, site_positions(cfg, n, cs, h, idx, ce))
-                if not ids:
-                    continue  # the cut last round: this site's batch for this step is empty
-                mine = rank_slice(ids, 0, world)  # W = 1: all of ids
-                x, y = batch_for(self.corpus, mine, cfg.model.seq_len)
-                if cfg.train.mode == "sync":
-                    loss, payload = trainer.compute_grads(x, y)
-                else:
-                    loss = trainer.inner_step(x, y, frontier_tokens=step_frontier_tokens(cfg, n, cs, h, ce))
-                losses.append(loss)
-                ids_round += ids
-                tokens = len(ids) * cfg.model.seq_len
-                log.emit("work_attempted", round=rnd, inner_step=h, samples=ids, tokens=tokens,
-                         flops=tokens * trainer.flops_per_token)
-            if cfg.train.mode == "local":
-                payload = trainer.pseudo_gradient()
-            elif payload is None:
-                payload = np.zeros(trainer.global_params.numel(), dtype=np.float32)
-            sp.update(loss=float(np.mean(losses)) if losses else None, samples=len(ids_round),
-                      cpu_s=time.process_time() - cpu0)
-        if self.pool is not None:
-            self.pool.compute_done()
-        share = n * len(ids_round) / max(1, ce - cs)
-        if share != 1.0:
-            payload = (payload * np.float32(share)).astype(np.float32)
-        return payload, ids_round, losses
-
-    def checkpoint(self, rnd: int, cursor: int, background: bool = False) -> None:
-        """Leader: write the state after round `rnd` (samples [0, cursor)) to the store; tell the coordinator.
-
-        background: the state is copied now and uploaded by a thread while the next round computes
-        (the round loop's periodic checkpoints). One upload at a time, in order; every other use of
-        the store, a new epoch and the site's end first wait for it (`self.uploads.wait()`)."""
-        if self.store is None:
-            return
-        self.uploads.wait()
-        parent = self.plan.frontier_manifest if self.plan is not None else None
-        if getattr(self, "last_manifest", None) and getattr(self, "last_manifest_epoch", -1) == self.epoch:
-            parent = self.last_manifest
-        # A copy of the state (AdamW's tensors are live otherwise) and of what describes it, as of now.
-        state = {g: {k: v.clone() for k, v in d.items()} for g, d in self.trainer.state_tensors().items()}
-        what = (rnd, cursor, parent, with_lineage(state, self.retained), self.retained.copy(),
-                self.trainer.params_hash(), self.epoch)
-        if background:
-            self.uploads.start(lambda: self._upload(*what))
-        else:
-            self._upload(*what)
-
-    def _upload(self, rnd: int, cursor: int, parent: str | None, blobs: dict[str, dict[str, torch.Tensor]],
-                ids: np.ndarray, phash: str, epoch: int) -> None:
-        try:
-            mhash = self._write_checkpoint(rnd, cursor, parent, blobs, ids, phash, epoch)
-        except StoreError as e:
-            # Refused (a newer epoch fenced the store while we wrote: we are being replaced) or the
-            # store was out of reach: this checkpoint is not durable and nothing else is lost. Train
-            # on; a newer epoch is adopted at the next boundary, and the next checkpoint tries again.
-            self.log.emit("checkpoint_failed", round=rnd, reason=str(e))
-            return
-        self.last_manifest, self.last_manifest_epoch = mhash, epoch
-        self.node.send(COORD, "checkpoint_durable", CONTROL, {"manifest_hash": mhash, "round": rnd, "cursor": cursor})
-
-    def _write_checkpoint(self, rnd: int, cursor: int, parent: str | None, blobs: dict[str, dict[str, torch.Tensor]],
-                          ids: np.ndarray, phash: str, epoch: int) -> str:
-        """Write the state and the retained samples; the span logs both the retained samples' hash
-        (`samples_sha256`, the matched-frontier hash) and the canonical prefix's (`canonical_sha256`,
-        the first `cursor` positions of the canonical order), which agree in a correct run."""
-        cfg = self.cfg
-        samples_sha = samples_sha256(ids)
-        canonical_sha = samples_sha256(np.asarray(ids_at(self.order, range(0, cursor)), dtype=np.int64))
-        assert self.store is not None
-        with self.log.span("checkpoint_write", round=rnd) as sp:
-            sp.update(samples_sha256=samples_sha, canonical_sha256=canonical_sha, samples=int(ids.size), cursor=cursor)
-            mhash, _manifest = self.store.save(blobs, {
-                "run_id": cfg.run_id, "ckpt_id": f"e{epoch}r{rnd}", "round": rnd, "step": self.step_at_end.get(rnd, (rnd + 1) * self.spr),
-                "epoch": epoch, "parent": parent, "samples": int(ids.size), "samples_sha256": samples_sha,
-                "canonical_sha256": canonical_sha, "cursor": cursor, "useful_tokens": int(ids.size) * cfg.model.seq_len,
-                "params_hash": phash, "dataset_id": self.corpus.dataset_id,
-                "config": to_dict(cfg)}, timeout_s=120.0)
-            sp.update(manifest_hash=mhash, useful_tokens=int(ids.size) * cfg.model.seq_len)
-        return mhash
-
 
 def _reducer(cfg: RunConfig, node: WanNode, inbox: Any, me: str, n_params: int, n_samples: int) -> AllReduce:
     """The site's collective: parts validated against the model's size and the schedule; ids attested;
@@ -676,14 +345,6 @@ def _reducer(cfg: RunConfig, node: WanNode, inbox: Any, me: str, n_params: int, 
                      early_max_bytes=16 * n_params + (1 << 20),
                      early_max_parts=4 * n_sites * (-(-n_params // part_elems) + 1) + 64,
                      sites=frozenset(cfg.cluster.sites))
-
-
-def _round_samples(stats: Any, members: list[str]) -> np.ndarray:
-    """Every member's sample ids of a finished round, as the members themselves sent them."""
-    missing = [m for m in members if m not in stats.samples]
-    if missing:  # parse_coll_part requires them, so a finished round always has them
-        raise CollectiveAborted(f"round {stats.round}: no sample ids from {missing}")
-    return np.concatenate([np.asarray(stats.samples[m], dtype=np.int64) for m in members])
 
 
 def _exit_early(log: EventLog, pool: WorkerPool, rc: int, reason: str) -> int:

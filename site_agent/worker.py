@@ -42,7 +42,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -294,6 +294,70 @@ class WorkerPool:
 
 
 # ------------------------------------------------------------------ ranks 1..W-1
+def _compute_round(log: EventLog, cfg: RunConfig, trainer: "SiteTrainer", corpus: Any, order: np.ndarray, spr: int,
+                   rank: int, world: int, rnd: int, n: int, idx: int, cs: int, ce: int) -> tuple[list[float], int]:
+    """This rank's slice of every inner step of round `rnd` (one `worker_compute` span): (losses, samples)."""
+    from site_agent.data import batch_for
+    from site_agent.lr_schedule import step_frontier_tokens
+    from ground.schedule import ids_at, site_positions
+
+    losses, samples = [], 0
+    with log.span("worker_compute", round=rnd) as sp:
+        for h in range(1 if cfg.train.mode == "sync" else spr):
+            site_ids = ids_at(order, site_positions(cfg, n, cs, h, idx, ce))
+            if not site_ids:
+                continue  # the cut last round: rank 0 skips this step too
+            ids = rank_slice(site_ids, rank, world)
+            samples += len(ids)
+            x, y = batch_for(corpus, ids, cfg.model.seq_len)
+            if cfg.train.mode == "sync":
+                loss, _ = trainer.compute_grads(x, y)
+            else:
+                loss = trainer.inner_step(x, y, frontier_tokens=step_frontier_tokens(cfg, n, cs, h, ce))
+            losses.append(loss)
+        sp.update(samples=samples, site_loss=float(np.mean(losses)) if losses else None)
+    return losses, samples
+
+
+def _apply_round(log: EventLog, cfg: RunConfig, trainer: "SiteTrainer", world: int, rnd: int, cs: int,
+                 losses: list[float], samples: int) -> None:
+    """Apply rank 0's broadcast vector as rank 0 does, and report this rank's hash to it."""
+    avg = _broadcast(torch.empty(trainer.global_params.numel(), dtype=torch.float32)).numpy()
+    if cfg.train.mode == "sync":  # the same frontier rank 0 steps at: the round's start
+        trainer.apply_grads(avg, frontier_tokens=cs * cfg.model.seq_len)
+    else:
+        trainer.apply_outer(avg, frontier_tokens=cs * cfg.model.seq_len)
+    phash = trainer.params_hash()
+    hashes = gather_hashes(phash, world)
+    log.emit("worker_round", round=rnd, param_hash=phash, agrees_with_rank0=hashes[0] == phash,
+             samples=samples, site_loss=float(np.mean(losses)) if losses else None)
+
+
+def _serve_rounds(log: EventLog, cfg: RunConfig, trainer: "SiteTrainer", corpus: Any, order: np.ndarray, spr: int,
+                  rank: int, world: int) -> str:
+    """Follow rank 0's control messages (rounds, state loads) until STOP; returns why the worker stops."""
+    while True:
+        rnd, flag, n, idx, epoch, cs, ce = recv_control()
+        if flag == STOP:
+            return "stop from rank 0"
+        if flag == STATE:
+            _load_state(trainer, cs)
+            continue
+        if flag != ROUND:
+            raise IntraSiteError(f"expected a ROUND control, got flag {flag} (round {rnd})")
+        log.set_context(epoch=epoch, step=rnd * spr)
+        losses, samples = _compute_round(log, cfg, trainer, corpus, order, spr, rank, world, rnd, n, idx, cs, ce)
+        r2, flag, _n, _i, _e, nbytes, _ = recv_control()
+        if flag == STOP:
+            return f"stop from rank 0 before applying round {rnd}"
+        if flag == STATE:  # the round was abandoned (a new epoch): take rank 0's state instead
+            _load_state(trainer, nbytes)
+            continue
+        if flag != APPLY or r2 != rnd:
+            raise IntraSiteError(f"expected APPLY for round {rnd}, got flag {flag} round {r2}")
+        _apply_round(log, cfg, trainer, world, rnd, cs, losses, samples)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m site_agent.worker", description=__doc__)
     ap.add_argument("--run-dir", required=True, type=Path)
@@ -306,10 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     # its default action (exit at once), also while blocked inside a gloo call.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-    from site_agent.data import batch_for, load_corpus, sample_order
+    from site_agent.data import load_corpus, sample_order
     from site_agent.model import pick_device
-    from site_agent.lr_schedule import step_frontier_tokens
-    from ground.schedule import ids_at, site_positions, steps_per_round
+    from ground.schedule import steps_per_round
     from site_agent.trainer import SiteTrainer
     from ground.config import config_from_json
 
@@ -338,49 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         joined = True
         trainer = SiteTrainer(cfg, device, group=dist.group.WORLD)
         gather_hashes(trainer.params_hash(), world)  # the initial check (round -1), judged by rank 0
-        while True:
-            rnd, flag, n, idx, epoch, cs, ce = recv_control()
-            if flag == STOP:
-                break
-            if flag == STATE:
-                _load_state(trainer, cs)
-                continue
-            if flag != ROUND:
-                raise IntraSiteError(f"expected a ROUND control, got flag {flag} (round {rnd})")
-            log.set_context(epoch=epoch, step=rnd * spr)
-            losses, samples = [], 0
-            with log.span("worker_compute", round=rnd) as sp:
-                for h in range(1 if cfg.train.mode == "sync" else spr):
-                    site_ids = ids_at(order, site_positions(cfg, n, cs, h, idx, ce))
-                    if not site_ids:
-                        continue  # the cut last round: rank 0 skips this step too
-                    ids = rank_slice(site_ids, rank, world)
-                    samples += len(ids)
-                    x, y = batch_for(corpus, ids, cfg.model.seq_len)
-                    if cfg.train.mode == "sync":
-                        loss, _ = trainer.compute_grads(x, y)
-                    else:
-                        loss = trainer.inner_step(x, y, frontier_tokens=step_frontier_tokens(cfg, n, cs, h, ce))
-                    losses.append(loss)
-                sp.update(samples=samples, site_loss=float(np.mean(losses)) if losses else None)
-            r2, flag, _n, _i, _e, nbytes, _ = recv_control()
-            if flag == STOP:
-                reason = f"stop from rank 0 before applying round {rnd}"
-                break
-            if flag == STATE:  # the round was abandoned (a new epoch): take rank 0's state instead
-                _load_state(trainer, nbytes)
-                continue
-            if flag != APPLY or r2 != rnd:
-                raise IntraSiteError(f"expected APPLY for round {rnd}, got flag {flag} round {r2}")
-            avg = _broadcast(torch.empty(trainer.global_params.numel(), dtype=torch.float32)).numpy()
-            if cfg.train.mode == "sync":  # the same frontier rank 0 steps at: the round's start
-                trainer.apply_grads(avg, frontier_tokens=cs * cfg.model.seq_len)
-            else:
-                trainer.apply_outer(avg, frontier_tokens=cs * cfg.model.seq_len)
-            phash = trainer.params_hash()
-            hashes = gather_hashes(phash, world)
-            log.emit("worker_round", round=rnd, param_hash=phash, agrees_with_rank0=hashes[0] == phash,
-                     samples=samples, site_loss=float(np.mean(losses)) if losses else None)
+        reason = _serve_rounds(log, cfg, trainer, corpus, order, spr, rank, world)
     except IntraSiteError as e:
         rc, reason = 1, str(e)
     except Exception as e:  # a bug or a failed join: log it, show the traceback in <site>.w<k>.out

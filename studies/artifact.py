@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from studies.protocol import Protocol, run_config_dict
+from studies.protocol import Protocol, Stratum, run_config_dict
 from studies.runner import check_controls, run_keys
 from studies.stats import bootstrap_interval, conclusion, decide_gate
 
@@ -86,10 +86,8 @@ def _trajectory(p: Protocol, runs: list[dict[str, Any]]) -> dict[str, list[dict[
     return out
 
 
-def build_artifact(p: Protocol, entry: dict[str, Any], finished: dict[str, dict[str, Any]],
-                   earlier: list[dict[str, Any]], study_dir: Path, notes: list[str] | None = None) -> dict[str, Any]:
-    keys = run_keys(p)
-    split_of = {s.name: s for s in p.strata}
+def _run_entries(keys: list[tuple[str, Stratum, str, bool]], finished: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per finished run, in the protocol's run order."""
     runs = []
     for key, s, arm, with_faults in keys:
         f = finished.get(key)
@@ -99,11 +97,12 @@ def build_artifact(p: Protocol, entry: dict[str, Any], finished: dict[str, dict[
         runs.append({"key": key, "stratum": s.name, "arm": arm, "control": not with_faults, "split": s.split,
                      "family": s.family, "run_dir": f["run_dir"], "hashes": f["hashes"], "metrics": f["metrics"],
                      "record": rec, "code_revision": f.get("code_revision")})
-    revs = {json.dumps(r["code_revision"], sort_keys=True) for r in runs}
-    mixed = len(revs) > 1
-    complete = all(k in finished for k, *_ in keys)
-    by = {(r["stratum"], r["arm"]): r for r in runs if not r["control"]}
-    floor = _noise_floor(p, runs)
+    return runs
+
+
+def _pairs(p: Protocol, by: dict[tuple[str, str], dict[str, Any]], floor: dict[str, Any]) -> list[dict[str, Any]]:
+    """One exact pair (treatment vs control) per stratum where both arms finished, with every metric's
+    difference and ratio and the NLL difference against the noise floor."""
     pairs = []
     for s in p.strata:
         t, c = by.get((s.name, p.treatment)), by.get((s.name, p.control))
@@ -124,8 +123,11 @@ def build_artifact(p: Protocol, entry: dict[str, Any], finished: dict[str, dict[
         pairs.append({"stratum": s.name, "split": s.split, "family": s.family, "region": dict(s.region),
                       "seed": s.seed, "data_order": s.data_order, "faults": s.faults_source,
                       "treatment_key": t["key"], "control_key": c["key"], "values": vals, "nll_vs_noise_floor": fv})
-    evalpairs = [q for q in pairs if q["split"] == p.evaluation_split]
-    learning = _learning([r for r in runs if not r["control"] and split_of[r["stratum"]].split == p.evaluation_split])
+    return pairs
+
+
+def _gates(p: Protocol, evalpairs: list[dict[str, Any]], learning: dict[str, str]) -> list[dict[str, Any]]:
+    """Every registered gate decided over the evaluation split's pairs."""
     gates = []
     for g in p.gates:
         gd = {"name": g.name, "metric": g.metric, "kind": g.kind, "direction": g.direction, "margin": g.margin,
@@ -138,6 +140,23 @@ def build_artifact(p: Protocol, entry: dict[str, Any], finished: dict[str, dict[
         is_learning = g.metric in LEARNING_METRICS
         gates.append(decide_gate(gd, diffs, learning_status=learning["status"] if is_learning else None,
                                  learning_text=learning["text"] if is_learning else ""))
+    return gates
+
+
+def build_artifact(p: Protocol, entry: dict[str, Any], finished: dict[str, dict[str, Any]],
+                   earlier: list[dict[str, Any]], study_dir: Path, notes: list[str] | None = None) -> dict[str, Any]:
+    keys = run_keys(p)
+    split_of = {s.name: s for s in p.strata}
+    runs = _run_entries(keys, finished)
+    revs = {json.dumps(r["code_revision"], sort_keys=True) for r in runs}
+    mixed = len(revs) > 1
+    complete = all(k in finished for k, *_ in keys)
+    by = {(r["stratum"], r["arm"]): r for r in runs if not r["control"]}
+    floor = _noise_floor(p, runs)
+    pairs = _pairs(p, by, floor)
+    evalpairs = [q for q in pairs if q["split"] == p.evaluation_split]
+    learning = _learning([r for r in runs if not r["control"] and split_of[r["stratum"]].split == p.evaluation_split])
+    gates = _gates(p, evalpairs, learning)
     intervals = {m: {**bootstrap_interval([q["values"][m]["difference"] for q in evalpairs
                                            if q["values"][m]["difference"] is not None]),
                      "what": f"{p.treatment} - {p.control}, mean over {p.evaluation_split} pairs (description only)"}

@@ -134,30 +134,33 @@ def _key(run_key: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", run_key)
 
 
-def render(art: dict[str, Any]) -> str:
-    st, concl = art["study"], art["conclusion"]
+def _medians_section(art: dict[str, Any]) -> list[str]:
+    """The observed medians of every metric, per arm."""
     metrics = art["protocol"]["metrics"]
-    t, c = st["treatment"], st["control"]
-    out = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>Study {_e(st['name'])}</title>"
-           f"<style>{CSS}</style><script>{JS}</script></head><body>"]
-    out.append(f"<section id='headline'><p class='note'>Measured on this machine · study {_e(st['name'])} · "
-               f"protocol version {st['version']} · {st['n_runs_finished']} of {st['n_runs_planned']} runs</p>"
-               f"<h1>{_e(st['question'])}</h1><p class='answer' id='answer' data-status='{_e(concl['status'])}'>"
-               f"{_e(concl['text'])}</p><p>Same {st['target_useful_tokens']:,} useful tokens per run; paired by "
-               f"stratum (seed, data order, fault schedule and link profile shared by every arm); difference = "
-               f"<b>{_e(t)}</b> − <b>{_e(c)}</b>; gates decided on the {_e(st['evaluation_split'])} strata.</p>"
-               f"<p>Learning check: {_e(art['learning']['text'])}</p></section>")
-    # observed medians
+    out: list[str] = []
     rows = []
     for m in metrics:
         ev = next((r["metrics"][m]["evidence"] for r in art["runs"] if m in r["metrics"]), "unavailable")
         rows.append([f"{_e(m)} ({UNITS.get(m, '')}){_ev(ev)}"] + [fmt(art["medians"][a][m], m) for a in art["medians"]])
     out.append("<section id='medians'><h2>Observed medians</h2>" +
                _table(["Metric", *art["medians"].keys()], rows) + "</section>")
+    return out
+
+
+def _trajectory_section(art: dict[str, Any]) -> list[str]:
+    """The median held-out NLL over opportunity ticks."""
+    out: list[str] = []
     out.append("<section id='trajectory-section'><h2>Median trajectory</h2><p>Held-out NLL over opportunity ticks "
                "(a logical clock of scheduling opportunities: inner-step slots + synchronisations + membership "
                "changes, from the logs), median over strata at each evaluation.</p>"
                + _svg_trajectory(art["trajectory"]) + "</section>")
+    return out
+
+
+def _intervals_section(art: dict[str, Any]) -> list[str]:
+    """The paired bootstrap intervals (description only, never a decision)."""
+    t, c = art["study"]["treatment"], art["study"]["control"]
+    out: list[str] = []
     rows = []
     for m, iv in art["intervals"].items():
         rows.append([_e(m), fmt(iv.get("low"), m), fmt(iv.get("high"), m), _e(iv.get("method", iv.get("reason", "")))])
@@ -165,6 +168,13 @@ def render(art: dict[str, Any]) -> str:
                f"{_e(t)} − {_e(c)}: description only, never a decision. Sampling intervals only; infrastructure "
                "uncertainty is the strata's regions, kept separate.</p>"
                + _table(["Metric", "90% low", "90% high", "Method"], rows) + "</section>")
+    return out
+
+
+def _decision_section(art: dict[str, Any]) -> list[str]:
+    """The decision rule: the gates as registered, the invalidators and the no-failure controls."""
+    st = art["study"]
+    out: list[str] = []
     rows = []
     for g in art["gates"]:
         cls = g["status"]
@@ -185,6 +195,13 @@ def render(art: dict[str, Any]) -> str:
             for x in art["controls"]]
     out.append("<h3>No-failure controls</h3>" + (_table(["Stratum", "Status", "State hash, work, final NLL"], rows)
                                                    if rows else "<p>The protocol asks for none.</p>") + "</section>")
+    return out
+
+
+def _pairs_section(art: dict[str, Any]) -> list[str]:
+    """The exact paired evaluations, one row per stratum, against the noise floor."""
+    t, c = art["study"]["treatment"], art["study"]["control"]
+    out: list[str] = []
     head = ["Stratum", "Split", f"{c} NLL", f"{t} NLL", f"{t} − {c} NLL", "vs noise floor", "Attempted-FLOP saved",
             "Ticks saved", "Energy ratio"]
     rows = []
@@ -206,6 +223,12 @@ def render(art: dict[str, Any]) -> str:
             if floor.get("evidence") == "measured" else f"noise floor unavailable: {floor.get('reason', '')}")
     out.append(f"<section id='pairs'><h2>Exact paired evaluations</h2><p>{_e(ftxt)}.</p>"
                + _table(head, rows, "pairs") + "</section>")
+    return out
+
+
+def _runs_section(art: dict[str, Any]) -> list[str]:
+    """One row per run record, with its hashes and a lazily loaded trace."""
+    out: list[str] = []
     rows = []
     for r in art["runs"]:
         rec, m = r["record"], r["metrics"]
@@ -224,6 +247,12 @@ def render(art: dict[str, Any]) -> str:
         ["Run", "Split", "Arm", "Mode / policy", "Interrupted", "Final NLL", "Attempted / canonical tokens",
          "Opportunity ticks", "Wall s", "Device energy", "Checkpoints", "Logs SHA-256", "Trace"], rows, "runs")
         + "</section>")
+    return out
+
+
+def _families_section(art: dict[str, Any]) -> list[str]:
+    """The untouched family ledger and the rankings under uncertainty (if the study has families)."""
+    out: list[str] = []
     fam = art.get("families") or {}
     if fam.get("ledger"):
         rows = [[_e(f["family"]), _e(f["split"]), fmt(f["learning_delta"], "final_heldout_nll"),
@@ -241,11 +270,24 @@ def render(art: dict[str, Any]) -> str:
                    "uncertainty, kept apart from the sampling intervals above.</p>" + _table(
                        ["Family", "Uncertainty region", "Ranking (lowest NLL first)", "Best in hindsight",
                         "Ranking", "Reason"], rows, "regions") + "</section>")
+    return out
+
+
+def _versions_section(art: dict[str, Any]) -> list[str]:
+    """Earlier registered versions of the protocol and their conclusions."""
+    out: list[str] = []
     rows = [[str(v["version"]), _e(v.get("artifact_path") or "none"), _e(v["conclusion"]),
              f"<td class='mono'>{_e(v['sha256'])}</td>"] for v in art["versions"]]
     out.append("<section id='versions'><h2>Earlier protocol results</h2>"
                + (_table(["Version", "Artifact path", "Conclusion", "SHA-256"], rows) if rows else
                   "<p>None: this is the first registered version.</p>") + "</section>")
+    return out
+
+
+def _provenance_section(art: dict[str, Any]) -> list[str]:
+    """Code revisions, the canonical protocol as hashed, and every run's hashes."""
+    st = art["study"]
+    out: list[str] = []
     prov = art["provenance"]
     revs = ", ".join(f"{(r or {}).get('commit')}{' (dirty)' if (r or {}).get('dirty') else ''}"
                      for r in prov["code_revisions"])
@@ -260,6 +302,24 @@ def render(art: dict[str, Any]) -> str:
                    [[_e(r["key"]), f"<td class='mono'>{_e(r['run_dir'])}</td>"] +
                     [f"<td class='mono'>{_e(r['hashes'][h])}</td>" for h in
                      ("config_sha256", "summary_sha256", "logs_sha256")] for r in art["runs"]]) + "</details></section>")
+    return out
+
+
+def render(art: dict[str, Any]) -> str:
+    st, concl = art["study"], art["conclusion"]
+    t, c = st["treatment"], st["control"]
+    out = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>Study {_e(st['name'])}</title>"
+           f"<style>{CSS}</style><script>{JS}</script></head><body>"]
+    out.append(f"<section id='headline'><p class='note'>Measured on this machine · study {_e(st['name'])} · "
+               f"protocol version {st['version']} · {st['n_runs_finished']} of {st['n_runs_planned']} runs</p>"
+               f"<h1>{_e(st['question'])}</h1><p class='answer' id='answer' data-status='{_e(concl['status'])}'>"
+               f"{_e(concl['text'])}</p><p>Same {st['target_useful_tokens']:,} useful tokens per run; paired by "
+               f"stratum (seed, data order, fault schedule and link profile shared by every arm); difference = "
+               f"<b>{_e(t)}</b> − <b>{_e(c)}</b>; gates decided on the {_e(st['evaluation_split'])} strata.</p>"
+               f"<p>Learning check: {_e(art['learning']['text'])}</p></section>")
+    for section in (_medians_section, _trajectory_section, _intervals_section, _decision_section, _pairs_section,
+                    _runs_section, _families_section, _versions_section, _provenance_section):
+        out += section(art)
     out.append("</body></html>")
     return "".join(out)
 

@@ -117,7 +117,7 @@ def test_the_report_shows_what_the_controller_chose_in_the_collapse(collapse_run
     were trained in, one interval per change the coordinator applied, and every change is listed."""
     from analysis.artifact import build_artifact
     from analysis.controller_report import chosen_run, controller_section_html, setting_intervals
-    from analysis.report import _fig_html
+    from analysis.report_cells import fig_html as _fig_html
 
     run_dir, _ = collapse_run
     art = build_artifact([run_dir])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from analysis.controller_report import (MARKS, chosen_run, controller_section_html, marks, setting_intervals,
                                         setting_label)
-from analysis.report import _fig_html
+from analysis.report_cells import fig_html as _fig_html
 
 T0 = 1_000_000_000_000
 

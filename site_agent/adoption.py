@@ -1,0 +1,158 @@
+"""Adopting a membership epoch's plan at a site: fence, setting, and the state the plan names.
+
+The state comes from the site's own round-start snapshot (a rollback), from a donor by peer state
+transfer, or from the store's durable checkpoint named by hash; a donor also sends its state to
+the epoch's joiners. Every restore is one `restore` span in the site's log.
+
+`EpochAdoption` holds methods only: `site_agent.agent.Site` owns the state they use.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ground.fields import Rejected
+from ground.plans import EpochPlan, Restore
+from ground.topology import COORD
+from site_agent.consistency import plan_setting
+from site_agent.state import load_blobs, restore_snapshot, retained_of, samples_sha256, with_lineage
+from site_agent.state_transfer import StateTransferError, pack_state, receive_state, send_state, unpack_state
+from site_agent.unwind import Interrupted
+from wan.frames import TrafficClass
+
+CONTROL = TrafficClass.CONTROL.value
+
+
+class EpochAdoption:
+    """Epoch adoption and state restore for Site (state: plan, epoch, snapshots, retained, trainer, ...)."""
+
+    def adopt(self, plan: EpochPlan) -> bool:
+        """Take a new epoch's plan; restore the state it names. True if we should train now."""
+        log = self.log
+        self.uploads.wait()  # the checkpoint in flight belongs to the epoch we leave; it ends first
+        self.plan = plan
+        self.epoch = plan.epoch
+        self.status["epoch"] = self.epoch
+        self.node.set_fence(self.epoch)
+        self.allreduce.reset(self.epoch)
+        setting, start_step, _prev = plan_setting(self.cfg, plan)
+        self.allreduce.set_compression(setting.compression)
+        self.step_at_end[plan.start_round - 1] = start_step
+        log.set_context(epoch=self.epoch)
+        members = list(plan.members)
+        log.emit("membership", members=members, paused=plan.paused, start_round=plan.start_round,
+                 start_cursor=plan.start_cursor, restore=plan.restore.value, donor=plan.donor, joiners=list(plan.joiners),
+                 setting=setting.to_json(), start_step=start_step)
+        if self.me not in members:
+            # Removed (we failed, hung, or were partitioned away) but alive: ask to come back in.
+            log.emit("not_a_member", epoch=self.epoch)
+            self.node.send(COORD, "join", CONTROL, {"pid": os.getpid(), "rejoin": True})
+            return False
+        start = plan.start_round
+        if plan.paused:
+            log.emit("paused", reason="the coordinator is waiting for failed sites")
+            if plan.checkpoint_first and members[0] == self.me and start > 0:
+                # Preemption with notice under `restart`: make the committed state durable first.
+                with log.span("restore", kind="rollback_for_checkpoint", start_round=start) as sp:
+                    self.rollback_to(start, sp)
+                self.next_round = start
+                self.checkpoint(start - 1, plan.start_cursor)
+            return False
+        self.leader = members[0] == self.me
+        with log.span("restore", kind=plan.restore.value, start_round=start) as sp:
+            if plan.restore == Restore.STORE:
+                self.restore_from_store(plan, sp)
+            elif plan.restore == Restore.DONOR and self.me in plan.joiners:
+                self.receive_from_donor(plan, sp)
+            else:
+                self.rollback_to(start, sp)
+                if plan.restore == Restore.DONOR and plan.donor == self.me:
+                    self.send_to_joiners(plan, sp)
+            sp.update(retained_samples=int(self.retained.size), samples_sha256=samples_sha256(self.retained))
+        self.next_round = start
+        self.snapshots = {k: v for k, v in self.snapshots.items() if k <= start}
+        if self.pool is not None:
+            self.pool.load_state(pack_state(self.trainer.state_tensors()))
+        if plan.checkpoint_first and self.leader and start > 0:
+            # The oracle drains a site just before its fault: make the committed state durable first.
+            self.checkpoint(start - 1, plan.start_cursor)
+        return True
+
+    def rollback_to(self, start: int, sp: dict[str, Any]) -> None:
+        """Make the trainer hold the state at the start of round `start` (our own snapshot)."""
+        if self.next_round == start:
+            sp["rolled_back"] = False
+            return
+        snap = self.snapshots.get(start)
+        if snap is None:
+            if self.next_round is not None and start > self.next_round:
+                raise RuntimeError(
+                    f"epoch {self.epoch} resumes at round {start}, but this site holds the state at the start of "
+                    f"round {self.next_round} and no epoch it received covers rounds {self.next_round}.."
+                    f"{start - 1} (snapshots {sorted(self.snapshots)})")
+            held = "mid-round" if self.next_round is None else f"round {self.next_round}"
+            raise RuntimeError(f"no snapshot of round {start} (holding {held}, snapshots {sorted(self.snapshots)})")
+        restore_snapshot(self.trainer, snap)
+        self.retained = snap.retained.copy()
+        sp.update(rolled_back=True, from_round=self.next_round, params_hash=snap.params_hash)
+
+    def restore_from_store(self, plan: EpochPlan, sp: dict[str, Any]) -> None:
+        want = plan.manifest_hash
+        if want is None:  # nothing durable yet: everyone restarts from the initial weights
+            restore_snapshot(self.trainer, self.initial)
+            self.retained = self.initial.retained.copy()
+            sp.update(source="initial weights", params_hash=self.initial.params_hash)
+            return
+        if self.store is None:
+            raise RuntimeError("restore from the store, but this site has no route to it")
+        # By hash, not "the frontier": a background upload may have made a newer checkpoint the
+        # frontier since the coordinator planned this restore; the plan's checkpoint is still there.
+        manifest = self.store.checkpoint(want, timeout_s=60.0)
+        blobs = self.store.load(manifest, timeout_s=120.0)
+        retained = retained_of(blobs, f"checkpoint {want}", manifest.get("samples_sha256"))
+        load_blobs(self.trainer, blobs)
+        if self.trainer.params_hash() != manifest["params_hash"]:
+            raise RuntimeError(f"checkpoint {want}: loaded parameters do not match the manifest's hash")
+        self.retained = retained
+        sp.update(source="store", manifest_hash=want, params_hash=manifest["params_hash"], round=manifest["round"])
+
+    def receive_from_donor(self, plan: EpochPlan, sp: dict[str, Any]) -> None:
+        donor = plan.donor
+        assert donor is not None  # parse_plan: a donor restore names one
+        try:
+            data, meta = receive_state(self.state_q, donor, self.epoch, timeout_s=120.0,
+                                       interrupted=self.newer_plan_waiting, max_total=self.max_state_bytes(),
+                                       reject=self._reject_state_chunk)
+        except StateTransferError as e:
+            sp["error_detail"] = str(e)
+            raise Interrupted(f"state transfer from {donor} failed: {e}") from e
+        blobs = unpack_state(data)
+        retained = retained_of(blobs, f"state from {donor}", meta["samples_sha256"])
+        load_blobs(self.trainer, blobs)
+        got = self.trainer.params_hash()
+        if got != meta["params_hash"]:
+            raise RuntimeError(f"state from {donor}: parameters hash {got} != announced {meta['params_hash']}")
+        self.retained = retained
+        self.log.emit("state_received", donor=donor, bytes=len(data), params_hash=got, round=meta["round"],
+                      samples_sha256=meta["samples_sha256"])
+        sp.update(source="donor", donor=donor, bytes=len(data), params_hash=got)
+
+    def max_state_bytes(self) -> int:
+        """The most bytes a donor's packed state may announce: generously above our own state's size."""
+        own = sum(t.numel() * t.element_size() for g in self.trainer.state_tensors().values() for t in g.values())
+        return 4 * own + 8 * self.target + (1 << 20)
+
+    def _reject_state_chunk(self, msg: Any, e: Rejected) -> None:
+        self.log.emit("message_rejected", kind=msg.kind, src=msg.src, msg_epoch=msg.epoch, reason=e.reason,
+                      detail=e.detail)
+
+    def send_to_joiners(self, plan: EpochPlan, sp: dict[str, Any]) -> None:
+        data = pack_state(with_lineage(self.trainer.state_tensors(), self.retained))
+        meta = {"round": plan.start_round, "params_hash": self.trainer.params_hash(),
+                "samples_sha256": samples_sha256(self.retained)}
+        for j in plan.joiners:
+            n = send_state(self.node, j, data, meta, self.cfg.wan.chunk_bytes, self.epoch)
+            self.log.emit("state_sent", joiner=j, bytes=n, params_hash=meta["params_hash"], round=meta["round"],
+                          samples_sha256=meta["samples_sha256"])
+        sp.update(sent_to=list(plan.joiners), bytes=len(data))

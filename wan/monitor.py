@@ -1,0 +1,111 @@
+"""Connection events of a WanNode: socket monitors, link up/down, and lost ROUTER connections.
+
+A DEALER route is down between a disconnect and the next successful handshake (what it was handed
+just before the disconnect is counted as in doubt); a reconnect resends what is unacked and runs the
+periodic tasks (heartbeats) at once. On the ROUTER side each connection is tied to the member that
+last authenticated on it, so the coordinator's failure detection can ask which members' newest
+connection closed (`WanNode.lost_connections`). Failed handshakes are logged.
+
+`ConnectionMonitorMixin` holds methods only: `WanNode` (wan/node.py) owns the state they use.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from wan.sender import DOUBT_WINDOW_NS
+
+_EVENT_NAMES = {getattr(zmq, n): n[len("EVENT_"):].lower() for n in dir(zmq) if n.startswith("EVENT_")
+                and n not in ("EVENT_ALL", "EVENT_ALL_V1", "EVENT_ALL_V2")}
+# The value of a HANDSHAKE_FAILED_PROTOCOL event (e.g. "zmtp_mechanism_mismatch": a peer without CURVE).
+_PROTOCOL_ERRORS = {getattr(zmq, n): n[len("PROTOCOL_ERROR_"):].lower() for n in dir(zmq)
+                    if n.startswith("PROTOCOL_ERROR_")}
+
+
+class ConnectionMonitorMixin:
+    """Monitor events and connection tracking for WanNode (state: _monitors, _down, _ever_up, _lost, ...)."""
+
+    def _on_monitor(self, msock: zmq.Socket) -> None:
+        peer, _sock = self._monitors[msock]
+        while True:
+            try:
+                ev = recv_monitor_message(msock, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            except zmq.ZMQError:
+                return
+            name = _EVENT_NAMES.get(ev["event"], str(ev["event"]))
+            endpoint = ev.get("endpoint", b"")
+            endpoint = endpoint.decode() if isinstance(endpoint, bytes) else str(endpoint)
+            if peer == "server":
+                if name == "disconnected":
+                    self._on_router_disconnect(int(ev["value"]))
+                    continue
+                if name.startswith("handshake_failed"):
+                    self.rejected += 1
+                    what = _PROTOCOL_ERRORS.get(ev["value"], "") if name == "handshake_failed_protocol" else ""
+                    self.log.emit("frame_rejected", reason=name, code=ev["value"], peer=endpoint, link="server",
+                                  detail=f"ZMTP/CURVE handshake failed (code {ev['value']}{', ' + what if what else ''})")
+                continue
+            if name == "disconnected":
+                self._down[peer] = True
+                doubt = self._mark_in_doubt(peer, time.monotonic_ns())
+                self.log.emit("link_down", peer=peer, link=self.routes[peer].link, in_doubt_bytes=doubt)
+            elif name == "handshake_succeeded":
+                was_down = self._down.get(peer, False)
+                reconnect = was_down or self._ever_up.get(peer, False)
+                self._down[peer] = False
+                self._ever_up[peer] = True
+                if reconnect:
+                    self.log.emit("link_up", peer=peer, link=self.routes[peer].link, reconnect=True)
+                    for _interval, _fn, last in self._periodic:
+                        last[0] = 0.0  # heartbeats go out at once: the peer hears we are alive
+                self._resend_all(peer, "reconnected" if reconnect else "connected")
+            elif name.startswith("handshake_failed"):
+                self.log.emit("handshake_failed", peer=peer, link=self.routes[peer].link, zmq_event=name, code=ev["value"])
+
+
+    def _note_connection(self, peer: str, fd: int | None) -> None:
+        """An authenticated message from `peer` arrived on connection `fd`: it is connected."""
+        if fd is not None and self._peer_fd.get(peer) != fd:
+            old = self._peer_fd.get(peer)
+            if old is not None and self._fd_peer.get(old) == peer:
+                del self._fd_peer[old]
+            self._fd_peer[fd] = peer
+            self._peer_fd[peer] = fd
+        if peer in self._lost:
+            with self._lock:
+                since = self._lost.pop(peer, None)
+            if since is not None:  # how long a live peer was unheard after its connection closed
+                self.log.emit("peer_reconnected", peer=peer, silent_ms=round((time.monotonic_ns() - since) / 1e6, 1))
+
+    def _on_router_disconnect(self, fd: int) -> None:
+        """A ROUTER connection closed. If it was a member's newest one, that member is lost until
+        it is heard again (TCP delivers everything sent on a connection before its close, so any
+        later message came over a new connection)."""
+        peer = self._fd_peer.pop(fd, None)
+        if peer is None or self._peer_fd.get(peer) != fd:
+            return
+        del self._peer_fd[peer]
+        now = time.monotonic_ns()
+        self.log.emit("peer_disconnected", peer=peer, link=self.server_links.get(peer, f"{peer}_to_{self.name}"),
+                      fd=fd)  # logged before anyone can act on it
+        with self._lock:
+            self._lost[peer] = now
+
+    def _mark_in_doubt(self, peer: str, now_ns: int) -> int:
+        """Bytes handed to the route within DOUBT_WINDOW_NS before it closed: counted as sent, but
+        they may have died in the connection's buffers. Recorded as side `doubt` (no class owns
+        them; the reconciliation allows at most these bytes of excess on the link)."""
+        recent = self._recent.pop(peer, None) or collections.deque()
+        link = self.routes[peer].link
+        total = 0
+        for t, cls, wire in recent:
+            if now_ns - t <= DOUBT_WINDOW_NS:
+                self.counters.add("doubt", link, "up", cls, wire)
+                total += wire
+        return total

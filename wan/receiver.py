@@ -1,0 +1,206 @@
+"""The receiving half of a WanNode: bounded reads, decoding, identity and fence checks, acks, dedup.
+
+Every received multipart message is taken off the socket within bounds (`_recv_bounded`), decoded,
+checked against the identity of its connection and the node's fence, counted, then either an ack
+(clears the sender's pending message) or delivered once to its kind's inbox and acked. Anything
+rejected is counted and logged as `frame_rejected` with its reason; the node goes on.
+
+`ReceivingMixin` holds methods only: `WanNode` (wan/node.py) owns the state they use.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import zmq
+
+from wan.delivery import INCARNATIONS_KEPT, SEQ_WINDOW, SeqWindow
+from wan.frames import MAX_BUFFERS, FrameError, Message, check_fence, decode, encode, safe_repr, wire_overhead
+from wan.zmq_text import describe_error, peer_text, src_fd
+
+ROUTING_ID_SEP = "#"  # a DEALER's routing id is f"{name}#{random hex}"
+
+
+class ReceivingMixin:
+    """Receiving and delivery for WanNode (state: _router, _dealer_peer, _queues, _seen, _fence, ...)."""
+
+    def _drain(self, sock: zmq.Socket) -> None:
+        for _ in range(256):  # bounded, so timers and sends still run under a flood
+            try:
+                kept, over, n_frames, n_bytes = self._recv_bounded(sock, router=sock is self._router)
+            except zmq.Again:
+                return
+            try:
+                self._on_received(sock, kept, over, n_frames, n_bytes)
+            except Exception as e:  # one message must never take the I/O thread down
+                self.rejected += 1
+                via = peer_text(kept[0]) if sock is self._router else self._dealer_peer.get(sock, "?")
+                self.log.emit("frame_rejected", reason="handler_error", detail=describe_error(e), peer=via)
+
+    def _recv_bounded(self, sock: zmq.Socket, *, router: bool) -> tuple[list[zmq.Frame], str | None, int, int]:
+        """Take one multipart message off `sock`, keeping at most what a valid message can hold.
+
+        Returns (frames kept, why the message is over the limits or None, frames seen, bytes
+        seen). A ROUTER's first frame (the routing id) is kept and not counted. Frames past a
+        limit are received and released one by one, so an oversized message never sits whole
+        in this process's Python memory (libzmq's own buffering is in the module docstring).
+        """
+        first = sock.recv(zmq.NOBLOCK, copy=False)
+        kept = [first]
+        max_frames, limit = MAX_BUFFERS + 1, self.wan.max_frame_bytes
+        over: str | None = None
+        n_frames, n_bytes = (0, 0) if router else (1, len(first.buffer))
+        more = first.more
+        while more:
+            f = sock.recv(copy=False)  # the rest of a multipart message is already queued: no wait
+            more = f.more
+            n_frames += 1
+            n_bytes += len(f.buffer)
+            if over is not None:
+                continue  # released at once
+            if n_frames > max_frames:
+                over = f"too_many_frames: more than {max_frames} frames"
+            elif n_bytes > limit:
+                over = f"too_large: more than {limit} bytes"
+            if over is None:
+                kept.append(f)
+            else:
+                del kept[2 if router else 1:]  # keep the routing id and the first frame (its User-Id)
+        return kept, over, n_frames, n_bytes
+
+    def _on_received(self, sock: zmq.Socket, kept: list[zmq.Frame], over: str | None, n_frames: int,
+                     n_bytes: int) -> None:
+        if sock is self._router:
+            rid = kept[0].bytes
+            peer = self._router_peer(rid, kept[1] if len(kept) > 1 else None)
+            link, direction = self._rx_link(peer, from_router=True)
+            parts, via = kept[1:], peer_text(rid)
+        else:
+            peer = self._dealer_peer[sock]
+            link, direction = self._rx_link(peer, from_router=False)
+            parts, via = kept, peer
+        if over is not None or not parts:
+            reason, detail = (over or "empty: no frames after the routing id").split(": ", 1)
+            self._reject_raw(reason, detail, via, link, direction, n_bytes, frames=n_frames)
+            return
+        fd = src_fd(parts[-1]) if sock is self._router else None
+        self._on_frames(parts, peer=peer, via=via, link=link, direction=direction,
+                        rid=rid if sock is self._router else None, fd=fd)
+
+    def _router_peer(self, rid: bytes, frame: zmq.Frame | None) -> str:
+        """The member a ROUTER connection belongs to: its key's User-Id under CURVE, else the name in its id."""
+        if self.wan.curve and frame is not None:
+            try:
+                user = frame.get("User-Id")
+            except zmq.ZMQError:
+                user = None
+            if user:
+                return str(user)
+        return rid.decode("utf-8", "replace").rsplit(ROUTING_ID_SEP, 1)[0]
+
+    def _rx_link(self, peer: str, from_router: bool) -> tuple[str, str]:
+        if from_router:
+            link = self.server_links.get(peer)
+            if link is None:
+                link = f"{peer}_to_{self.name}" if peer in self._fence.members else f"unknown_to_{self.name}"
+            return link, "up"
+        return self.routes[peer].link, "down"
+
+    def _reject_raw(self, reason: str, detail: str, via: str, link: str, direction: str, size: int,
+                    **extra: Any) -> None:
+        self.rejected += 1
+        self.counters.add("rx", link, direction, "control", size)
+        self.log.emit("frame_rejected", reason=reason, detail=detail, peer=via, link=link, bytes=size, **extra)
+
+    def _identity_error(self, msg: Message, peer: str, rid: bytes | None) -> str | None:
+        """Why msg may not come from this connection, or None (see the module docstring)."""
+        if rid is None:  # a DEALER: the server proved its key in the handshake
+            if msg.src != peer:
+                return f"identity_mismatch: the connection to {peer!r} delivered a message from {safe_repr(msg.src)}"
+            return None
+        claimed = rid.decode("utf-8", "replace").rsplit(ROUTING_ID_SEP, 1)[0]
+        if msg.src != peer or claimed != peer:
+            who = "key" if self.wan.curve else "routing id"
+            return (f"identity_mismatch: {who} of {peer!r}, routing id {safe_repr(peer_text(rid))}, "
+                    f"message from {safe_repr(msg.src)}")
+        return None
+
+    def _on_frames(self, parts: list[Any], *, peer: str, via: str, link: str, direction: str,
+                   rid: bytes | None, fd: int | None = None) -> None:
+        try:
+            msg = decode(parts, max_frame_bytes=self.wan.max_frame_bytes, max_header_bytes=self.wan.max_header_bytes)
+        except FrameError as e:
+            self._reject_raw(e.reason, e.detail, via, link, direction, sum(len(p.buffer) for p in parts))
+            return
+        self.counters.add("rx", link, direction, msg.cls, msg.wire_bytes + wire_overhead(
+            [len(p.buffer) for p in parts], self.wan.curve))
+        reason = self._identity_error(msg, peer, rid)
+        if reason is None:
+            ok, why = check_fence(msg, self._fence)
+            reason = None if ok else why
+        if reason is None and msg.kind != "ack" and msg.kind not in self._queues:
+            reason = f"unknown_kind: no inbox for kind {safe_repr(msg.kind)}"
+        if reason is None and msg.seq > 0 and not self._window(msg).in_window(msg.seq):
+            reason = f"seq_window: seq {msg.seq} is more than {SEQ_WINDOW} above {self._window(msg).low}"
+        if reason is not None:
+            self.rejected += 1
+            self.log.emit("frame_rejected", reason=reason.split(":")[0], detail=reason, peer=via, link=link,
+                          kind=msg.kind, msg_epoch=msg.epoch, msg_run=msg.run, src=msg.src)
+            return
+        if rid is not None:
+            self._note_connection(msg.src, fd)
+            self._learn_peer(msg.src, rid)
+        if msg.kind == "ack":
+            self._on_ack(msg)
+            return
+        self._deliver(msg, peer)
+
+    def _deliver(self, msg: Message, peer: str) -> None:
+        """Ack a reliable message, drop a duplicate, queue the rest in its (bounded) inbox."""
+        window = self._window(msg) if msg.seq > 0 else None
+        if window is not None and window.is_seen(msg.seq):
+            self._send_ack(peer, msg)  # the first ack may have been lost
+            self.duplicates += 1
+            return
+        inbox = self._queues[msg.kind]
+        if not inbox.offer(msg):  # not delivered and not acked: a genuine sender resends it later
+            self.rejected += 1
+            self.log.emit("frame_rejected", reason="inbox_full", peer=peer, kind=msg.kind, src=msg.src,
+                          detail=f"inbox of {msg.kind!r} holds {inbox.qsize()} messages, {inbox.nbytes} bytes")
+            return
+        if window is not None:
+            window.mark(msg.seq)
+            self._send_ack(peer, msg)
+
+    def _send_ack(self, peer: str, msg: Message) -> None:
+        ack = encode(kind="ack", cls="control", run=self.run_id, epoch=self.epoch, step=self.step,
+                     src=self.name, inc=self.inc, seq=0, body={"seq": msg.seq, "inc": msg.inc})
+        self._raw_send(peer, ack, "control")
+
+    def _window(self, msg: Message) -> SeqWindow:
+        """The sequence window of (msg.src, msg.inc); only the latest INCARNATIONS_KEPT per member are kept."""
+        per_src = self._seen[msg.src]
+        w = per_src.get(msg.inc)
+        if w is None:
+            w = per_src[msg.inc] = SeqWindow()
+            while len(per_src) > INCARNATIONS_KEPT:
+                per_src.popitem(last=False)
+        return w
+
+    def _learn_peer(self, peer: str, rid: bytes) -> None:
+        """Route replies to `peer` through the connection that just proved to be it; flush what waited."""
+        old = self._peer_rid.get(peer)
+        if old == rid:
+            return
+        self._peer_rid[peer] = rid
+        self._resend_all(peer, "peer reconnected" if old is not None else "peer connected")
+
+    def _on_ack(self, msg: Message) -> None:
+        seq = msg.body.get("seq")
+        if msg.body.get("inc") != self.inc or not isinstance(seq, int):
+            return  # an ack for a previous incarnation of this process
+        with self._lock:
+            pend = self._unacked.get(msg.src)
+            if pend is not None and pend.pop(seq, None) is not None:
+                self._last_ack_ns[msg.src] = time.monotonic_ns()

@@ -1,0 +1,139 @@
+"""The sending half of a WanNode: per-link hand-off to ZeroMQ, byte counting and resends.
+
+A message is handed to ZeroMQ only over a route that is up (`_route_up`); every send is counted per
+link/direction/class, and what a DEALER route was handed recently is kept so that a disconnect can
+count the bytes that may have died in the connection (`DOUBT_WINDOW_NS`). Unacked reliable messages
+are resent after a reconnect or after `retransmit_timeout_ms` without ack progress.
+
+`SendingMixin` holds methods only: `WanNode` (wan/node.py) owns the state they use.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import zmq
+
+from wan.delivery import Pending
+from wan.zmq_text import wire_size
+
+# A message handed to ZeroMQ this long before its connection was seen to close may have died in
+# the connection's buffers without reaching the proxy: its bytes are "in doubt" (ns).
+DOUBT_WINDOW_NS = 250_000_000
+
+
+class SendingMixin:
+    """Sending, counting and resending for WanNode (state: routes, _dealers, _router, _unacked, ...)."""
+
+    def _link_of(self, dest: str) -> tuple[str, str, str]:
+        """(side, link, direction) of traffic sent to dest."""
+        if dest in self._dealers:
+            return "tx", self.routes[dest].link, "up"
+        return "tx", self.server_links.get(dest, f"{dest}_to_{self.name}"), "down"
+
+    def _route_up(self, dest: str) -> bool:
+        """A client route carries messages only between a handshake and the next disconnect.
+
+        Handing ZeroMQ a message for a route that is down would queue it in a pipe that may never
+        reach the proxy (the peer may be gone for good), yet it would be counted as sent. So such a
+        message is not handed over: a reliable one waits among the unacked and goes out when the
+        handshake succeeds; an unreliable one is dropped and tallied (`dropped_while_down`).
+        """
+        return dest not in self._dealers or (self._ever_up.get(dest, False) and not self._down.get(dest, False))
+
+    def _raw_send(self, dest: str, frames: list[Any], cls: str) -> bool:
+        if not self._route_up(dest):
+            return False
+        try:
+            if dest in self._dealers:
+                self._dealers[dest].send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            elif self._router is not None:
+                rid = self._peer_rid.get(dest)
+                if rid is None:
+                    return False  # not heard from yet: a reliable message waits until it is (`_learn_peer`)
+                self._router.send_multipart([rid, *frames], flags=zmq.NOBLOCK, copy=False)
+            else:
+                raise KeyError(dest)
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as e:
+            if e.errno == zmq.EHOSTUNREACH:
+                return False  # peer not connected now; a reliable message stays unacked and is resent
+            raise
+        except KeyError:
+            self.log.emit("send_failed", dest=dest, reason="no route to this process")
+            return True
+        side, link, direction = self._link_of(dest)
+        wire = wire_size(frames, self.wan.curve)
+        self.counters.add(side, link, direction, cls, wire)
+        if dest in self._dealers:
+            now = time.monotonic_ns()
+            recent = self._recent[dest]
+            recent.append((now, cls, wire))
+            while recent and now - recent[0][0] > DOUBT_WINDOW_NS:
+                recent.popleft()
+        return True
+
+    def _flush_outbox(self) -> None:
+        while True:
+            with self._lock:
+                if not self._outbox:
+                    return
+                dest, frames, cls, reliable, seq = self._outbox.popleft()
+                if reliable:
+                    now = time.monotonic_ns()
+                    pend = self._unacked[dest]
+                    if not pend:
+                        self._last_ack_ns[dest] = now  # the no-progress clock starts when something is outstanding
+                    pend[seq] = Pending(frames, cls, wire_size(frames, self.wan.curve), now, now)
+            if dest in self._dealers and not self._route_up(dest):
+                if not reliable:
+                    self.dropped_while_down += 1
+                continue  # a reliable message waits in _unacked for the handshake
+            sent = self._raw_send(dest, frames, cls)
+            if sent and reliable:
+                with self._lock:
+                    p = self._unacked[dest].get(seq)
+                    if p is not None:
+                        p.handed = True
+            if not sent and not reliable:
+                self.log.emit("send_dropped", dest=dest, kind_cls=cls, reason="peer unreachable or queue full")
+            if not sent and dest in self._dealers:
+                # Queue full: try again on the next loop rather than spin.
+                if not reliable:
+                    continue
+                return
+
+    def _resend_all(self, dest: str, why: str) -> None:
+        with self._lock:
+            pend = list(self._unacked.get(dest, {}).items())
+        if not pend:
+            return
+        now = time.monotonic_ns()
+        nbytes = resent = first = 0
+        for _seq, p in pend:
+            was_handed = p.handed
+            if self._raw_send(dest, p.frames, p.cls):
+                p.last_sent_ns = now
+                p.handed = True
+                if was_handed:
+                    nbytes += p.wire
+                    resent += 1
+                else:
+                    first += 1  # parked while the route was down: its first send, not a resend
+        with self._lock:
+            self._last_ack_ns[dest] = now
+        self.retransmits += resent
+        if resent:
+            self.log.emit("retransmit", dest=dest, messages=resent, wire_bytes=nbytes, reason=why)
+        if first:
+            self.log.emit("parked_sent", dest=dest, messages=first, reason=why)
+
+    def _check_retransmit(self) -> None:
+        now = time.monotonic_ns()
+        timeout_ns = self.wan.retransmit_timeout_ms * 1_000_000
+        with self._lock:
+            due = [d for d, pend in self._unacked.items() if pend and now - self._last_ack_ns[d] > timeout_ns]
+        for d in due:
+            self._resend_all(d, f"no ack progress for {self.wan.retransmit_timeout_ms} ms")
