@@ -135,7 +135,7 @@ class Rounds:
     def finish(self, s: SimSite) -> None:
         """The target is reached: after the evaluation and upload in flight, say so."""
         s.busy, s.inflight = False, None
-        self.w.clock.at(max(self.w.clock.now_ns, s.bg_until_ns), self._done, s, s.gen)
+        self.w.clock.at(max(self.w.clock.now_ns, s.eval_until_ns, s.upload_until_ns), self._done, s, s.gen)
 
     def _done(self, s: SimSite, gen: int) -> None:
         if gen != s.gen:

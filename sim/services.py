@@ -35,14 +35,14 @@ class SimStore:
     def write(self, s: SimSite, rnd: int, cursor: int) -> None:
         w, m = self.w, self.w.model
         nbytes = state_bytes(w.cfg.model, cursor)
-        t0 = max(w.clock.now_ns, s.bg_until_ns)  # one upload at a time, as site_agent's uploader
+        t0 = max(w.clock.now_ns, s.upload_until_ns)  # one upload at a time, as site_agent's uploader
         t1 = t0 + ns(m.checkpoint_fixed_s + nbytes / m.checkpoint_write_bytes_per_s)
-        s.bg_until_ns = t1
-        w.clock.at(t1, self._durable, s, s.gen, s.epoch, rnd, cursor, s.phash, nbytes, t0)
+        s.upload_until_ns = t1
+        w.clock.at(t1, self._durable, s, s.inc, s.epoch, rnd, cursor, s.phash, nbytes, t0)
 
-    def _durable(self, s: SimSite, gen: int, epoch: int, rnd: int, cursor: int, phash: str, nbytes: int,
+    def _durable(self, s: SimSite, inc: int, epoch: int, rnd: int, cursor: int, phash: str, nbytes: int,
                  t0: int) -> None:
-        if gen != s.gen or not s.alive:
+        if inc != s.inc or not s.alive:
             return  # the writer died with the upload in flight: nothing became durable
         w = self.w
         if epoch > self.fence:
@@ -97,14 +97,14 @@ class Learning:
         return round(self.nll(cursor * self.w.cfg.model.seq_len), 6)
 
     def evaluate(self, s: SimSite, rnd: int, cursor: int) -> None:
-        t0 = max(self.w.clock.now_ns, s.bg_until_ns)
+        t0 = max(self.w.clock.now_ns, s.eval_until_ns)  # the evaluator thread: one evaluation at a time
         t1 = t0 + ns(self.w.model.eval_s)
-        s.bg_until_ns = t1
+        s.eval_until_ns = t1
         tokens = cursor * self.w.cfg.model.seq_len
-        self.w.clock.at(t1, self._logged, s, s.gen, rnd, tokens, t0)
+        self.w.clock.at(t1, self._logged, s, s.inc, rnd, tokens, t0)
 
-    def _logged(self, s: SimSite, gen: int, rnd: int, tokens: int, t0: int) -> None:
-        if gen != s.gen:
+    def _logged(self, s: SimSite, inc: int, rnd: int, tokens: int, t0: int) -> None:
+        if inc != s.inc or not s.alive:
             return
         s.log.span_at("eval", t0, self.w.clock.now_ns, round=rnd, heldout_nll=self.nll(tokens),
                       heldout_nll_se=0.0, eval_set="simulated", eval_tokens=0, eval_cpu_s=self.w.model.eval_s,

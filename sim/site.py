@@ -48,7 +48,8 @@ class SimSite:
         self.inflight: int | None = None
         self.busy = False  # training or restoring: a new plan waits for a boundary
         self.leader, self.done_epoch, self.round = False, -1, -1
-        self.bg_until_ns = 0  # the evaluation / upload in flight ends then
+        self.eval_until_ns = 0  # the evaluation in flight (the evaluator thread) ends then
+        self.upload_until_ns = 0  # the checkpoint upload in flight ends then
         self.waiting_state: tuple[int, int] | None = None  # (gen, start ns) while a donor's state is due
         self.setting = base_setting(self.w.cfg)
         self.start_step = 0
@@ -108,12 +109,20 @@ class SimSite:
             self._interrupt()
 
     def next_control(self) -> None:
+        if self.upload_until_ns > self.w.clock.now_ns:
+            # As the agent's adopt(): the checkpoint in flight belongs to the epoch we leave; it ends first.
+            self.w.clock.at(self.upload_until_ns, self._control_later, self.inc)
+            return
         plan, waiting, skipped = next_plan(self.pending, self.epoch, self.name, self.plan)
         self.pending = list(waiting)
         for p, why in skipped:
             self.log.emit("membership_skipped", skipped_epoch=p.epoch, start_round=p.start_round, reason=why)
         if plan is not None:
             self.adopt(plan)
+
+    def _control_later(self, inc: int) -> None:
+        if inc == self.inc and self.alive and not self.busy:
+            self.next_control()
 
     def _idle(self) -> None:
         self.gen += 1
