@@ -11,6 +11,7 @@ so a simulated run replays through the core like an emulated one.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from coordinator import core
@@ -34,6 +35,14 @@ class SimCoordinator:
         self.deadline_ns = -1
         self.mcfg = core.membership_config(self.cfg)
         self.log_inputs = w.write_logs
+        self.core_steps, self.core_ns = 0, 0  # the core's share of the simulator's time (the scale bench)
+
+    def _step(self, event: core.Received | core.Tick, now: int) -> list[core.Output]:
+        t0 = time.perf_counter_ns()
+        self.state, out = core.step(self.state, event, now, self.cfg)
+        self.core_ns += time.perf_counter_ns() - t0
+        self.core_steps += 1
+        return out
 
     def start(self) -> None:
         self.log.emit("coordinator_started", expected_sites=list(self.mcfg.expected_sites),
@@ -45,7 +54,7 @@ class SimCoordinator:
         now = self.w.clock.now_ns
         if src in self.lost:
             del self.lost[src]  # heard again: the WAN endpoint clears the closed connection
-        self.state, out = core.step(self.state, core.Received(src, inc, epoch, kind, body), now, self.cfg)
+        out = self._step(core.Received(src, inc, epoch, kind, body), now)
         rejected = any(isinstance(o, core.Emit) and o.event == "report_rejected" for o in out)
         self._apply(out)
         if self.log_inputs:
@@ -71,7 +80,7 @@ class SimCoordinator:
         now = self.w.clock.now_ns
         before = self.state
         event = core.Tick(tuple(sorted(self.lost.items())))
-        self.state, out = core.step(before, event, now, self.cfg)
+        out = self._step(event, now)
         self._apply(out)
         if self.log_inputs and (out or self.state != before):
             self.log.emit(INPUT_EVENT, input="tick", now_ns=now, lost=dict(event.lost))

@@ -73,8 +73,8 @@ class Rounds:
         assert plan is not None
         s.cur = None
         mine = self.work(s, rnd, cs, ce, h_steps, h_steps)
-        s.log.span_at("compute", t0, w.clock.now_ns, round=rnd, loss=w.learning.train_loss(ce), samples=len(mine),
-                      cpu_s=(w.clock.now_ns - t0) / 1e9)
+        s.log.span_at("compute", t0, w.clock.now_ns, round=rnd, loss=w.learning.train_loss(ce, h_steps),
+                      samples=len(mine), cpu_s=(w.clock.now_ns - t0) / 1e9)
         key = (s.epoch, rnd)
         arrived = self.rendezvous.setdefault(key, {})
         arrived[s.name] = w.clock.now_ns
@@ -104,7 +104,7 @@ class Rounds:
         s.next_round = rnd + 1
         s.inflight = None
         tokens = len(s.mine) * w.cfg.model.seq_len
-        loss = w.learning.train_loss(ce)
+        loss = w.learning.train_loss(ce, h_steps)
         cyc = w.model.update_cosine
         cycle = {"compute_s": s.compute_s, "inner_steps": h_steps, "comm_s": comm_s, "payload_bytes": sent,
                  "stalls": 0, "loss": loss, "update_norm": 1.0, "update_dot_mean": cyc * cyc, "mean_norm": cyc}

@@ -4,12 +4,13 @@ Store: a leader's background upload takes the modeled write time; then the store
 `checkpoint_durable` (raising its fence to the writer's epoch first, as checkpoint_store does)
 and the site tells the coordinator. Heartbeats: every live site sends one every
 `heartbeat_period_ms` (the config's interval unless the model coalesces them at scale).
-Learning: a prior curve of held-out NLL over useful tokens (`prior`, not fitted).
+Learning: a prior curve of held-out NLL over useful tokens and H (`prior`, not fitted).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import TYPE_CHECKING, Any
 
 from sim.engine import ns
@@ -82,30 +83,44 @@ class Heartbeats:
 
 
 class Learning:
-    """Held-out NLL = floor + (start - floor) x (1 + tokens / scale)^-alpha: a prior, not fitted."""
+    """Held-out NLL over useful tokens, a prior (not fitted to any run):
 
-    SOURCE = "prior: shape of a power law in tokens (Kaplan et al. 2020); constants guessed for the byte-level model"
+        NLL(T, H) = floor + (start - floor) x (1 + T_eff / scale)^-alpha,   T_eff = T x (1 - p log2 H)
+
+    a power law in tokens with a penalty for H inner steps between synchronisations (staleness):
+    p per doubling of H. Each constant is `prior` with its source in SOURCE.
+    """
+
+    SOURCE = ("prior: power law in tokens (Kaplan et al. 2020, arXiv:2001.08361); an H penalty that grows "
+              "slowly with H (DiLoCo, Douillard et al. 2023, arXiv:2311.08105, reports small losses to H=500); "
+              "every constant guessed for the byte-level model, not fitted")
 
     def __init__(self, w: World, start_nll: float = 5.5, floor_nll: float = 2.0, scale_tokens: float = 2e5,
-                 alpha: float = 0.5) -> None:
+                 alpha: float = 0.5, h_penalty_per_doubling: float = 0.02) -> None:
         self.w, self.start, self.floor, self.scale, self.alpha = w, start_nll, floor_nll, scale_tokens, alpha
+        self.h_penalty = h_penalty_per_doubling
 
-    def nll(self, tokens: float) -> float:
-        return self.floor + (self.start - self.floor) * (1.0 + tokens / self.scale) ** -self.alpha
+    def to_json(self) -> dict[str, Any]:
+        return {"evidence": "prior", "source": self.SOURCE, "start_nll": self.start, "floor_nll": self.floor,
+                "scale_tokens": self.scale, "alpha": self.alpha, "h_penalty_per_doubling": self.h_penalty}
 
-    def train_loss(self, cursor: int) -> float:
-        return round(self.nll(cursor * self.w.cfg.model.seq_len), 6)
+    def nll(self, tokens: float, h: int = 1) -> float:
+        eff = tokens * max(0.0, 1.0 - self.h_penalty * math.log2(max(1, h)))
+        return self.floor + (self.start - self.floor) * (1.0 + eff / self.scale) ** -self.alpha
+
+    def train_loss(self, cursor: int, h: int = 1) -> float:
+        return round(self.nll(cursor * self.w.cfg.model.seq_len, h), 6)
 
     def evaluate(self, s: SimSite, rnd: int, cursor: int) -> None:
         t0 = max(self.w.clock.now_ns, s.eval_until_ns)  # the evaluator thread: one evaluation at a time
         t1 = t0 + ns(self.w.model.eval_s)
         s.eval_until_ns = t1
         tokens = cursor * self.w.cfg.model.seq_len
-        self.w.clock.at(t1, self._logged, s, s.inc, rnd, tokens, t0)
+        self.w.clock.at(t1, self._logged, s, s.inc, rnd, tokens, t0, s.setting.steps_per_round)
 
-    def _logged(self, s: SimSite, inc: int, rnd: int, tokens: int, t0: int) -> None:
+    def _logged(self, s: SimSite, inc: int, rnd: int, tokens: int, t0: int, h: int) -> None:
         if inc != s.inc or not s.alive:
             return
-        s.log.span_at("eval", t0, self.w.clock.now_ns, round=rnd, heldout_nll=self.nll(tokens),
+        s.log.span_at("eval", t0, self.w.clock.now_ns, round=rnd, heldout_nll=self.nll(tokens, h),
                       heldout_nll_se=0.0, eval_set="simulated", eval_tokens=0, eval_cpu_s=self.w.model.eval_s,
                       useful_tokens_trained=tokens, evidence="prior", source=self.SOURCE)

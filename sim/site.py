@@ -98,7 +98,7 @@ class SimSite:
             self.log.emit("site_stopped", reason="completed" if done else f"shutdown: {body.get('reason')}",
                           rc=0)
             return
-        plan = EpochPlan.from_body(body, msg_epoch, frozenset(self.w.cfg.cluster.sites))
+        plan = self.w.parse_plan(body, msg_epoch)
         self.pending.append(plan)
         if not self.busy:
             self.next_control()

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from chaos.scenario import Scenario
 from ground.config import RunConfig, save_config
+from ground.plans import EpochPlan
 from ground.schedule import target_samples
 from sim.coord import SimCoordinator
 from sim.engine import Clock, NullLog, SimLog, ns
@@ -42,7 +43,7 @@ class SimResult:
     core_steps: int
     events_run: int
     useful_tokens: int
-    decisions: list[dict[str, Any]] = field(default_factory=list)
+    core_s: float = 0.0  # wall seconds inside coordinator.core.step
 
 
 class World:
@@ -56,6 +57,8 @@ class World:
         self._sha: dict[int, str] = {}
         self.transfers: dict[tuple[int, str], tuple[str, int, int]] = {}
         self.evaluated_initial = False
+        self._plans: dict[tuple[int, int], tuple[dict[str, Any], EpochPlan]] = {}
+        self.site_set = frozenset(cfg.cluster.sites)
         self.decisions: list[dict[str, Any]] = []
         self.chaos = SimChaos(self, scenario)
         self.store = SimStore(self)
@@ -101,6 +104,15 @@ class World:
         else:
             self.transfers[(epoch, joiner)] = state
 
+    def parse_plan(self, body: dict[str, Any], msg_epoch: int) -> EpochPlan:
+        """EpochPlan.from_body, as every site parses it; parsed once per sent body (the core sends the
+        same body object to every member, and parsing checks every member's name: N x N at scale)."""
+        key = (id(body), msg_epoch)
+        got = self._plans.get(key)
+        if got is None or got[0] is not body:
+            got = self._plans[key] = (body, EpochPlan.from_body(body, msg_epoch, self.site_set))
+        return got[1]
+
     # ------------------------------------------------------------------ shared bookkeeping
     def prefix_sha(self, cursor: int) -> str:
         """samples_sha256 of sample ids 0..cursor-1 (the sites' retained prefix)."""
@@ -124,14 +136,16 @@ def write_manifest(run_dir: Path, cfg: RunConfig, scenario: Scenario | None, mod
     (run_dir / MANIFEST).write_text(json.dumps({
         "simulated": True, "evidence": "modeled", "simulator": "sim (discrete-event, virtual clock)",
         "sample_ids": "canonical positions (the simulator has no corpus)",
-        "model": model.to_json(), "learning": {"evidence": "prior", "source": Learning.SOURCE},
+        "model": model.to_json(), "learning": Learning(None).to_json(),  # type: ignore[arg-type]
         "not_modeled": ["WAN byte counters (no wan_counters events; byte reconciliation is unknown)",
                         "link faults, store outages, coordinator crashes, preemption notices (refused)"],
     }, indent=2))
 
 
 def simulate(cfg: RunConfig, scenario: Scenario | None, model: SimModel | None = None, out: Path | None = None,
-             max_sim_s: float = 36_000.0) -> SimResult:
+             max_sim_s: float = 36_000.0, wall_stop: Callable[[], bool] | None = None) -> SimResult:
+    """Run one simulation until the coordinator's shutdown reaches every site, `max_sim_s` virtual
+    seconds, or `wall_stop()` (checked every 4,096 events: a wall-clock budget for benchmarks)."""
     model = model or SimModel()
     if scenario is not None:
         check_supported(scenario)
@@ -142,7 +156,12 @@ def simulate(cfg: RunConfig, scenario: Scenario | None, model: SimModel | None =
     w.coord.start()
     for s in w.sites.values():
         s.start(model.start_s)
-    w.clock.run(ns(max_sim_s), stop=lambda: w.coord.state.shutdown_sent and not any(s.alive for s in w.sites.values()))
+    def stop() -> bool:
+        if wall_stop is not None and w.clock.events_run % 4096 == 0 and wall_stop():
+            return True
+        return w.coord.state.shutdown_sent and not any(s.alive for s in w.sites.values())
+
+    w.clock.run(ns(max_sim_s), stop=stop)
     w.chaos.finish()
     w.coord.close()
     for s in w.sites.values():
@@ -152,4 +171,5 @@ def simulate(cfg: RunConfig, scenario: Scenario | None, model: SimModel | None =
         lg.close()
     st = w.coord.state
     return SimResult(out, w.clock.now_ns / 1e9, st.shutdown_sent, len(st.commits), st.membership.epoch,
-                     0, w.clock.events_run, st.committed_cursor * cfg.model.seq_len)
+                     w.coord.core_steps, w.clock.events_run, st.committed_cursor * cfg.model.seq_len,
+                     w.coord.core_ns / 1e9)
