@@ -61,12 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     raw["hour_wall_evidence"] = "measured" if done else "extrapolated (linear in simulated time)"
     ratio = hour_wall / GOAL_S
     notes = (f"{args.sites} sites, {raw['sim_s_reached']:.0f} of {args.sim_s:.0f} simulated s in "
-             f"{raw['wall_s']:.1f} wall s ({raw['cpu_s']:.1f} CPU s); coordinator core {raw['core_s']:.1f} s over {raw['core_steps']:,} steps "
+             f"{raw['wall_s']:.1f} wall s ({raw['cpu_s']:.1f} CPU s); coordinator core {raw['core_s']:.1f} s over "
+             f"{raw['core_steps']:,} steps "
              f"({100 * (raw['core_share'] or 0):.0f}% of the wall time); the hour: {hour_wall:.0f} s "
              f"({raw['hour_wall_evidence']}). Shared 2-core machine: wall time is noisy, CPU time is the steadier.")
     goal = f"<= 1 (a {args.sites}-site simulated hour in <= {GOAL_S:.0f} s)"
-    write_result("sim_scale", ratio=ratio, goal=goal,
-                 passed=ratio <= 1.0, raw=raw, env=env_info("not used (no network in a simulation)"), notes=notes, reference="fixed_goal",
+    write_result("sim_scale", ratio=ratio, goal=goal, passed=ratio <= 1.0, raw=raw,
+                 env=env_info("not used (no network in a simulation)"), notes=notes, reference="fixed_goal",
                  measures=["sim", "coordinator", "ground", "control", "chaos/scenario.py"])
     return 0
 
