@@ -113,3 +113,26 @@ def test_a_small_scale_run_is_consistent() -> None:
     assert res.epochs == 3  # formed, s007 failed (elastic continues), s007 rejoined by state transfer
     per_round = cfg.train.per_site_batch * cfg.train.inner_steps_h * cfg.model.seq_len
     assert res.useful_tokens % per_round == 0 and res.useful_tokens >= res.commits * 49 * per_round
+
+
+def test_calibrating_on_a_simulated_run_recovers_its_timing_model(tmp_path: Path) -> None:
+    """The round trip: fit sim/calibrate.py to a run the simulator wrote with known parameters."""
+    truth = SimModel(compute_s_per_token=0.0007, eval_s=2.5, restart_s=12.0, fault_poll_s=0.8,
+                     collective_cpu_s=0.05)
+    scen = Scenario.build("t", "").crash("b", at_useful_tokens=36_864, restart_after_s=2)
+    simulate(cfg_for("restart"), scen, truth, out=tmp_path / "run")
+    cal = tmp_path / "cal.json"
+    assert sim_main(["calibrate", str(tmp_path / "run"), "--out", str(cal)]) == 0
+    doc = json.loads(cal.read_text())
+    p = doc["parameters"]
+    assert p["compute_s_per_token"]["value"] == pytest.approx(0.0007, rel=1e-6)
+    assert p["eval_s"]["value"] == pytest.approx(2.5, rel=1e-6)
+    assert p["fault_poll_s"]["value"] == pytest.approx(0.8, rel=1e-6)
+    assert p["collective_cpu_s"]["value"] == pytest.approx(0.05, abs=1e-6)
+    # restart: the modeled restart plus the join's trip to the coordinator (service link latency)
+    assert 12.0 <= p["restart_s"]["value"] <= 12.1
+    assert all(v["source_runs"] == ["run"] and v["evidence"] == "fitted" for v in p.values())
+    assert set(doc["inputs"][0]["sha256"]) >= {"config.json", "logs/coord.jsonl", "logs/b.jsonl"}
+    fitted = SimModel.from_calibration(doc)
+    assert fitted.compute_s_per_token == pytest.approx(0.0007) and fitted.evidence_of("eval_s") == "fitted"
+    assert fitted.evidence_of("update_cosine") == "prior"
