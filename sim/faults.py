@@ -1,21 +1,32 @@
 """The scenario's faults on the virtual clock: chaos/scenario.py's Scenario, fired as chaos/driver.py does.
 
-Triggers: `at_s` (seconds after the first epoch forms, when the driver starts), `at_useful_tokens`
-and `at_step` (at the first commit past them, `fault_poll_s` later: the driver polls the
-coordinator's log). Kinds modeled so far: site_crash (SIGKILL; restarted after duration_s when
-`restart`), site_restart (kill and start again at once). Any other kind is refused before the run.
+Triggers (injection and heal): `at_s` (seconds after the first epoch forms, when the driver
+starts), `at_useful_tokens` and `at_step` (at the first commit past them, `fault_poll_s` later:
+the driver polls the coordinator's log); or `duration_s` after the injection. Kinds modeled:
+
+  site_crash    SIGKILL: the site's work in flight is lost, its connection closes; with
+                `restart`, it starts again at the heal (a new incarnation that joins)
+  site_restart  SIGKILL and start again at once
+  link_degrade  `latency_ms` added and `bandwidth_kbps` capped on the link's directions (the
+                collective, state transfers and control messages see them) until the heal;
+                jitter is taken at its mean (0)
+  noop          nothing
+
+Any other kind or parameter (timeouts, resets, slicing, hangs, partitions, store and
+coordinator faults) is refused before the run, never silently ignored.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from chaos.scenario import Fault, Scenario
+from chaos.scenario import Fault, Scenario, Trigger, parse_link_target
 
 if TYPE_CHECKING:
     from sim.world import World
 
-MODELED_KINDS = ("site_crash", "site_restart", "noop")
+MODELED_KINDS = ("site_crash", "site_restart", "link_degrade", "noop")
+DEGRADE_PARAMS = ("latency_ms", "jitter_ms", "bandwidth_kbps", "toxicity")
 
 
 class UnsupportedFault(ValueError):
@@ -26,6 +37,13 @@ def check_supported(scenario: Scenario) -> None:
     bad = sorted({f.kind for f in scenario.faults} - set(MODELED_KINDS))
     if bad:
         raise UnsupportedFault(f"the simulator does not model fault kind(s) {bad} yet (modeled: {list(MODELED_KINDS)})")
+    for f in scenario.faults:
+        if f.kind != "link_degrade":
+            continue
+        extra = sorted(k for k, v in f.params.items() if v is not None and k not in DEGRADE_PARAMS)
+        if extra or f.params.get("toxicity", 1.0) != 1.0:
+            raise UnsupportedFault(f"link_degrade on {f.target}: the simulator models latency_ms and bandwidth_kbps "
+                                   f"on every connection, not {extra or ['toxicity < 1']}")
 
 
 class SimChaos:
@@ -34,20 +52,9 @@ class SimChaos:
         self.log = w.log_for("chaos") if scenario is not None else None
         self.t0_ns: int | None = None
         self.status: dict[int, str] = {}
-        self.fired: set[int] = set()
+        self.armed: list[tuple[Trigger, str, int]] = []  # progress triggers waiting for a commit: (when, what, fault)
 
-    def on_commit(self, fields: dict[str, Any]) -> None:
-        if self.scenario is None:
-            return
-        for i, f in enumerate(self.scenario.faults):
-            if i in self.fired or not f.trigger.by_progress:
-                continue
-            key, val = f.trigger.key, f.trigger.value
-            got = fields.get("useful_tokens", 0) if key == "at_useful_tokens" else fields.get("step", 0)
-            if got >= val:
-                self.fired.add(i)
-                self.w.clock.after(self.w.model.fault_poll_s, self.inject, i, f, dict(fields))
-
+    # ------------------------------------------------------------------ triggers
     def on_epoch_one(self) -> None:
         if self.scenario is None or self.t0_ns is not None:
             return
@@ -58,13 +65,34 @@ class SimChaos:
                       faults=[f.to_dict() for f in self.scenario.faults], noop=False, clock_s=self.t0_ns / 1e9,
                       started_by={"simulated": True})
         for i, f in enumerate(self.scenario.faults):
-            if not f.trigger.by_progress:
-                self.fired.add(i)
-                self.w.clock.after(float(f.trigger.value), self.inject, i, f, {})
+            self._arm(f.trigger, "inject", i, {})
+
+    def _arm(self, t: Trigger, what: str, i: int, progress: dict[str, Any]) -> None:
+        if t.by_progress:
+            self.armed.append((t, what, i))
+        else:
+            assert self.t0_ns is not None
+            self.w.clock.at(self.t0_ns + int(float(t.value) * 1e9), self._fire, what, i, progress)
+
+    def on_commit(self, fields: dict[str, Any]) -> None:
+        keep = []
+        for t, what, i in self.armed:
+            got = fields.get("useful_tokens", 0) if t.key == "at_useful_tokens" else fields.get("step", 0)
+            if got >= t.value:
+                self.w.clock.after(self.w.model.fault_poll_s, self._fire, what, i, dict(fields))
+            else:
+                keep.append((t, what, i))
+        self.armed = keep
+
+    def _fire(self, what: str, i: int, progress: dict[str, Any]) -> None:
+        assert self.scenario is not None
+        f = self.scenario.faults[i]
+        (self.inject if what == "inject" else self.heal)(i, f, progress)
 
     def _t_s(self) -> float:
         return (self.w.clock.now_ns - (self.t0_ns or 0)) / 1e9
 
+    # ------------------------------------------------------------------ faults
     def inject(self, i: int, f: Fault, progress: dict[str, Any]) -> None:
         assert self.log is not None and self.scenario is not None
         result: dict[str, Any] = {}
@@ -72,24 +100,43 @@ class SimChaos:
             site = self.w.sites[f.target]
             result = {"process": f.target, "pid": site.pid, "signal": "SIGKILL", "exited": True}
             site.kill()
+        elif f.kind == "link_degrade":
+            pairs = self._pairs(f)
+            self.w.links.degrade(i, pairs, int(f.params.get("latency_ms") or 0), int(f.params.get("bandwidth_kbps") or 0))
+            result = {"links": [f"{a}_to_{b}" for a, b in pairs]}
         self.status[i] = "injected"
-        heal = f.duration_s if f.kind == "site_crash" else (0.0 if f.kind == "site_restart" else None)
+        heal_s = 0.0 if f.kind == "site_restart" else f.duration_s
         self.log.emit("fault_injected", scenario=self.scenario.name, fault=i, kind=f.kind, target=f.target,
-                      params=dict(f.params), heal_at={"after_s": heal} if heal is not None else None, note=f.note,
-                      noop=f.kind == "noop", result=result, t_s=self._t_s(),
+                      params=dict(f.params), note=f.note, noop=f.kind == "noop", result=result, t_s=self._t_s(),
+                      heal_at=({"after_s": heal_s} if heal_s is not None else f.heal.to_dict() if f.heal else None),
                       progress={"useful_tokens": progress.get("useful_tokens"), "step": progress.get("step")},
                       trigger=f.trigger.to_dict())
-        restart = f.kind == "site_restart" or (f.kind == "site_crash" and bool(f.params.get("restart", True)))
-        if heal is not None and restart:
-            self.w.clock.after(heal, self.heal, i, f)
+        if heal_s is not None:
+            self.w.clock.after(heal_s, self._fire, "heal", i, {})
+        elif f.heal is not None:
+            self._arm(f.heal, "heal", i, {})
 
-    def heal(self, i: int, f: Fault) -> None:
+    def _pairs(self, f: Fault) -> list[tuple[str, str]]:
+        sites = list(self.w.sites)
+        lt = parse_link_target(f.target, sites)
+        got = lt.directions()
+        if got is not None:
+            return got
+        others = [*sites, "coord", "store"]
+        return [(lt.src, o) for o in others if o != lt.src] + [(o, lt.src) for o in sites if o != lt.src]
+
+    def heal(self, i: int, f: Fault, _progress: dict[str, Any]) -> None:
         assert self.log is not None and self.scenario is not None
-        site = self.w.sites[f.target]
-        site.start(self.w.model.restart_s)
+        result: dict[str, Any] = {}
+        if f.kind == "site_restart" or (f.kind == "site_crash" and bool(f.params.get("restart", True))):
+            self.w.sites[f.target].start(self.w.model.restart_s)
+            result = {"process": f.target, "restarted": True}
+        elif f.kind == "link_degrade":
+            self.w.links.heal(i)
+            result = {"removed": True}
         self.status[i] = "healed"
         self.log.emit("fault_healed", scenario=self.scenario.name, fault=i, kind=f.kind, target=f.target,
-                      result={"process": f.target, "restarted": True}, reason="duration", t_s=self._t_s())
+                      result=result, reason="trigger", t_s=self._t_s())
 
     def finish(self) -> None:
         if self.scenario is None or self.log is None:

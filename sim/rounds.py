@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from ground.schedule import round_span, site_positions
 from ground.setting import effective_config, step_after_round
 from sim.engine import ns
-from sim.model import collective_s, payload_bytes_sent
+from sim.model import payload_bytes_sent
 from site_agent.epochs import interrupts
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ class Rounds:
         s.compute_s = (w.clock.now_ns - t0) / 1e9
         if set(arrived) == set(plan.members):
             del self.rendezvous[key]
-            dur = collective_s(w.cfg, w.model, plan.members, w.n_params, s.setting.compression)
+            dur = w.links.collective_s(plan.members, w.n_params, s.setting.compression)
             for m in plan.members:
                 site = w.sites[m]
                 w.clock.after(dur, self.reduced, site, site.gen, rnd, cs, ce, arrived[m], h_steps, step)

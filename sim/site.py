@@ -11,15 +11,12 @@ applied the same rounds hold the same hash and the coordinator's commit check is
 from __future__ import annotations
 
 import hashlib
-import math
 from typing import TYPE_CHECKING, Any
 
 from ground.plans import EpochPlan, Restore
-from ground.schedule import round_span, site_positions
-from ground.setting import base_setting, effective_config, step_after_round
-from ground.topology import COORD
+from ground.setting import base_setting
 from sim.engine import ns
-from sim.model import collective_s, payload_bytes_sent, state_bytes
+from sim.model import state_bytes
 from site_agent.epochs import interrupts, next_plan
 
 if TYPE_CHECKING:

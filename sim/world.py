@@ -24,6 +24,7 @@ from ground.schedule import target_samples
 from sim.coord import SimCoordinator
 from sim.engine import Clock, NullLog, SimLog, ns
 from sim.faults import SimChaos, check_supported
+from sim.links import Links
 from sim.model import SimModel, flops_per_token, link_one_way_s, n_params
 from sim.rounds import Rounds
 from sim.services import Heartbeats, Learning, SimStore
@@ -60,6 +61,7 @@ class World:
         self._plans: dict[tuple[int, int], tuple[dict[str, Any], EpochPlan]] = {}
         self.site_set = frozenset(cfg.cluster.sites)
         self.decisions: list[dict[str, Any]] = []
+        self.links = Links(cfg, model)
         self.chaos = SimChaos(self, scenario)
         self.store = SimStore(self)
         self.heartbeats = Heartbeats(self)
@@ -79,7 +81,7 @@ class World:
 
     # ------------------------------------------------------------------ the links
     def latency_s(self, site: str, service: str, nbytes: int = 0) -> float:
-        return link_one_way_s(self.cfg, site, service, nbytes)
+        return self.links.one_way_s(site, service, nbytes)
 
     def to_coord(self, src: str, inc: int, epoch: int, kind: str, body: dict[str, Any]) -> None:
         self.clock.after(self.latency_s(src, "coord"), self._deliver_coord, src, inc, epoch, kind, body)
@@ -90,11 +92,12 @@ class World:
             self.coord.receive(src, inc, epoch, kind, body)
 
     def to_site(self, dst: str, kind: str, body: dict[str, Any], epoch: int) -> None:
-        prof = self.cfg.link_spec(f"{dst}_to_coord").down
-        self.clock.after(prof.latency_ms / 1000.0, self.sites[dst].on_control, kind, body, epoch)
+        prof = self.cfg.link_spec(f"{dst}_to_coord").down  # the reply direction of the site's link
+        add_s = self.links.one_way_s("coord", dst) - link_one_way_s(self.cfg, "coord", dst)  # a degradation's
+        self.clock.after(prof.latency_ms / 1000.0 + add_s, self.sites[dst].on_control, kind, body, epoch)
 
     def send_state(self, donor: str, joiner: str, epoch: int, state: tuple[str, int, int]) -> None:
-        delay = self.model.state_transfer_fixed_s + link_one_way_s(self.cfg, donor, joiner, state[2])
+        delay = self.model.state_transfer_fixed_s + self.links.one_way_s(donor, joiner, state[2])
         self.clock.after(delay, self._state_arrives, joiner, epoch, state, self.sites[donor].gen)
 
     def _state_arrives(self, joiner: str, epoch: int, state: tuple[str, int, int], donor_gen: int) -> None:

@@ -136,3 +136,22 @@ def test_calibrating_on_a_simulated_run_recovers_its_timing_model(tmp_path: Path
     fitted = SimModel.from_calibration(doc)
     assert fitted.compute_s_per_token == pytest.approx(0.0007) and fitted.evidence_of("eval_s") == "fitted"
     assert fitted.evidence_of("update_cosine") == "prior"
+
+
+def test_the_adaptive_controller_answers_a_simulated_bandwidth_collapse(tmp_path: Path) -> None:
+    """control/controller.py through the core, on scenarios/bandwidth-collapse.yaml: a larger H or
+    compression while a<->b is at 200 KB/s, and back to a cheaper-to-communicate-less setting after."""
+    out = tmp_path / "bw"
+    assert sim_main(["run", str(ROOT / "scenarios" / "bandwidth-collapse.yaml"), "--sites", "3", "--policy",
+                     "elastic", "--out", str(out), "--set", "train.target_useful_tokens=1179648",
+                     "--set", "train.mode=adaptive"]) == 0
+    chaos = {e["event"]: e["mono_ns"] for e in map(json.loads, (out / "logs" / "chaos.jsonl").read_text().splitlines())}
+    changes = [e for e in map(json.loads, (out / "logs" / "coord.jsonl").read_text().splitlines())
+               if e["event"] == "setting_changed"]
+    during = [c["new"] for c in changes if chaos["fault_injected"] < c["mono_ns"] < chaos["fault_healed"]]
+    after = [c["new"] for c in changes if c["mono_ns"] > chaos["fault_healed"]]
+    assert any(s["inner_steps_h"] >= 16 or s["compression"] != "none" for s in during), during
+    assert after and after[-1]["compression"] == "none" and after[-1]["inner_steps_h"] <= 8, after
+    status = {c["name"]: c["status"] for c in build_artifact([out])["checks"]}
+    assert status.pop("byte_classes") == "unknown" and status.pop("same_frontier") == "unknown"  # one run
+    assert set(status.values()) == {"pass"}, status
