@@ -7,6 +7,9 @@ the driver polls the coordinator's log); or `duration_s` after the injection. Ki
   site_crash    SIGKILL: the site's work in flight is lost, its connection closes; with
                 `restart`, it starts again at the heal (a new incarnation that joins)
   site_restart  SIGKILL and start again at once
+  site_preempt  SIGTERM: the site announces its preemption (`preempt_notice`) and exits
+                (`preempt_exit_s` + a round trip, well within any grace_s); with `restart`, it
+                starts again at the heal
   link_degrade  `latency_ms` added and `bandwidth_kbps` capped on the link's directions (the
                 collective, state transfers and control messages see them) until the heal;
                 jitter is taken at its mean (0)
@@ -25,7 +28,7 @@ from chaos.scenario import Fault, Scenario, Trigger, parse_link_target
 if TYPE_CHECKING:
     from sim.world import World
 
-MODELED_KINDS = ("site_crash", "site_restart", "link_degrade", "noop")
+MODELED_KINDS = ("site_crash", "site_restart", "site_preempt", "link_degrade", "noop")
 DEGRADE_PARAMS = ("latency_ms", "jitter_ms", "bandwidth_kbps", "toxicity")
 
 
@@ -100,9 +103,14 @@ class SimChaos:
             site = self.w.sites[f.target]
             result = {"process": f.target, "pid": site.pid, "signal": "SIGKILL", "exited": True}
             site.kill()
+        elif f.kind == "site_preempt":
+            site = self.w.sites[f.target]
+            result = {"process": f.target, "pid": site.pid, "signal": "SIGTERM", "grace_s": f.params.get("grace_s")}
+            site.terminate()
         elif f.kind == "link_degrade":
             pairs = self._pairs(f)
-            self.w.links.degrade(i, pairs, int(f.params.get("latency_ms") or 0), int(f.params.get("bandwidth_kbps") or 0))
+            lat, bw = int(f.params.get("latency_ms") or 0), int(f.params.get("bandwidth_kbps") or 0)
+            self.w.links.degrade(i, pairs, lat, bw)
             result = {"links": [f"{a}_to_{b}" for a, b in pairs]}
         self.status[i] = "injected"
         heal_s = 0.0 if f.kind == "site_restart" else f.duration_s
@@ -128,7 +136,8 @@ class SimChaos:
     def heal(self, i: int, f: Fault, _progress: dict[str, Any]) -> None:
         assert self.log is not None and self.scenario is not None
         result: dict[str, Any] = {}
-        if f.kind == "site_restart" or (f.kind == "site_crash" and bool(f.params.get("restart", True))):
+        restart = f.kind in ("site_crash", "site_preempt") and f.params.get("restart", True)
+        if f.kind == "site_restart" or restart:
             self.w.sites[f.target].start(self.w.model.restart_s)
             result = {"process": f.target, "restarted": True}
         elif f.kind == "link_degrade":

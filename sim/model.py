@@ -55,6 +55,8 @@ class SimModel:
     # Heartbeats delivered to the coordinator (None: the config's interval, as the emulator).
     # At scale a live site's heartbeats are coalesced: on_heartbeat keeps only the last time.
     heartbeat_period_ms: int | None = None
+    # SIGTERM -> the agent notices it at its next check (an inner step at most) and announces.
+    preempt_exit_s: float = 0.2
     # Chaos driver: how long after the triggering commit a progress-triggered fault fires.
     fault_poll_s: float = 0.5
     # The pseudo-gradient agreement the adaptive controller reads (cosine with the mean).

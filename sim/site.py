@@ -82,6 +82,31 @@ class SimSite:
         self.gen += 1
         self.w.coord.connection_lost(self.name)
 
+    def terminate(self) -> None:
+        """SIGTERM (a preemption notice): as the agent, stop at the next check, tell the coordinator
+        (if a member still training), wait for its ack, exit; the connection then closes."""
+        if not self.alive:
+            return
+        self.log.emit("signal", signal="SIGTERM")
+        self.w.rounds.abandon(self)
+        self.gen += 1
+        self.busy, self.inflight, self.waiting_state = True, None, None  # no new plan is acted on now
+        self.w.clock.after(self.w.model.preempt_exit_s, self._announce, self.inc)
+
+    def _announce(self, inc: int) -> None:
+        if inc != self.inc or not self.alive:
+            return
+        rtt = 2 * self.w.latency_s(self.name, "coord")
+        if self.plan is not None and self.name in self.plan.members and self.done_epoch < 0:
+            self.send("preempt_notice", {"grace_s": None, "round": self.round})
+            self.log.emit("preemption_announced", round=self.round)
+        self.w.clock.after(rtt, self._exit, inc)
+
+    def _exit(self, inc: int) -> None:
+        if inc == self.inc and self.alive:
+            self.log.emit("site_stopped", reason="signal", rc=0)
+            self.kill()
+
     # ------------------------------------------------------------------ messages
     def send(self, kind: str, body: dict[str, Any]) -> None:
         self.w.to_coord(self.name, self.inc, self.epoch, kind, body)

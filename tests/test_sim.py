@@ -4,7 +4,7 @@ Checks: the collective's time is the emulator's algorithm (two latency phases pl
 bandwidth term, chunked); a run without faults reaches the target in the rounds the schedule
 says; a run is deterministic; the coordinator's logged inputs replay through the core to the
 same decisions (the simulator drives the core, it does not copy it); the real
-scenarios/one-outage.yaml under all four policies passes every applicable checker; a 50-site,
+scenarios/one-outage.yaml and preemption.yaml under all four policies pass every applicable checker; a 50-site,
 5-simulated-minute run is consistent (the scale bench's small version).
 """
 
@@ -81,9 +81,10 @@ def test_a_simulated_coordinator_log_replays_through_the_core(tmp_path: Path, po
     assert inputs > 50 and decisions > 10
 
 
-def test_the_one_outage_scenario_file_under_four_policies_passes_every_applicable_checker(tmp_path: Path) -> None:
+@pytest.mark.parametrize("scenario", ["one-outage", "preemption"])
+def test_a_scenario_file_under_four_policies_passes_every_applicable_checker(tmp_path: Path, scenario: str) -> None:
     out = tmp_path / "cmp"
-    rc = sim_main(["run", str(ROOT / "scenarios" / "one-outage.yaml"), "--sites", "3", "--policy", "all",
+    rc = sim_main(["run", str(ROOT / "scenarios" / f"{scenario}.yaml"), "--sites", "3", "--policy", "all",
                    "--out", str(out), "--set", "train.target_useful_tokens=1179648"])
     assert rc == 0
     runs = sorted(p for p in out.iterdir() if (p / "sim.json").exists())
