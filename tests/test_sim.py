@@ -156,3 +156,15 @@ def test_the_adaptive_controller_answers_a_simulated_bandwidth_collapse(tmp_path
     status = {c["name"]: c["status"] for c in build_artifact([out])["checks"]}
     assert status.pop("byte_classes") == "unknown" and status.pop("same_frontier") == "unknown"  # one run
     assert set(status.values()) == {"pass"}, status
+
+
+def test_every_event_a_simulated_run_writes_is_in_the_registry(tmp_path: Path) -> None:
+    from ground.eventlog import read_events
+    from ground.events import EVENTS
+
+    scen = Scenario.build("t", "").preempt("c", grace_s=1, return_after_s=2, at_useful_tokens=36_864)
+    simulate(cfg_for("restart"), scen, out=tmp_path / "run")
+    seen = {e["event"] for log in (tmp_path / "run" / "logs").glob("*.jsonl") for e in read_events(log)}
+    assert {"commit", "membership_epoch", "fault_injected", "coord_input", "round_done", "work_attempted",
+            "checkpoint_durable", "preemption_announced"} <= seen
+    assert not sorted(seen - set(EVENTS)), "events the registry (ground/events.py) lacks"
