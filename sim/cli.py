@@ -64,6 +64,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         model = SimModel.from_calibration(json.loads(Path(args.calibration).read_text()))
     policies = POLICIES if args.policy == "all" else (args.policy,)
     out = Path(args.out)
+    index: dict[str, Any] = {"interrupted": False, "simulated": True, "runs": [],
+                             "scenario": scenario.to_dict() if scenario is not None else None}
     for pol in policies:
         run_dir = out / pol if args.policy == "all" else out
         run_id = f"sim-{pol}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -76,9 +78,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             (run_dir / MANIFEST).write_text(json.dumps({**doc, "policy": pol, "result": {
                 "complete": res.complete, "sim_s": res.sim_s, "commits": res.commits, "epochs": res.epochs,
                 "useful_tokens": res.useful_tokens}}, indent=2))
+        index["runs"].append({"policy": pol, "run_dir": str(run_dir.resolve()), "useful_tokens": res.useful_tokens,
+                              "complete": res.complete})
         print(f"{pol}: {len(cfg.cluster.sites)} sites, {res.sim_s:,.1f} simulated s in {wall:.2f} wall s; "
               f"{res.commits} commits, {res.epochs} epochs, {res.useful_tokens:,} useful tokens"
               f"{'' if res.complete else ' (not complete)'}" + ("" if args.no_logs else f" -> {run_dir}"))
+    if args.policy == "all" and not args.no_logs:  # a comparison directory, as `xdc compare` writes: `xdc analyze DIR`
+        (out / "index.json").write_text(json.dumps(index, indent=2))
     return 0
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from analysis.analyze import analyze
 from analysis.artifact import build_artifact
 from chaos.scenario import Scenario, load_scenario
 from ground.config import load_config, merge
@@ -89,7 +90,7 @@ def test_a_scenario_file_under_four_policies_passes_every_applicable_checker(tmp
     assert rc == 0
     runs = sorted(p for p in out.iterdir() if (p / "sim.json").exists())
     assert [p.name for p in runs] == ["elastic", "oracle", "restart", "stall"]
-    art = build_artifact(runs)
+    art = analyze([out], report=False).artifact  # `xdc analyze DIR`: the comparison's index.json
     status = {c["name"]: c["status"] for c in art["checks"]}
     assert status.pop("byte_classes") == "unknown"  # no Toxiproxy counters in a simulation
     assert set(status.values()) == {"pass"}, status
