@@ -24,6 +24,7 @@ from analysis.learning import run_baselines
 from analysis.learning_refs import learning_refs
 from analysis.load import RunHistory, load_run
 from analysis.proofs import fault_schedule, prove_frontier
+from analysis.simulated import as_modeled, sim_manifest
 from analysis.summary import byte_ledger, checkpoint_tree, lineage, reconcile, site_time, work_ledger
 from analysis.timeline import (PHASES, SITE_FAULTS, extract_marks, extract_phases, frontier_progress, run_end_ns,
                                run_t0_ns)
@@ -322,6 +323,8 @@ def build_artifact(run_dirs: list[Path], index: dict[str, Any] | None = None,
                                          "faults")}
     for h in hs:
         sec, derived = analyse_run(h)
+        if (manifest := sim_manifest(h.run_dir)) is not None:  # a simulated run: nothing in it was measured
+            sec = as_modeled(sec, manifest)
         sections.append(sec)
         for k in ctx:
             ctx[k][h.run_id] = derived[k]

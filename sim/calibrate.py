@@ -1,0 +1,130 @@
+"""Fit the simulator's timing parameters from emulator run directories' logged spans.
+
+Each parameter is the median of its per-event estimates across the given runs, with half the
+interquartile range as its uncertainty and the runs it came from; the calibration file names
+every input file with its sha256. What is fitted:
+
+  compute_s_per_token   compute span / (samples x seq_len)          (site logs, every round)
+  collective_cpu_s      the fastest member's collective span per round, less the modeled link
+                        part (latency, shard bytes / bandwidth, per-part overhead)
+  checkpoint_write_bytes_per_s   checkpoint_save bytes / duration
+  checkpoint_read_bytes_per_s    checkpoint_load bytes / duration
+  eval_s                eval span
+  restart_s             fault_healed (chaos) -> the restarted site's site_joined (coordinator)
+  start_s               the launcher's process_started -> the site's first site_joined
+  fault_poll_s          the triggering commit -> fault_injected
+
+A parameter without evidence in the runs is left out (it stays `prior` in SimModel).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+from pathlib import Path
+from typing import Any, Iterable
+
+from ground.config import config_from_json
+from sim.model import SimModel, collective_s, n_params
+
+VERSION = "xdc-sim-calibration-v1"
+
+
+def _events(run: Path, proc: str) -> list[dict[str, Any]]:
+    p = run / "logs" / f"{proc}.jsonl"
+    if not p.exists():
+        return []
+    out = []
+    for line in p.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a torn last line
+    return out
+
+
+def _dur_s(e: dict[str, Any]) -> float:
+    return (e["end_mono_ns"] - e["start_mono_ns"]) / 1e9
+
+
+def samples_of(run: Path) -> dict[str, list[float]]:
+    """Per-event estimates of each parameter in one emulator run."""
+    cfg = config_from_json(run / "config.json")
+    sites = list(cfg.cluster.sites)
+    est: dict[str, list[float]] = {k: [] for k in ("compute_s_per_token", "collective_cpu_s",
+                                                   "checkpoint_write_bytes_per_s", "checkpoint_read_bytes_per_s",
+                                                   "eval_s", "restart_s", "start_s", "fault_poll_s")}
+    coll: dict[tuple[int, int], list[tuple[float, list[str]]]] = {}
+    members: dict[int, tuple[str, ...]] = {}
+    coord, chaos, launcher = _events(run, "coord"), _events(run, "chaos"), _events(run, "launcher")
+    for e in coord:
+        if e["event"] == "membership_epoch":
+            members[e["epoch"]] = tuple(e["members"])
+    for s in sites:
+        for e in _events(run, s):
+            ev = e["event"]
+            if ev == "compute" and e.get("samples") and "error" not in e:
+                est["compute_s_per_token"].append(_dur_s(e) / (e["samples"] * cfg.model.seq_len))
+            elif ev == "collective" and "error" not in e:
+                coll.setdefault((e["epoch"], e["round"]), []).append((_dur_s(e), []))
+            elif ev == "checkpoint_save" and e.get("bytes") and "error" not in e:
+                est["checkpoint_write_bytes_per_s"].append(e["bytes"] / max(_dur_s(e), 1e-6))
+            elif ev == "checkpoint_load" and e.get("bytes") and "error" not in e:
+                est["checkpoint_read_bytes_per_s"].append(e["bytes"] / max(_dur_s(e), 1e-6))
+            elif ev == "eval" and "error" not in e:
+                est["eval_s"].append(_dur_s(e))
+    base = SimModel(collective_cpu_s=0.0)
+    for (epoch, _rnd), durs in coll.items():
+        m = members.get(epoch)
+        if m and len(durs) == len(m):
+            est["collective_cpu_s"].append(max(0.0, min(d for d, _ in durs)
+                                               - collective_s(cfg, base, m, n_params(cfg.model))))
+    joins = [(e["mono_ns"], e["site"]) for e in coord if e["event"] == "site_joined"]
+    for e in chaos:
+        if e["event"] == "fault_healed" and (e.get("result") or {}).get("restarted"):
+            nxt = next((t for t, s in joins if s == e.get("target") and t >= e["mono_ns"]), None)
+            if nxt is not None:
+                est["restart_s"].append((nxt - e["mono_ns"]) / 1e9)
+        elif e["event"] == "fault_injected" and (e.get("trigger") or {}).get("at_useful_tokens") is not None:
+            want = e["trigger"]["at_useful_tokens"]
+            c = next((x for x in coord if x["event"] == "commit" and x.get("useful_tokens", 0) >= want), None)
+            if c is not None and c["mono_ns"] <= e["mono_ns"]:
+                est["fault_poll_s"].append((e["mono_ns"] - c["mono_ns"]) / 1e9)
+    for e in launcher:
+        if e["event"] == "process_started" and e.get("name") in sites:
+            nxt = next((t for t, s in joins if s == e["name"] and t >= e["mono_ns"]), None)
+            if nxt is not None and not any(t < e["mono_ns"] for t, s in joins if s == e["name"]):
+                est["start_s"].append((nxt - e["mono_ns"]) / 1e9)
+    return est
+
+
+def _hashes(run: Path) -> dict[str, str]:
+    files = [run / "config.json", *sorted((run / "logs").glob("*.jsonl"))]
+    return {str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files if p.exists()}
+
+
+def calibrate(runs: Iterable[str | Path]) -> dict[str, Any]:
+    runs = [Path(r) for r in runs]
+    pooled: dict[str, list[tuple[float, str]]] = {}
+    for r in runs:
+        for k, vals in samples_of(r).items():
+            pooled.setdefault(k, []).extend((v, r.name) for v in vals)
+    params: dict[str, Any] = {}
+    for k, vals in sorted(pooled.items()):
+        if not vals:
+            continue
+        xs = sorted(v for v, _ in vals)
+        q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else [xs[0], xs[0], xs[0]]
+        params[k] = {"value": statistics.median(xs), "evidence": "fitted", "n": len(xs),
+                     "uncertainty": {"kind": "half interquartile range", "value": (q[2] - q[0]) / 2},
+                     "source_runs": sorted({r for _, r in vals})}
+    return {"version": VERSION, "inputs": [{"run": str(r), "sha256": _hashes(r)} for r in runs],
+            "parameters": params,
+            "not_fitted": sorted(set(f for f in SimModel().to_json()["parameters"]) - set(params))}
+
+
+def write_calibration(runs: Iterable[str | Path], out: str | Path) -> dict[str, Any]:
+    doc = calibrate(runs)
+    Path(out).write_text(json.dumps(doc, indent=2, sort_keys=True))
+    return doc

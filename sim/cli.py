@@ -1,0 +1,128 @@
+"""`xdc sim` (wired by the roof's CLI to `main`): simulate a scenario, or calibrate from emulator runs.
+
+    run SCENARIO --sites N --policy P|all --out DIR [--config FILE] [--set K=V ...]
+        [--calibration FILE] [--max-sim-s S] [--no-logs]
+    calibrate RUNS... --out FILE
+
+`run` writes one run directory (or, with --policy all, one per policy under DIR) in the
+emulator's layout, for `xdc analyze`. Sites are named a..z, then s0026, s0027, ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from chaos.scenario import Scenario, ScenarioError, load_scenario
+from ground.config import ConfigError, RunConfig, load_config, merge, parse_override, read_config_file
+from sim.calibrate import write_calibration
+from sim.faults import UnsupportedFault
+from sim.model import SimModel
+from sim.world import MANIFEST, simulate
+
+POLICIES = ("stall", "restart", "elastic", "oracle")
+
+
+def site_names(n: int) -> list[str]:
+    letters = [chr(ord("a") + i) for i in range(min(n, 26))]
+    return letters + [f"s{i:04d}" for i in range(26, n)]
+
+
+def oracle_faults(scenario: Scenario) -> tuple[tuple[str, int], ...]:
+    """The site faults the oracle sees coming (progress triggers), as xdc/compare.py derives them for
+    the emulator; the roof cannot be imported from here (a candidate to move below both)."""
+    return tuple((f.target, int(f.trigger.value)) for f in scenario.faults
+                 if f.kind in ("site_crash", "site_preempt", "site_hang", "site_restart")
+                 and f.trigger.key == "at_useful_tokens")
+
+
+def with_policy(cfg: RunConfig, policy: str, scenario: Scenario | None) -> RunConfig:
+    faults = oracle_faults(scenario) if scenario is not None and policy == "oracle" else ()
+    return replace(cfg, recovery=replace(cfg.recovery, policy=policy, oracle_faults=faults))
+
+
+def _config(args: argparse.Namespace) -> dict[str, Any]:
+    data: dict[str, Any] = read_config_file(args.config) if args.config else {}
+    if args.sites:
+        data = merge(data, {"cluster": {"sites": site_names(args.sites)}})
+    for s in args.set or []:
+        data = merge(data, parse_override(s))
+    return data
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    data = _config(args)
+    sites = (data.get("cluster") or {}).get("sites") or load_config({}).cluster.sites
+    scenario = load_scenario(args.scenario, sites=sites) if args.scenario != "none" else None
+    model = SimModel()
+    if args.calibration:
+        model = SimModel.from_calibration(json.loads(Path(args.calibration).read_text()))
+    policies = POLICIES if args.policy == "all" else (args.policy,)
+    out = Path(args.out)
+    index: dict[str, Any] = {"interrupted": False, "simulated": True, "runs": [],
+                             "scenario": scenario.to_dict() if scenario is not None else None}
+    for pol in policies:
+        run_dir = out / pol if args.policy == "all" else out
+        run_id = f"sim-{pol}-{time.strftime('%Y%m%d-%H%M%S')}"
+        cfg = with_policy(load_config(merge(data, {"run_id": run_id, "runs_dir": str(out)})), pol, scenario)
+        t0 = time.perf_counter()
+        res = simulate(cfg, scenario, model, None if args.no_logs else run_dir, max_sim_s=args.max_sim_s)
+        wall = time.perf_counter() - t0
+        if not args.no_logs:
+            doc = json.loads((run_dir / MANIFEST).read_text())
+            (run_dir / MANIFEST).write_text(json.dumps({**doc, "policy": pol, "result": {
+                "complete": res.complete, "sim_s": res.sim_s, "commits": res.commits, "epochs": res.epochs,
+                "useful_tokens": res.useful_tokens}}, indent=2))
+        index["runs"].append({"policy": pol, "run_dir": str(run_dir.resolve()), "useful_tokens": res.useful_tokens,
+                              "complete": res.complete})
+        print(f"{pol}: {len(cfg.cluster.sites)} sites, {res.sim_s:,.1f} simulated s in {wall:.2f} wall s; "
+              f"{res.commits} commits, {res.epochs} epochs, {res.useful_tokens:,} useful tokens"
+              f"{'' if res.complete else ' (not complete)'}" + ("" if args.no_logs else f" -> {run_dir}"))
+    if args.policy == "all" and not args.no_logs:  # a comparison directory, as `xdc compare` writes: `xdc analyze DIR`
+        (out / "index.json").write_text(json.dumps(index, indent=2))
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    doc = write_calibration(args.runs, args.out)
+    for k, p in sorted(doc["parameters"].items()):
+        print(f"{k} = {p['value']:.6g} ± {p['uncertainty']['value']:.2g} (n={p['n']}, {', '.join(p['source_runs'])})")
+    print(f"not fitted (prior): {', '.join(doc['not_fitted'])}\ncalibration: {args.out}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="xdc sim", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="simulate a scenario (a scenario file, or 'none')")
+    r.add_argument("scenario")
+    r.add_argument("--sites", type=int, default=0, help="number of sites (default: the config's)")
+    r.add_argument("--policy", default="restart", choices=(*POLICIES, "all"))
+    r.add_argument("--out", required=True)
+    r.add_argument("--config")
+    r.add_argument("--set", action="append", metavar="K=V")
+    r.add_argument("--calibration", help="a calibration file from `xdc sim calibrate`")
+    r.add_argument("--max-sim-s", type=float, default=36_000.0, help="stop the virtual clock here")
+    r.add_argument("--no-logs", action="store_true", help="write no run directory (scale runs)")
+    c = sub.add_parser("calibrate", help="fit the timing model from emulator run directories")
+    c.add_argument("runs", nargs="+")
+    c.add_argument("--out", required=True)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return cmd_run(args) if args.cmd == "run" else cmd_calibrate(args)
+    except (ConfigError, ScenarioError, UnsupportedFault) as e:
+        print(f"xdc sim: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""The coordinator on the virtual clock: the same shell as coordinator/service.py around the same core.
+
+Each message is one `core.step(Received)`; after the messages of one instant, one
+`core.step(Tick)` with the connections the WAN endpoint would have seen close. Ticks also run
+at the next instant a membership rule could fire (a heartbeat timeout, a confirmation, a
+disconnect grace), read from the core's state, instead of every 50 ms. The outputs are carried
+out in order, as the service does: the journal, the log line, the send (delivered after the
+link's latency), the log context. Every input is logged as `coord_input`, as the service does,
+so a simulated run replays through the core like an emulated one.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from coordinator import core
+from coordinator import membership as mb
+from ground.journal import Journal
+
+if TYPE_CHECKING:
+    from sim.world import World
+
+INPUT_EVENT = "coord_input"
+
+
+class SimCoordinator:
+    def __init__(self, w: World) -> None:
+        self.w, self.cfg = w, w.cfg
+        self.log = w.log_for("coord")
+        self.state = core.initial_state(self.cfg)
+        self.journal = Journal(w.run_dir / "coordinator" / "journal.jsonl") if w.run_dir is not None else None
+        self.lost: dict[str, int] = {}
+        self.tick_due = False
+        self.deadline_ns = -1
+        self.mcfg = core.membership_config(self.cfg)
+        self.log_inputs = w.write_logs
+        self.core_steps, self.core_ns = 0, 0  # the core's share of the simulator's time (the scale bench)
+
+    def _step(self, event: core.Received | core.Tick, now: int) -> list[core.Output]:
+        t0 = time.perf_counter_ns()
+        self.state, out = core.step(self.state, event, now, self.cfg)
+        self.core_ns += time.perf_counter_ns() - t0
+        self.core_steps += 1
+        return out
+
+    def start(self) -> None:
+        self.log.emit("coordinator_started", expected_sites=list(self.mcfg.expected_sites),
+                      policy=self.cfg.recovery.policy, journal_commits=0, target_samples=self.w.target)
+        self.request_tick()
+
+    # ------------------------------------------------------------------ inputs
+    def receive(self, src: str, inc: int, epoch: int, kind: str, body: Any) -> None:
+        now = self.w.clock.now_ns
+        if src in self.lost:
+            del self.lost[src]  # heard again: the WAN endpoint clears the closed connection
+        out = self._step(core.Received(src, inc, epoch, kind, body), now)
+        rejected = any(isinstance(o, core.Emit) and o.event == "report_rejected" for o in out)
+        self._apply(out)
+        if self.log_inputs:
+            self.log.emit(INPUT_EVENT, input="message", now_ns=now, src=src, inc=inc, msg_epoch=epoch, kind=kind,
+                          **({"rejected": True} if rejected else {"body": body}))
+        self.request_tick()
+
+    def connection_lost(self, site: str) -> None:
+        """The site's process died: its connection to us closes (seen after the link's latency)."""
+        def closed() -> None:
+            self.lost[site] = self.w.clock.now_ns
+            self.log.emit("peer_disconnected", peer=site, link=f"{site}_to_coord", fd=-1)
+            self.request_tick()
+        self.w.clock.after(self.w.latency_s(site, "coord"), closed)
+
+    def request_tick(self) -> None:
+        if not self.tick_due:
+            self.tick_due = True
+            self.w.clock.at(self.w.clock.now_ns, self._tick)
+
+    def _tick(self) -> None:
+        self.tick_due = False
+        now = self.w.clock.now_ns
+        before = self.state
+        event = core.Tick(tuple(sorted(self.lost.items())))
+        out = self._step(event, now)
+        self._apply(out)
+        if self.log_inputs and (out or self.state != before):
+            self.log.emit(INPUT_EVENT, input="tick", now_ns=now, lost=dict(event.lost))
+        if out:
+            self.request_tick()  # as the service's loop: the next pass sees the new state
+        self._schedule_deadline(now)
+
+    def _schedule_deadline(self, now: int) -> None:
+        """A tick at the next instant a membership rule could fire, from the core's state."""
+        m, c = self.state.membership, self.mcfg
+        if m.epoch == 0 or self.state.shutdown_sent:
+            return
+        timeout, confirm, grace = (c.heartbeat_timeout_ms * 1_000_000, c.failure_confirm_ms * 1_000_000,
+                                   c.disconnect_grace_ms * 1_000_000)
+        best = self.state.settle_until_ns + 1 if self.state.settle_until_ns > now else None
+        for name in m.members:
+            s = m.sites[name]
+            cands = []
+            if s.state == mb.SiteState.ACTIVE:
+                cands.append(s.last_heartbeat_ns + timeout + 1)
+            elif s.state == mb.SiteState.SUSPECT:
+                cands.append(s.last_heartbeat_ns + timeout + confirm + 1)
+            if grace and s.disconnected_ns and s.state in (mb.SiteState.ACTIVE, mb.SiteState.SUSPECT):
+                cands.append(s.disconnected_ns + grace + 1)
+            for t in cands:
+                if t > now and (best is None or t < best):
+                    best = t
+        if best is not None and (self.deadline_ns <= now or best < self.deadline_ns):
+            self.deadline_ns = best
+            self.w.clock.at(best, self._deadline_tick, best)
+
+    def _deadline_tick(self, t: int) -> None:
+        if t == self.deadline_ns:
+            self.deadline_ns = -1
+        self.request_tick()
+
+    # ------------------------------------------------------------------ outputs
+    def _apply(self, outputs: list[core.Output]) -> None:
+        for o in outputs:
+            if isinstance(o, core.Journal):
+                if self.journal is not None:
+                    self.journal.append(o.record)
+            elif isinstance(o, core.Emit):
+                self.log.emit(o.event, **o.fields)
+                if o.event == "commit":
+                    self.w.chaos.on_commit(o.fields)
+                elif o.event == "membership_epoch":
+                    self.w.chaos.on_epoch_one()
+            elif isinstance(o, core.Send):
+                self.w.to_site(o.to, o.kind, o.body, o.epoch)
+            elif isinstance(o, core.Context):
+                self.log.set_context(**o.fields)
+            # core.Fence: the WAN endpoint's fence; simulated sites never send a stale epoch's
+            # collective to the coordinator, so there is nothing for it to drop here.
+
+    def close(self) -> None:
+        self.log.emit("coordinator_stopped", reason="shutdown" if self.state.shutdown_sent else "end of simulation")
+        if self.journal is not None:
+            self.journal.close()

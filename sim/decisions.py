@@ -1,0 +1,103 @@
+"""The recovery decisions of a run (emulated or simulated), and how two runs' decisions compare.
+
+A decision is a `membership_epoch` the coordinator logged: its epoch number, members, restore
+kind, donor, joiners, drain, start round and cursor, and its reason. Two runs of the same
+scenario and policy agree when every decision has the same epoch, members, restore, donor,
+joiners, drain and reason *with its numbers masked*; the numbers (start round, cursor, the
+rounds named in the reason) depend on timing (how fast a restarted process came back), so they
+are compared and reported separately.
+
+An emulated run on a shared machine can fail a site the scenario never touched (a heartbeat
+timeout under load). Decisions from the first such unscheduled failure on follow from it, not
+from the scenario: only the prefix before it is comparable, and the comparison says so.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+STRUCTURE = ("epoch", "members", "restore", "donor", "joiners", "drain_site", "reason_shape")
+NUMBERS = ("start_round", "start_cursor", "reason")
+
+
+def _events(run_dir: Path, process: str) -> list[dict[str, Any]]:
+    p = Path(run_dir) / "logs" / f"{process}.jsonl"
+    if not p.exists():
+        return []
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+
+def shape(reason: str) -> str:
+    return re.sub(r"\d+", "#", reason)
+
+
+def decision_of(e: dict[str, Any]) -> dict[str, Any]:
+    drain = e.get("drain") or {}
+    return {"epoch": e["epoch"], "members": list(e.get("members", [])), "restore": e.get("restore"),
+            "donor": e.get("donor"), "joiners": list(e.get("joiners") or []), "drain_site": drain.get("site"),
+            "start_round": e.get("start_round"), "start_cursor": e.get("start_cursor"), "reason": e.get("reason", ""),
+            "reason_shape": shape(e.get("reason", ""))}
+
+
+def unscheduled_failure(run_dir: Path) -> dict[str, Any] | None:
+    """The first `site_failed` of a site no injected fault had taken down by then (None: there is none)."""
+    chaos = _events(run_dir, "chaos")
+    downs = [(e["mono_ns"], e.get("target")) for e in chaos if e["event"] == "fault_injected" and not e.get("noop")]
+    for e in _events(run_dir, "coord"):
+        if e["event"] != "site_failed":
+            continue
+        if not any(t == e.get("site") and t_ns <= e["mono_ns"] for t_ns, t in downs):
+            return e
+    return None
+
+
+def run_decisions(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The run's decisions before its first unscheduled failure, and that failure (or None)."""
+    bad = unscheduled_failure(run_dir)
+    out = []
+    for e in _events(run_dir, "coord"):
+        if bad is not None and e["mono_ns"] >= bad["mono_ns"]:
+            break
+        if e["event"] == "membership_epoch":
+            out.append(decision_of(e))
+    return out, bad
+
+
+@dataclass
+class Comparison:
+    policy: str
+    status: str  # "match" (every decision), "prefix match" (up to an unscheduled failure), "mismatch"
+    compared: int
+    emulator_decisions: int
+    simulator_decisions: int
+    structural_mismatches: list[str] = field(default_factory=list)
+    timing_differences: list[str] = field(default_factory=list)
+    disturbed_by: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def compare_runs(emulated: Path, simulated: Path, policy: str = "") -> Comparison:
+    emu, bad = run_decisions(emulated)
+    sim, _ = run_decisions(simulated)
+    n = len(emu)
+    mism, timing = [], []
+    if len(sim) < n or (bad is None and len(sim) != n):
+        mism.append(f"{len(emu)} emulator decisions{' (comparable prefix)' if bad else ''}, {len(sim)} simulated")
+    for a, b in zip(emu, sim[:n]):
+        diff = [k for k in STRUCTURE if a[k] != b[k]]
+        if diff:
+            mism.append(f"epoch {a['epoch']}: " + "; ".join(f"{k} {a[k]!r} vs {b[k]!r}" for k in diff))
+        tdiff = [k for k in NUMBERS if a[k] != b[k]]
+        if tdiff:
+            timing.append(f"epoch {a['epoch']}: " + "; ".join(f"{k} {a[k]!r} vs {b[k]!r}" for k in tdiff))
+    why = None
+    if bad is not None:
+        why = f"{bad['id']}: {bad.get('site')} failed ({bad.get('reason')}), which no fault of the scenario caused"
+    status = "mismatch" if mism else ("prefix match" if bad is not None else "match")
+    return Comparison(policy, status, min(n, len(sim)), len(emu), len(sim), mism, timing, why)

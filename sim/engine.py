@@ -1,0 +1,92 @@
+"""The virtual clock: an event heap of (time ns, sequence, action). No sleeping, no threads.
+
+`Clock.at(t_ns, fn, *args)` schedules; `Clock.run(until_ns)` pops in time order (ties in
+scheduling order, so a run is deterministic). `SimLog` is the emulator's event writer
+(ground/eventlog.EventLog) stamped with the virtual clock instead of the machine's.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from pathlib import Path
+from typing import Any, Callable
+
+from ground.eventlog import EventLog
+
+NS = 1_000_000_000
+WALL_BASE_NS = 1_800_000_000 * NS  # the virtual run's wall clock starts here (2027-01-15)
+MONO_BASE_NS = 1_000 * NS
+
+
+def ns(seconds: float) -> int:
+    return int(round(seconds * NS))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_ns = 0
+        self._heap: list[tuple[int, int, Callable[..., None], tuple[Any, ...]]] = []
+        self._seq = itertools.count()
+        self.events_run = 0
+
+    def at(self, t_ns: int, fn: Callable[..., None], *args: Any) -> None:
+        heapq.heappush(self._heap, (max(int(t_ns), self.now_ns), next(self._seq), fn, args))
+
+    def after(self, delay_s: float, fn: Callable[..., None], *args: Any) -> None:
+        self.at(self.now_ns + ns(delay_s), fn, *args)
+
+    def run(self, until_ns: int, stop: Callable[[], bool] = lambda: False) -> None:
+        heap = self._heap
+        while heap and not stop():
+            t, _, fn, args = heap[0]
+            if t > until_ns:
+                break
+            heapq.heappop(heap)
+            self.now_ns = t
+            self.events_run += 1
+            fn(*args)
+
+    def pending(self) -> int:
+        return len(self._heap)
+
+
+class SimLog(EventLog):
+    """One simulated process's log: the same records as the emulator's, on the virtual clock."""
+
+    def __init__(self, path: str | Path, run_id: str, process: str, clock: Clock, pid: int) -> None:
+        super().__init__(path, run_id, process)
+        self.clock, self.pid = clock, pid
+
+    def _stamp(self, _logger: Any, _method: str, ev: dict[str, Any]) -> dict[str, Any]:
+        t = self.clock.now_ns
+        head = {"id": f"{self.process}:{next(self._seq)}", "event": ev.pop("event"), "wall_ns": WALL_BASE_NS + t,
+                "mono_ns": MONO_BASE_NS + t, "run_id": self.run_id, "process": self.process, "pid": self.pid,
+                "epoch": ev.pop("epoch", self.epoch), "step": ev.pop("step", self.step)}
+        for k, v in ev.items():
+            head.setdefault(k, v)
+        return head
+
+    def span_at(self, event: str, start_ns: int, end_ns: int, **fields: Any) -> None:
+        """A span that ran from start_ns to end_ns (virtual), logged now."""
+        self.emit(event, start_wall_ns=WALL_BASE_NS + start_ns, end_wall_ns=WALL_BASE_NS + end_ns,
+                  start_mono_ns=MONO_BASE_NS + start_ns, end_mono_ns=MONO_BASE_NS + end_ns, **fields)
+
+
+class NullLog:
+    """No log (the scale runs): the same calls, nothing written."""
+
+    epoch = 0
+    step = 0
+
+    def emit(self, event: str, **fields: Any) -> None:
+        pass
+
+    def span_at(self, event: str, start_ns: int, end_ns: int, **fields: Any) -> None:
+        pass
+
+    def set_context(self, *, epoch: int | None = None, step: int | None = None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,156 @@
+"""The scenario's faults on the virtual clock: chaos/scenario.py's Scenario, fired as chaos/driver.py does.
+
+Triggers (injection and heal): `at_s` (seconds after the first epoch forms, when the driver
+starts), `at_useful_tokens` and `at_step` (at the first commit past them, `fault_poll_s` later:
+the driver polls the coordinator's log); or `duration_s` after the injection. Kinds modeled:
+
+  site_crash    SIGKILL: the site's work in flight is lost, its connection closes; with
+                `restart`, it starts again at the heal (a new incarnation that joins)
+  site_restart  SIGKILL and start again at once
+  site_preempt  SIGTERM: the site announces its preemption (`preempt_notice`) and exits
+                (`preempt_exit_s` + a round trip, well within any grace_s); with `restart`, it
+                starts again at the heal
+  link_degrade  `latency_ms` added and `bandwidth_kbps` capped on the link's directions (the
+                collective, state transfers and control messages see them) until the heal;
+                jitter is taken at its mean (0)
+  noop          nothing
+
+Any other kind or parameter (timeouts, resets, slicing, hangs, partitions, store and
+coordinator faults) is refused before the run, never silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from chaos.scenario import Fault, Scenario, Trigger, parse_link_target
+
+if TYPE_CHECKING:
+    from sim.world import World
+
+MODELED_KINDS = ("site_crash", "site_restart", "site_preempt", "link_degrade", "noop")
+DEGRADE_PARAMS = ("latency_ms", "jitter_ms", "bandwidth_kbps", "toxicity")
+
+
+class UnsupportedFault(ValueError):
+    pass
+
+
+def check_supported(scenario: Scenario) -> None:
+    bad = sorted({f.kind for f in scenario.faults} - set(MODELED_KINDS))
+    if bad:
+        raise UnsupportedFault(f"the simulator does not model fault kind(s) {bad} yet (modeled: {list(MODELED_KINDS)})")
+    for f in scenario.faults:
+        if f.kind != "link_degrade":
+            continue
+        extra = sorted(k for k, v in f.params.items() if v is not None and k not in DEGRADE_PARAMS)
+        if extra or f.params.get("toxicity", 1.0) != 1.0:
+            raise UnsupportedFault(f"link_degrade on {f.target}: the simulator models latency_ms and bandwidth_kbps "
+                                   f"on every connection, not {extra or ['toxicity < 1']}")
+
+
+class SimChaos:
+    def __init__(self, w: World, scenario: Scenario | None) -> None:
+        self.w, self.scenario = w, scenario
+        self.log = w.log_for("chaos") if scenario is not None else None
+        self.t0_ns: int | None = None
+        self.status: dict[int, str] = {}
+        self.armed: list[tuple[Trigger, str, int]] = []  # progress triggers waiting for a commit: (when, what, fault)
+
+    # ------------------------------------------------------------------ triggers
+    def on_epoch_one(self) -> None:
+        if self.scenario is None or self.t0_ns is not None:
+            return
+        self.t0_ns = self.w.clock.now_ns
+        assert self.log is not None
+        self.log.emit("scenario_started", scenario=self.scenario.name, seed=self.scenario.seed,
+                      description=self.scenario.description, n_faults=len(self.scenario.faults),
+                      faults=[f.to_dict() for f in self.scenario.faults], noop=False, clock_s=self.t0_ns / 1e9,
+                      started_by={"simulated": True})
+        for i, f in enumerate(self.scenario.faults):
+            self._arm(f.trigger, "inject", i, {})
+
+    def _arm(self, t: Trigger, what: str, i: int, progress: dict[str, Any]) -> None:
+        if t.by_progress:
+            self.armed.append((t, what, i))
+        else:
+            assert self.t0_ns is not None
+            self.w.clock.at(self.t0_ns + int(float(t.value) * 1e9), self._fire, what, i, progress)
+
+    def on_commit(self, fields: dict[str, Any]) -> None:
+        keep = []
+        for t, what, i in self.armed:
+            got = fields.get("useful_tokens", 0) if t.key == "at_useful_tokens" else fields.get("step", 0)
+            if got >= t.value:
+                self.w.clock.after(self.w.model.fault_poll_s, self._fire, what, i, dict(fields))
+            else:
+                keep.append((t, what, i))
+        self.armed = keep
+
+    def _fire(self, what: str, i: int, progress: dict[str, Any]) -> None:
+        assert self.scenario is not None
+        f = self.scenario.faults[i]
+        (self.inject if what == "inject" else self.heal)(i, f, progress)
+
+    def _t_s(self) -> float:
+        return (self.w.clock.now_ns - (self.t0_ns or 0)) / 1e9
+
+    # ------------------------------------------------------------------ faults
+    def inject(self, i: int, f: Fault, progress: dict[str, Any]) -> None:
+        assert self.log is not None and self.scenario is not None
+        result: dict[str, Any] = {}
+        if f.kind in ("site_crash", "site_restart"):
+            site = self.w.sites[f.target]
+            result = {"process": f.target, "pid": site.pid, "signal": "SIGKILL", "exited": True}
+            site.kill()
+        elif f.kind == "site_preempt":
+            site = self.w.sites[f.target]
+            result = {"process": f.target, "pid": site.pid, "signal": "SIGTERM", "grace_s": f.params.get("grace_s")}
+            site.terminate()
+        elif f.kind == "link_degrade":
+            pairs = self._pairs(f)
+            lat, bw = int(f.params.get("latency_ms") or 0), int(f.params.get("bandwidth_kbps") or 0)
+            self.w.links.degrade(i, pairs, lat, bw)
+            result = {"links": [f"{a}_to_{b}" for a, b in pairs]}
+        self.status[i] = "injected"
+        heal_s = 0.0 if f.kind == "site_restart" else f.duration_s
+        self.log.emit("fault_injected", scenario=self.scenario.name, fault=i, kind=f.kind, target=f.target,
+                      params=dict(f.params), note=f.note, noop=f.kind == "noop", result=result, t_s=self._t_s(),
+                      heal_at=({"after_s": heal_s} if heal_s is not None else f.heal.to_dict() if f.heal else None),
+                      progress={"useful_tokens": progress.get("useful_tokens"), "step": progress.get("step")},
+                      trigger=f.trigger.to_dict())
+        if heal_s is not None:
+            self.w.clock.after(heal_s, self._fire, "heal", i, {})
+        elif f.heal is not None:
+            self._arm(f.heal, "heal", i, {})
+
+    def _pairs(self, f: Fault) -> list[tuple[str, str]]:
+        sites = list(self.w.sites)
+        lt = parse_link_target(f.target, sites)
+        got = lt.directions()
+        if got is not None:
+            return got
+        others = [*sites, "coord", "store"]
+        return [(lt.src, o) for o in others if o != lt.src] + [(o, lt.src) for o in sites if o != lt.src]
+
+    def heal(self, i: int, f: Fault, _progress: dict[str, Any]) -> None:
+        assert self.log is not None and self.scenario is not None
+        result: dict[str, Any] = {}
+        restart = f.kind in ("site_crash", "site_preempt") and f.params.get("restart", True)
+        if f.kind == "site_restart" or restart:
+            self.w.sites[f.target].start(self.w.model.restart_s)
+            result = {"process": f.target, "restarted": True}
+        elif f.kind == "link_degrade":
+            self.w.links.heal(i)
+            result = {"removed": True}
+        self.status[i] = "healed"
+        self.log.emit("fault_healed", scenario=self.scenario.name, fault=i, kind=f.kind, target=f.target,
+                      result=result, reason="trigger", t_s=self._t_s())
+
+    def finish(self) -> None:
+        if self.scenario is None or self.log is None:
+            return
+        never = [i for i in range(len(self.scenario.faults)) if i not in self.status]
+        self.log.emit("scenario_finished", scenario=self.scenario.name, started=self.t0_ns is not None,
+                      t_s=self._t_s(), statuses={str(k): v for k, v in self.status.items()}, never_fired=never,
+                      failed=[], taken_down=[])

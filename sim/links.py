@@ -1,0 +1,50 @@
+"""The simulated WAN: the config's link profiles (as Toxiproxy gets them) plus the scenario's degradations.
+
+A `link_degrade` adds its latency and caps the bandwidth on the directions it names, on top of
+the configured profile, until it heals. The collective's time (sim/model.py) is the slowest
+directed link among the members: with no degradation every pair is the same, so one pair is
+computed (that keeps a 1,000-site collective O(1)); with degradations, the degraded pairs among
+the members are computed too.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ground.config import RunConfig
+from sim.model import SimModel, collective_s, link_one_way_s, payload_bytes_per_value
+
+
+class Links:
+    def __init__(self, cfg: RunConfig, model: SimModel) -> None:
+        self.cfg, self.model = cfg, model
+        self.faults: dict[int, tuple[list[tuple[str, str]], int, int]] = {}  # fault -> (pairs, +ms, cap KB/s)
+
+    def degrade(self, fault: int, pairs: list[tuple[str, str]], latency_ms: int, bandwidth_kbps: int) -> None:
+        self.faults[fault] = (pairs, latency_ms, bandwidth_kbps)
+
+    def heal(self, fault: int) -> None:
+        self.faults.pop(fault, None)
+
+    def one_way_s(self, src: str, dst: str, nbytes: int = 0) -> float:
+        base = link_one_way_s(self.cfg, src, dst, 0)
+        bw = self.cfg.link_spec(f"{src}_to_{dst}").up.bandwidth_kbps
+        for pairs, add_ms, cap in self.faults.values():
+            if (src, dst) in pairs:
+                base += add_ms / 1000.0
+                bw = min(bw, cap) if bw and cap else (cap or bw)
+        return base + (nbytes / (bw * 1000.0) if bw and nbytes else 0.0)
+
+    def collective_s(self, members: tuple[str, ...], payload_values: int, compression: str) -> float:
+        t = collective_s(self.cfg, self.model, members, payload_values, compression)
+        if not self.faults or len(members) < 2:
+            return t
+        mset = set(members)
+        shard = math.ceil(payload_values / len(members)) * payload_bytes_per_value(compression)
+        parts = max(1, math.ceil(shard / self.cfg.wan.chunk_bytes))
+        for pairs, _ms, _cap in self.faults.values():
+            for a, b in pairs:
+                if a in mset and b in mset:
+                    phase = self.one_way_s(a, b, shard) + parts * self.model.collective_part_overhead_s
+                    t = max(t, 2 * phase + self.model.collective_cpu_s)
+        return t

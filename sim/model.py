@@ -1,0 +1,129 @@
+"""The simulator's timing model: what the emulator measures, the simulator computes from these.
+
+`SimModel` is frozen; every parameter has a unit in its name and an evidence class in
+`EVIDENCE` ("prior" until sim/calibrate.py fits it from emulator runs, then "fitted"). Link
+latency and bandwidth are not here: they come from the run config's link profiles
+(`RunConfig.link_spec`), as Toxiproxy gets them in the emulator.
+
+The collective is modeled as the emulator's collective behaves (site_agent/collective.py):
+a direct reduce-scatter then an all-gather over the full mesh; each phase sends one shard of
+P/n values to each of the n-1 peers at once over separate links, cut into parts of at most
+`chunk_bytes`. Time = 2 phases x (one-way latency + shard bytes / per-link bandwidth + parts x
+per-part overhead), the slowest link of each phase governing it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Mapping
+
+from ground.config import ModelConfig, RunConfig
+
+# The tied-head TinyGPT of site_agent/model.py, by formula (checked against an emulator run's
+# logged n_params = 842,496 and flops_per_token = 5,832,704 for the default ModelConfig).
+BYTES_PER_VALUE = {"none": 4, "fp16": 2, "int8": 1}
+
+
+def n_params(m: ModelConfig) -> int:
+    d, layers = m.d_model, m.n_layers
+    return m.vocab_size * d + m.seq_len * d + layers * (12 * d * d + 13 * d) + 2 * d
+
+
+def flops_per_token(m: ModelConfig) -> float:
+    """Forward + backward FLOPs per token: 6 x matmul parameters + the attention term (14 L T d)."""
+    matmul = m.n_layers * 12 * m.d_model ** 2 + m.vocab_size * m.d_model
+    return float(6 * matmul + 14 * m.n_layers * m.seq_len * m.d_model)
+
+
+@dataclass(frozen=True)
+class SimModel:
+    # Compute: one inner step of per_site_batch x seq_len tokens (1 CPU thread, the emulator's default).
+    compute_s_per_token: float = 0.5 / 1024  # seconds per trained token per inner step
+    collective_part_overhead_s: float = 0.002  # per message part (framing, ack, CurveZMQ)
+    collective_cpu_s: float = 0.03  # reduce + apply on the site, per round
+    # Checkpoints: the leader writes model + inner optimiser + outer state to the store.
+    checkpoint_write_bytes_per_s: float = 20e6
+    checkpoint_read_bytes_per_s: float = 20e6
+    checkpoint_fixed_s: float = 0.2
+    # Process restart: interpreter + torch import + corpus load before the join is sent.
+    restart_s: float = 8.0
+    start_s: float = 8.0  # the first start of every site, before it joins
+    eval_s: float = 1.2  # the leader's held-out evaluation (background: does not delay training)
+    # A state transfer (donor -> joiner) uses the site link's bandwidth; this is its fixed cost.
+    state_transfer_fixed_s: float = 0.3
+    # Heartbeats delivered to the coordinator (None: the config's interval, as the emulator).
+    # At scale a live site's heartbeats are coalesced: on_heartbeat keeps only the last time.
+    heartbeat_period_ms: int | None = None
+    # SIGTERM -> the agent notices it at its next check (an inner step at most) and announces.
+    preempt_exit_s: float = 0.2
+    # Chaos driver: how long after the triggering commit a progress-triggered fault fires.
+    fault_poll_s: float = 0.5
+    # The pseudo-gradient agreement the adaptive controller reads (cosine with the mean).
+    update_cosine: float = 0.9
+    evidence: Mapping[str, str] = field(default_factory=dict, compare=False)
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def evidence_of(self, name: str) -> str:
+        return self.evidence.get(name, "prior")
+
+    def to_json(self) -> dict[str, Any]:
+        params = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("evidence", "sources")}
+        return {"parameters": {k: {"value": v, "evidence": self.evidence_of(k),
+                                   "source": self.sources.get(k, "prior: a guess from one loaded emulator run")}
+                               for k, v in params.items()}}
+
+    @staticmethod
+    def from_calibration(doc: Mapping[str, Any], base: "SimModel | None" = None) -> "SimModel":
+        """A model with the fitted parameters of a calibration file (sim/calibrate.py) applied."""
+        base = base or SimModel()
+        names = {f.name for f in fields(SimModel)} - {"evidence", "sources"}
+        vals, ev, src = {}, dict(base.evidence), dict(base.sources)
+        for k, p in (doc.get("parameters") or {}).items():
+            if k in names:
+                vals[k] = type(getattr(base, k))(p["value"]) if getattr(base, k) is not None else p["value"]
+                ev[k] = "fitted"
+                src[k] = ", ".join(p.get("source_runs", [])) or "calibration"
+        return replace(base, **vals, evidence=ev, sources=src)
+
+
+def payload_bytes_per_value(compression: str) -> int:
+    return BYTES_PER_VALUE.get(compression, 4)
+
+
+def link_one_way_s(cfg: RunConfig, src: str, dst: str, nbytes: int = 0) -> float:
+    """Latency plus transmission of `nbytes` from src to dst (the link's `up` direction)."""
+    prof = cfg.link_spec(f"{src}_to_{dst}").up
+    bw = prof.bandwidth_kbps * 1000.0  # Toxiproxy's KB = 1000 bytes, per connection
+    return prof.latency_ms / 1000.0 + (nbytes / bw if bw > 0 and nbytes else 0.0)
+
+
+def collective_s(cfg: RunConfig, model: SimModel, members: tuple[str, ...], payload_values: int,
+                 compression: str = "none") -> float:
+    """Seconds of one all-reduce among `members`: reduce-scatter + all-gather (see the module doc)."""
+    n = len(members)
+    if n <= 1:
+        return model.collective_cpu_s
+    shard_bytes = math.ceil(payload_values / n) * payload_bytes_per_value(compression)
+    parts = max(1, math.ceil(shard_bytes / cfg.wan.chunk_bytes))
+    # The slowest directed link governs each phase; with uniform links any pair stands for all.
+    pairs = [(members[0], members[1]), (members[1], members[0])] if _uniform(cfg) else \
+        [(a, b) for a in members for b in members if a != b]
+    phase = max(link_one_way_s(cfg, a, b, shard_bytes) for a, b in pairs) + parts * model.collective_part_overhead_s
+    return 2 * phase + model.collective_cpu_s
+
+
+def _uniform(cfg: RunConfig) -> bool:
+    return not any(not name.endswith(("_to_coord", "_to_store")) for name, _ in cfg.wan.link_overrides)
+
+
+def payload_bytes_sent(n: int, payload_values: int, compression: str = "none") -> int:
+    """Bytes one site sends in one all-reduce: 2 (n-1)/n x P values."""
+    if n <= 1:
+        return 0
+    return 2 * (n - 1) * math.ceil(payload_values / n) * payload_bytes_per_value(compression)
+
+
+def state_bytes(m: ModelConfig, cursor: int) -> int:
+    """A site's packed state: params + AdamW moments + outer state (4 x P float32) + retained ids."""
+    return 16 * n_params(m) + 8 * cursor

@@ -1,0 +1,178 @@
+"""One simulated run: the clock, the processes, the links between them, and its run directory.
+
+`simulate(cfg, scenario, model, out)` builds the world, runs it on the virtual clock until the
+coordinator's shutdown (or `max_sim_s`), and returns a `SimResult`. With `out`, the run
+directory has the emulator's layout: config.json (the RunConfig), scenario.json, sim.json (the
+manifest that marks it simulated, with the model and its evidence), coordinator/journal.jsonl
+and logs/<process>.jsonl with the emulator's event records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from chaos.scenario import Scenario
+from ground.config import RunConfig, save_config
+from ground.plans import EpochPlan
+from ground.schedule import target_samples
+from sim.coord import SimCoordinator
+from sim.engine import Clock, NullLog, SimLog, ns
+from sim.faults import SimChaos, check_supported
+from sim.links import Links
+from sim.model import SimModel, flops_per_token, link_one_way_s, n_params
+from sim.rounds import Rounds
+from sim.services import Heartbeats, Learning, SimStore
+from sim.site import SimSite, chain
+
+MANIFEST = "sim.json"
+PROCESS_PIDS = {"coord": 11, "store": 12, "chaos": 13, "launcher": 14}
+
+
+@dataclass
+class SimResult:
+    run_dir: Path | None
+    sim_s: float
+    complete: bool
+    commits: int
+    epochs: int
+    core_steps: int
+    events_run: int
+    useful_tokens: int
+    core_s: float = 0.0  # wall seconds inside coordinator.core.step
+
+
+class World:
+    def __init__(self, cfg: RunConfig, scenario: Scenario | None, model: SimModel, run_dir: Path | None) -> None:
+        self.cfg, self.model, self.run_dir = cfg, model, run_dir
+        self.write_logs = run_dir is not None
+        self.clock = Clock()
+        self.logs: dict[str, Any] = {}
+        self.target = target_samples(cfg)
+        self.n_params, self.flops_per_token = n_params(cfg.model), flops_per_token(cfg.model)
+        self._sha: dict[int, str] = {}
+        self.transfers: dict[tuple[int, str], tuple[str, int, int]] = {}
+        self.evaluated_initial = False
+        self._plans: dict[tuple[int, int], tuple[dict[str, Any], EpochPlan]] = {}
+        self.site_set = frozenset(cfg.cluster.sites)
+        self.decisions: list[dict[str, Any]] = []
+        self.links = Links(cfg, model)
+        self.chaos = SimChaos(self, scenario)
+        self.store = SimStore(self)
+        self.heartbeats = Heartbeats(self)
+        self.learning = Learning(self)
+        self.rounds = Rounds(self)
+        self.coord = SimCoordinator(self)
+        self.sites = {s: SimSite(self, s, i) for i, s in enumerate(cfg.cluster.sites)}
+
+    def log_for(self, process: str) -> Any:
+        if process not in self.logs:
+            if self.run_dir is None:
+                self.logs[process] = NullLog()
+            else:
+                self.logs[process] = SimLog(self.run_dir / "logs" / f"{process}.jsonl", self.cfg.run_id, process,
+                                            self.clock, PROCESS_PIDS.get(process, 0))
+        return self.logs[process]
+
+    # ------------------------------------------------------------------ the links
+    def latency_s(self, site: str, service: str, nbytes: int = 0) -> float:
+        return self.links.one_way_s(site, service, nbytes)
+
+    def to_coord(self, src: str, inc: int, epoch: int, kind: str, body: dict[str, Any]) -> None:
+        self.clock.after(self.latency_s(src, "coord"), self._deliver_coord, src, inc, epoch, kind, body)
+
+    def _deliver_coord(self, src: str, inc: int, epoch: int, kind: str, body: dict[str, Any]) -> None:
+        site = self.sites[src]
+        if site.inc == inc and (site.alive or kind == "site_done"):
+            self.coord.receive(src, inc, epoch, kind, body)
+
+    def to_site(self, dst: str, kind: str, body: dict[str, Any], epoch: int) -> None:
+        prof = self.cfg.link_spec(f"{dst}_to_coord").down  # the reply direction of the site's link
+        add_s = self.links.one_way_s("coord", dst) - link_one_way_s(self.cfg, "coord", dst)  # a degradation's
+        self.clock.after(prof.latency_ms / 1000.0 + add_s, self.sites[dst].on_control, kind, body, epoch)
+
+    def send_state(self, donor: str, joiner: str, epoch: int, state: tuple[str, int, int]) -> None:
+        delay = self.model.state_transfer_fixed_s + self.links.one_way_s(donor, joiner, state[2])
+        self.clock.after(delay, self._state_arrives, joiner, epoch, state, self.sites[donor].gen)
+
+    def _state_arrives(self, joiner: str, epoch: int, state: tuple[str, int, int], donor_gen: int) -> None:
+        j = self.sites[joiner]
+        if j.alive and j.epoch == epoch and j.waiting_state is not None:
+            j.receive_state(*state)
+        else:
+            self.transfers[(epoch, joiner)] = state
+
+    def parse_plan(self, body: dict[str, Any], msg_epoch: int) -> EpochPlan:
+        """EpochPlan.from_body, as every site parses it; parsed once per sent body (the core sends the
+        same body object to every member, and parsing checks every member's name: N x N at scale)."""
+        key = (id(body), msg_epoch)
+        got = self._plans.get(key)
+        if got is None or got[0] is not body:
+            got = self._plans[key] = (body, EpochPlan.from_body(body, msg_epoch, self.site_set))
+        return got[1]
+
+    # ------------------------------------------------------------------ shared bookkeeping
+    def prefix_sha(self, cursor: int) -> str:
+        """samples_sha256 of sample ids 0..cursor-1 (the sites' retained prefix)."""
+        if not self.write_logs:
+            return ""
+        got = self._sha.get(cursor)
+        if got is None:
+            got = self._sha[cursor] = hashlib.sha256(np.arange(cursor, dtype="<i8").tobytes()).hexdigest()
+        return got
+
+    def apply_round(self, phash: str, rnd: int, cs: int, ce: int) -> str:
+        return chain(phash, rnd, cs, ce)
+
+
+def write_manifest(run_dir: Path, cfg: RunConfig, scenario: Scenario | None, model: SimModel) -> None:
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (run_dir / "coordinator").mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir / "config.json")
+    if scenario is not None:
+        (run_dir / "scenario.json").write_text(json.dumps(scenario.to_dict(), indent=2))
+    (run_dir / MANIFEST).write_text(json.dumps({
+        "simulated": True, "evidence": "modeled", "simulator": "sim (discrete-event, virtual clock)",
+        "sample_ids": "canonical positions (the simulator has no corpus)",
+        "model": model.to_json(), "learning": Learning(None).to_json(),  # type: ignore[arg-type]
+        "not_modeled": ["WAN byte counters (no wan_counters events; byte reconciliation is unknown)",
+                        "link faults, store outages, coordinator crashes, preemption notices (refused)"],
+    }, indent=2))
+
+
+def simulate(cfg: RunConfig, scenario: Scenario | None, model: SimModel | None = None, out: Path | None = None,
+             max_sim_s: float = 36_000.0, wall_stop: Callable[[], bool] | None = None) -> SimResult:
+    """Run one simulation until the coordinator's shutdown reaches every site, `max_sim_s` virtual
+    seconds, or `wall_stop()` (checked every 4,096 events: a wall-clock budget for benchmarks)."""
+    model = model or SimModel()
+    if scenario is not None:
+        check_supported(scenario)
+    if out is not None:
+        write_manifest(out, cfg, scenario, model)
+    w = World(cfg, scenario, model, out)
+    w.store.start()
+    w.coord.start()
+    for s in w.sites.values():
+        s.start(model.start_s)
+    def stop() -> bool:
+        if wall_stop is not None and w.clock.events_run % 4096 == 0 and wall_stop():
+            return True
+        return w.coord.state.shutdown_sent and not any(s.alive for s in w.sites.values())
+
+    w.clock.run(ns(max_sim_s), stop=stop)
+    w.chaos.finish()
+    w.coord.close()
+    for s in w.sites.values():
+        if s.alive:
+            s.log.emit("site_stopped", reason="end of simulation", rc=0)
+    for lg in w.logs.values():
+        lg.close()
+    st = w.coord.state
+    return SimResult(out, w.clock.now_ns / 1e9, st.shutdown_sent, len(st.commits), st.membership.epoch,
+                     w.coord.core_steps, w.clock.events_run, st.committed_cursor * cfg.model.seq_len,
+                     w.coord.core_ns / 1e9)

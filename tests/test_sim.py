@@ -1,0 +1,171 @@
+"""The simulator on its virtual clock (sim/): pure, deterministic, seconds.
+
+Checks: the collective's time is the emulator's algorithm (two latency phases plus the shard's
+bandwidth term, chunked); a run without faults reaches the target in the rounds the schedule
+says; a run is deterministic; the coordinator's logged inputs replay through the core to the
+same decisions (the simulator drives the core, it does not copy it); the real
+scenarios/one-outage.yaml and preemption.yaml under all four policies pass every applicable checker; a 50-site,
+5-simulated-minute run is consistent (the scale bench's small version).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from analysis.analyze import analyze
+from analysis.artifact import build_artifact
+from chaos.scenario import Scenario, load_scenario
+from ground.config import load_config, merge
+from ground.schedule import rounds_for_target, target_samples
+from sim.cli import main as sim_main
+from sim.faults import UnsupportedFault
+from sim.model import SimModel, collective_s, n_params, payload_bytes_sent
+from sim.world import simulate
+from tests.conftest import COMPARE_CFG
+from tests.test_coordinator_core import replay
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cfg_for(policy: str = "restart", **over: object):
+    return load_config(merge(merge(COMPARE_CFG, {"run_id": f"sim-{policy}", "recovery": {"policy": policy}}), over))
+
+
+def test_n_params_matches_the_emulators_logged_model() -> None:
+    # site_started of an emulator run with the default ModelConfig logs n_params = 842,496.
+    assert n_params(load_config({}).model) == 842_496
+
+
+def test_the_collective_is_two_latency_phases_plus_the_shards_bandwidth_term() -> None:
+    cfg = load_config(merge(COMPARE_CFG, {"wan": {"site_link": {"up": {"latency_ms": 40, "bandwidth_kbps": 1000}},
+                                                 "chunk_bytes": 1_000_000}}))
+    m = SimModel(collective_part_overhead_s=0.0, collective_cpu_s=0.0)
+    p = 3_000_000  # values: 1,000,000 per shard among 3 members, 4 MB each
+    got = collective_s(cfg, m, ("a", "b", "c"), p)
+    assert got == pytest.approx(2 * (0.040 + 4_000_000 / 1_000_000))
+    # int8 carries a quarter of the bytes; a part overhead counts once per 1 MB chunk of the shard
+    assert collective_s(cfg, m, ("a", "b", "c"), p, "int8") == pytest.approx(2 * (0.040 + 1.0))
+    m2 = replace(m, collective_part_overhead_s=0.01)
+    assert collective_s(cfg, m2, ("a", "b", "c"), p) - got == pytest.approx(2 * 4 * 0.01)
+    assert payload_bytes_sent(3, 842_496) == 4_493_312  # as the emulator's collective span logs
+
+
+def test_a_run_without_faults_commits_every_round_and_completes(tmp_path: Path) -> None:
+    cfg = cfg_for()
+    res = simulate(cfg, None, out=tmp_path / "run")
+    assert res.complete and res.epochs == 1
+    assert res.commits == rounds_for_target(cfg, 3)
+    assert res.useful_tokens == target_samples(cfg) * cfg.model.seq_len
+
+
+def test_a_simulation_is_deterministic(tmp_path: Path) -> None:
+    scen = Scenario.build("t", "").crash("b", at_useful_tokens=36_864, restart_after_s=2)
+    for name in ("one", "two"):
+        simulate(cfg_for("elastic"), scen, out=tmp_path / name)
+    for log in ("coord", "a", "b", "chaos", "store"):
+        assert (tmp_path / "one" / "logs" / f"{log}.jsonl").read_text() == \
+            (tmp_path / "two" / "logs" / f"{log}.jsonl").read_text(), log
+
+
+@pytest.mark.parametrize("policy", ["stall", "restart", "elastic", "oracle"])
+def test_a_simulated_coordinator_log_replays_through_the_core(tmp_path: Path, policy: str) -> None:
+    scen = Scenario.build("t", "").crash("b", at_useful_tokens=36_864, restart_after_s=2)
+    cfg = cfg_for(policy)
+    if policy == "oracle":
+        cfg = replace(cfg, recovery=replace(cfg.recovery, oracle_faults=(("b", 36_864),)))
+    simulate(cfg, scen, out=tmp_path / policy)
+    inputs, decisions = replay(tmp_path / policy)
+    assert inputs > 50 and decisions > 10
+
+
+@pytest.mark.parametrize("scenario", ["one-outage", "preemption"])
+def test_a_scenario_file_under_four_policies_passes_every_applicable_checker(tmp_path: Path, scenario: str) -> None:
+    out = tmp_path / "cmp"
+    rc = sim_main(["run", str(ROOT / "scenarios" / f"{scenario}.yaml"), "--sites", "3", "--policy", "all",
+                   "--out", str(out), "--set", "train.target_useful_tokens=1179648"])
+    assert rc == 0
+    runs = sorted(p for p in out.iterdir() if (p / "sim.json").exists())
+    assert [p.name for p in runs] == ["elastic", "oracle", "restart", "stall"]
+    art = analyze([out], report=False).artifact  # `xdc analyze DIR`: the comparison's index.json
+    status = {c["name"]: c["status"] for c in art["checks"]}
+    assert status.pop("byte_classes") == "unknown"  # no Toxiproxy counters in a simulation
+    assert set(status.values()) == {"pass"}, status
+    epochs = {json.loads((p / "sim.json").read_text())["policy"]: p for p in runs}
+    assert set(epochs) == {"stall", "restart", "elastic", "oracle"}
+
+
+def test_faults_the_simulator_does_not_model_are_refused_not_ignored() -> None:
+    with pytest.raises(UnsupportedFault, match="link_blackhole"):
+        simulate(cfg_for(), load_scenario(ROOT / "scenarios" / "partition.yaml"))
+
+
+def test_a_small_scale_run_is_consistent() -> None:
+    """The scale bench's small version: 50 sites, 5 simulated minutes, one failure; no logs written."""
+    sites = tuple(f"s{i:03d}" for i in range(50))
+    cfg = load_config({"cluster": {"sites": list(sites)}, "train": {"target_useful_tokens": 10 ** 12},
+                       "recovery": {"policy": "elastic"}})
+    scen = Scenario.build("scale", "").crash("s007", at_s=60, restart_after_s=30)
+    model = SimModel(heartbeat_period_ms=1000, restart_s=20)
+    res = simulate(cfg, scen, model, max_sim_s=300)
+    assert not res.complete and res.sim_s <= 300
+    assert res.epochs == 3  # formed, s007 failed (elastic continues), s007 rejoined by state transfer
+    per_round = cfg.train.per_site_batch * cfg.train.inner_steps_h * cfg.model.seq_len
+    assert res.useful_tokens % per_round == 0 and res.useful_tokens >= res.commits * 49 * per_round
+
+
+def test_calibrating_on_a_simulated_run_recovers_its_timing_model(tmp_path: Path) -> None:
+    """The round trip: fit sim/calibrate.py to a run the simulator wrote with known parameters."""
+    truth = SimModel(compute_s_per_token=0.0007, eval_s=2.5, restart_s=12.0, fault_poll_s=0.8,
+                     collective_cpu_s=0.05)
+    scen = Scenario.build("t", "").crash("b", at_useful_tokens=36_864, restart_after_s=2)
+    simulate(cfg_for("restart"), scen, truth, out=tmp_path / "run")
+    cal = tmp_path / "cal.json"
+    assert sim_main(["calibrate", str(tmp_path / "run"), "--out", str(cal)]) == 0
+    doc = json.loads(cal.read_text())
+    p = doc["parameters"]
+    assert p["compute_s_per_token"]["value"] == pytest.approx(0.0007, rel=1e-6)
+    assert p["eval_s"]["value"] == pytest.approx(2.5, rel=1e-6)
+    assert p["fault_poll_s"]["value"] == pytest.approx(0.8, rel=1e-6)
+    assert p["collective_cpu_s"]["value"] == pytest.approx(0.05, abs=1e-6)
+    # restart: the modeled restart plus the join's trip to the coordinator (service link latency)
+    assert 12.0 <= p["restart_s"]["value"] <= 12.1
+    assert all(v["source_runs"] == ["run"] and v["evidence"] == "fitted" for v in p.values())
+    assert set(doc["inputs"][0]["sha256"]) >= {"config.json", "logs/coord.jsonl", "logs/b.jsonl"}
+    fitted = SimModel.from_calibration(doc)
+    assert fitted.compute_s_per_token == pytest.approx(0.0007) and fitted.evidence_of("eval_s") == "fitted"
+    assert fitted.evidence_of("update_cosine") == "prior"
+
+
+def test_the_adaptive_controller_answers_a_simulated_bandwidth_collapse(tmp_path: Path) -> None:
+    """control/controller.py through the core, on scenarios/bandwidth-collapse.yaml: a larger H or
+    compression while a<->b is at 200 KB/s, and back to a cheaper-to-communicate-less setting after."""
+    out = tmp_path / "bw"
+    assert sim_main(["run", str(ROOT / "scenarios" / "bandwidth-collapse.yaml"), "--sites", "3", "--policy",
+                     "elastic", "--out", str(out), "--set", "train.target_useful_tokens=1179648",
+                     "--set", "train.mode=adaptive"]) == 0
+    chaos = {e["event"]: e["mono_ns"] for e in map(json.loads, (out / "logs" / "chaos.jsonl").read_text().splitlines())}
+    changes = [e for e in map(json.loads, (out / "logs" / "coord.jsonl").read_text().splitlines())
+               if e["event"] == "setting_changed"]
+    during = [c["new"] for c in changes if chaos["fault_injected"] < c["mono_ns"] < chaos["fault_healed"]]
+    after = [c["new"] for c in changes if c["mono_ns"] > chaos["fault_healed"]]
+    assert any(s["inner_steps_h"] >= 16 or s["compression"] != "none" for s in during), during
+    assert after and after[-1]["compression"] == "none" and after[-1]["inner_steps_h"] <= 8, after
+    status = {c["name"]: c["status"] for c in build_artifact([out])["checks"]}
+    assert status.pop("byte_classes") == "unknown" and status.pop("same_frontier") == "unknown"  # one run
+    assert set(status.values()) == {"pass"}, status
+
+
+def test_every_event_a_simulated_run_writes_is_in_the_registry(tmp_path: Path) -> None:
+    from ground.eventlog import read_events
+    from ground.events import EVENTS
+
+    scen = Scenario.build("t", "").preempt("c", grace_s=1, return_after_s=2, at_useful_tokens=36_864)
+    simulate(cfg_for("restart"), scen, out=tmp_path / "run")
+    seen = {e["event"] for log in (tmp_path / "run" / "logs").glob("*.jsonl") for e in read_events(log)}
+    assert {"commit", "membership_epoch", "fault_injected", "coord_input", "round_done", "work_attempted",
+            "checkpoint_durable", "preemption_announced"} <= seen
+    assert not sorted(seen - set(EVENTS)), "events the registry (ground/events.py) lacks"
