@@ -24,6 +24,7 @@ from typing import Any
 from analysis.learning import run_baselines
 from wan.frames import TRAFFIC_CLASSES
 from ground.eventlog import read_events
+from ground.processes import has_byte_counters, wan_processes
 
 
 def load_logs(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
@@ -131,7 +132,7 @@ def byte_ledger(logs: dict[str, list[dict[str, Any]]], committed_rounds: set[tup
     for proc, events in logs.items():
         snaps = [e for e in events if e["event"] == "wan_counters"]
         if not snaps:
-            if proc not in ("launcher", "chaos", "telemetry") and ".w" not in proc:
+            if has_byte_counters(proc):  # a process with WAN links (ground/processes.py) that logged none
                 missing.append(proc)
             continue
         # A restarted process starts from zero: take the last snapshot of every incarnation and add them.
@@ -290,7 +291,7 @@ def summarize(run_dir: Path, *, proxy_bytes: dict[str, Any], exit_codes: dict[st
         "proxy_bytes": proxy_bytes,
         "reconciliation": reconcile(nbytes["by_link"], proxy_bytes),
         "exit_codes": exit_codes,
-        "clean_exit": all(exit_codes.get(p) == 0 for p in ["coord", "store", *sites]) and not interrupted,
+        "clean_exit": all(exit_codes.get(p) == 0 for p in wan_processes(sites)) and not interrupted,
         "interrupted": interrupted,
         "dataset_id": started.get("dataset_id"),
         "device": started.get("device"),

@@ -219,7 +219,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     from wan.toxiproxy import ToxiproxyClient, ToxiproxyError, free_port
     from ground.eventlog import EventLog
     from xdc.launcher import provision_run_dir
-    from ground.topology import COORD, STORE, plan_topology
+    from ground.topology import plan_topology
 
     run_dir = Path(args.run_dir)
     try:
@@ -237,7 +237,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         plan = plan_topology(sites, "compose")
     else:
         h = cfg.cluster.host
-        plan = plan_topology(sites, "native", host=h, ports={p: free_port(h) for p in (COORD, STORE, *sites)})
+        plan = plan_topology(sites, "native", host=h, ports={p: free_port(h) for p in plan_topology(sites).processes()})
     client = ToxiproxyClient(host, port, timeout_s=10.0)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     log = EventLog(run_dir / "logs" / "prepare.jsonl", cfg.run_id, "prepare")
