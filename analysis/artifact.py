@@ -25,7 +25,8 @@ from analysis.learning_refs import learning_refs
 from analysis.load import RunHistory, load_run
 from analysis.proofs import fault_schedule, prove_frontier
 from analysis.summary import byte_ledger, checkpoint_tree, lineage, reconcile, site_time, work_ledger
-from analysis.timeline import (PHASES, SITE_FAULTS, extract_marks, extract_phases, frontier_progress, run_end_ns,
+from ground.faults import links_hit
+from analysis.timeline import (PHASES, extract_marks, extract_phases, frontier_progress, run_end_ns,
                                run_t0_ns)
 
 SCHEMA_VERSION = 1
@@ -118,20 +119,13 @@ def _retransmitted(h: RunHistory) -> dict[str, int]:
 
 
 def _faulted_links(h: RunHistory) -> set[str]:
-    """Links with an end in a process that a fault hit, or that a link fault cut or shaped."""
-    hit: set[str] = set()
-    for e in h.logs.get("chaos", []):
-        if e["event"] != "fault_injected":
-            continue
-        target = str(e.get("target", ""))
-        kind = str(e.get("kind", ""))
-        names = [t for sep in ("<->", "->") if sep in target for t in target.split(sep)] or [target]
-        if kind in SITE_FAULTS or kind.startswith("coord") or kind.startswith("store"):
-            names = [{"coordinator": "coord", "checkpoint_store": "store"}.get(x, x) for x in names]
-        hit.update(names)
-    hit.update(p for p, evs in h.logs.items() if evs and evs[0].get("pid") != evs[-1].get("pid"))  # restarted
+    """Links with an end in a process that a fault hit, or that a link fault cut or shaped
+    (ground/faults.py says which), or in a process that was restarted."""
     links = {e["proxy"] for p in ("launcher", "prepare") for e in h.events(p, "proxy_created")}
-    return {lk for lk in links if any(lk.startswith(f"{x}_to_") or lk.endswith(f"_to_{x}") for x in hit)}
+    out = {lk for e in h.events("chaos", "fault_injected")
+           for lk in links_hit(str(e.get("kind", "")), str(e.get("target", "")), links)}
+    restarted = {p for p, evs in h.logs.items() if evs and evs[0].get("pid") != evs[-1].get("pid")}
+    return out | {lk for lk in links if any(lk.startswith(f"{x}_to_") or lk.endswith(f"_to_{x}") for x in restarted)}
 
 
 def _frontier(h: RunHistory, useful_tokens: int) -> dict[str, Any]:

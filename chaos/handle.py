@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Protocol, runtime_checkable
 
-from chaos.scenario import SERVICES, parse_link_target
+from ground.faults import SERVICES, parse_link_target
 from ground.eventlog import read_events
 from wan.toxiproxy import ToxiproxyClient, ToxiproxyError
 

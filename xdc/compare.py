@@ -13,6 +13,7 @@ from typing import Any
 
 from ground.config import RunConfig
 from ground.eventlog import read_events
+from ground.faults import site_kinds
 
 POLICIES = ("stall", "restart", "elastic", "oracle")
 
@@ -58,7 +59,7 @@ def oracle_faults(scenario: Any) -> list[list[Any]]:
     out = []
     for f in scenario.faults:
         tokens = getattr(f.trigger, "at_useful_tokens", None)
-        if f.kind in ("site_crash", "site_preempt", "site_hang", "site_restart") and tokens is not None:
+        if f.kind in site_kinds() and tokens is not None:
             out.append([f.target, int(tokens)])
     return out
 
