@@ -90,7 +90,7 @@ def resolve_links(target: str, proxies: Mapping[str, tuple[str, str]]) -> list[L
         t = parse_link_target(target)
     except ValueError as e:
         raise ChaosError(str(e)) from None
-    ends = {n for cs in proxies.values() for n in cs}
+    ends = {n for client_server in proxies.values() for n in client_server}
     dirs = t.directions()
     out: list[LinkStream] = []
     if dirs is None:
