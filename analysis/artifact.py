@@ -20,13 +20,14 @@ from typing import Any
 from analysis.checkers import run_checkers
 from analysis.commit_ledger import commit_ledger
 from analysis.energy import energy_metric, energy_section
-from analysis.learning import run_baselines
 from analysis.learning_refs import learning_refs
 from analysis.load import RunHistory, load_run
 from analysis.proofs import fault_schedule, prove_frontier
+from analysis.ledgers import lineage
 from analysis.simulated import as_modeled, sim_manifest
-from analysis.summary import byte_ledger, checkpoint_tree, lineage, reconcile, site_time, work_ledger
-from analysis.timeline import (PHASES, SITE_FAULTS, extract_marks, extract_phases, frontier_progress, run_end_ns,
+from analysis.run_numbers import RunNumbers, matched_frontier, nll_curve, run_numbers
+from ground.faults import links_hit
+from analysis.timeline import (PHASES, extract_marks, extract_phases, frontier_progress, run_end_ns,
                                run_t0_ns)
 
 SCHEMA_VERSION = 1
@@ -48,18 +49,10 @@ def columns(rows: list[dict[str, Any]], names: tuple[str, ...]) -> dict[str, lis
     return {n: [r[n] for r in rows] for n in names}
 
 
-def q(value: Any, unit: str, evidence: str = "measured", **extra: Any) -> dict[str, Any]:
+def quantity(value: Any, unit: str, evidence: str = "measured", **extra: Any) -> dict[str, Any]:
     """A quantity with its unit and evidence class."""
     assert evidence in EVIDENCE, evidence
     return {"value": value, "unit": unit, "evidence": evidence, **extra}
-
-
-def _proxy_bytes(h: RunHistory) -> dict[str, Any]:
-    for proc in ("launcher", "summarize"):
-        evs = [e for e in h.logs.get(proc, []) if e["event"] == "proxy_counters"]
-        if evs:
-            return evs[-1].get("proxies") or {"error": "Toxiproxy reported no proxies"}
-    return {"error": "no proxy_counters event in the logs (the run predates it, or ended before Toxiproxy was read)"}
 
 
 def _connections(h: RunHistory) -> dict[str, int]:
@@ -119,31 +112,13 @@ def _retransmitted(h: RunHistory) -> dict[str, int]:
 
 
 def _faulted_links(h: RunHistory) -> set[str]:
-    """Links with an end in a process that a fault hit, or that a link fault cut or shaped."""
-    hit: set[str] = set()
-    for e in h.logs.get("chaos", []):
-        if e["event"] != "fault_injected":
-            continue
-        target = str(e.get("target", ""))
-        kind = str(e.get("kind", ""))
-        names = [t for sep in ("<->", "->") if sep in target for t in target.split(sep)] or [target]
-        if kind in SITE_FAULTS or kind.startswith("coord") or kind.startswith("store"):
-            names = [{"coordinator": "coord", "checkpoint_store": "store"}.get(x, x) for x in names]
-        hit.update(names)
-    hit.update(p for p, evs in h.logs.items() if evs and evs[0].get("pid") != evs[-1].get("pid"))  # restarted
+    """Links with an end in a process that a fault hit, or that a link fault cut or shaped
+    (ground/faults.py says which), or in a process that was restarted."""
     links = {e["proxy"] for p in ("launcher", "prepare") for e in h.events(p, "proxy_created")}
-    return {lk for lk in links if any(lk.startswith(f"{x}_to_") or lk.endswith(f"_to_{x}") for x in hit)}
-
-
-def _frontier(h: RunHistory, useful_tokens: int) -> dict[str, Any]:
-    durable = h.events("store", "checkpoint_durable")
-    writes = [e for s in h.sites for e in h.logs.get(s, []) if e["event"] == "checkpoint_write" and "error" not in e]
-    writes.sort(key=lambda e: e["wall_ns"])
-    last = durable[-1] if durable else None
-    w = next((w for w in reversed(writes) if last and w.get("manifest_hash") == last["manifest_hash"]), None)
-    return {"hash": w.get("samples_sha256") if w else None, "manifest_hash": last["manifest_hash"] if last else None,
-            "round": last.get("round") if last else None, "useful_tokens": useful_tokens,
-            "event_id": last["id"] if last else None, "evidence": "measured"}
+    out = {lk for e in h.events("chaos", "fault_injected")
+           for lk in links_hit(str(e.get("kind", "")), str(e.get("target", "")), links)}
+    restarted = {p for p, evs in h.logs.items() if evs and evs[0].get("pid") != evs[-1].get("pid")}
+    return out | {lk for lk in links if any(lk.startswith(f"{x}_to_") or lk.endswith(f"_to_{x}") for x in restarted)}
 
 
 def _fate_of_lost_units(h: RunHistory, work: dict[str, Any]) -> dict[str, Any]:
@@ -167,19 +142,17 @@ def _fate_of_lost_units(h: RunHistory, work: dict[str, Any]) -> dict[str, Any]:
     return {"lost_tokens_by_reason": dict(fates), "lost_units": units}
 
 
-def _learning(h: RunHistory, t0: int) -> dict[str, Any]:
+def _learning(n: RunNumbers, t0: int) -> dict[str, Any]:
     """The NLL curve, the evaluation set it was measured on (hash, size, standard error) and the
     count baselines of that set (measured by the launcher), or why they are unavailable."""
-    evals = sorted((e for s in h.sites for e in h.events(s, "eval")), key=lambda e: e["wall_ns"])
-    curve = [{"t_s": (int(e["end_wall_ns"]) - t0) / 1e9, "round": e.get("round"),
-              "useful_tokens_trained": e.get("useful_tokens_trained"), "heldout_nll": e["heldout_nll"],
-              "heldout_nll_se": e.get("heldout_nll_se"), "event_id": e["id"]} for e in evals]
+    evals = n.evals
+    curve = nll_curve(evals, t0)
     final = curve[-1]["heldout_nll"] if curve else None
     last = evals[-1] if evals else {}
     if last.get("eval_set"):
         sets = sorted({str(e.get("eval_set")) for e in evals})
         def mq(v: Any, unit: str, **kw: Any) -> dict[str, Any]:
-            return q(v, unit, "measured" if v is not None else "unavailable", **kw)
+            return quantity(v, unit, "measured" if v is not None else "unavailable", **kw)
 
         eval_set = {"evidence": "measured", "id": last["eval_set"], "tokens": mq(last.get("eval_tokens"), "tokens"),
                     "final_nll_se": mq(last.get("heldout_nll_se"), "nats/token", note="standard error of the mean "
@@ -190,10 +163,9 @@ def _learning(h: RunHistory, t0: int) -> dict[str, Any]:
         eval_set = {"evidence": "unavailable",
                     "reason": "no eval events" if not evals else "the eval events do not name their evaluation set "
                                                                  "(older logs)"}
-    baselines = run_baselines([e for p in ("launcher", "prepare") for e in h.events(p, "baselines")], evals)
     return {"evidence": "measured", "unit": "nats/token", "curve": curve,
             "initial_heldout_nll": curve[0]["heldout_nll"] if curve else None, "final_heldout_nll": final,
-            "eval_set": eval_set, "baselines": baselines}
+            "eval_set": eval_set, "baselines": n.baselines}
 
 
 def _provenance(h: RunHistory) -> dict[str, Any]:
@@ -214,100 +186,89 @@ def _provenance(h: RunHistory) -> dict[str, Any]:
         "config_sha256": h.input_hashes.get("config.json"),
         "input_hashes": dict(sorted(h.input_hashes.items())),
         "n_params": site.get("n_params"),
-        "flops_per_token": q(site.get("flops_per_token"), "FLOP/token", "measured",
+        "flops_per_token": quantity(site.get("flops_per_token"), "FLOP/token", "measured",
                              source="torch.utils.flop_counter.FlopCounterMode"),
     }
 
 
+def _metrics(h: RunHistory, n: RunNumbers, site_seconds: dict[str, dict[str, float]], learning: dict[str, Any],
+             energy: dict[str, Any]) -> dict[str, Any]:
+    """The run's headline quantities, each with its unit and evidence class."""
+    total = n.work["total"]
+    first_epoch = next(iter(h.events("coord", "membership_epoch")), None)
+    active_ns = (int(n.commits[-1]["wall_ns"]) - int(first_epoch["wall_ns"])) if (n.commits and first_epoch) else None
+    lc, final = learning["curve"], learning["final_heldout_nll"]
+
+    def flops(k: str) -> dict[str, Any]:
+        return quantity(float(total.get(k, 0)), "FLOP", "modeled", derived=FLOPS_DERIVED)
+
+    return {
+        "useful_tokens": quantity(n.work["useful_tokens"], "tokens"),
+        "target_useful_tokens": quantity(int(h.config["train"]["target_useful_tokens"]), "tokens", "prior",
+                                  note="the configured target"),
+        **{k: quantity(int(total.get(k, 0)), "tokens") for k in ("attempted_tokens", "retained_tokens", "lost_tokens",
+                                                          "replayed_tokens")},
+        **{k: flops(k) for k in ("attempted_flops", "retained_flops", "lost_flops")},
+        "final_heldout_nll": quantity(final, "nats/token", "measured" if final is not None else "unavailable",
+                               se=lc[-1]["heldout_nll_se"] if lc else None),
+        "active_time": quantity(active_ns / 1e9 if active_ns is not None else None, "s",
+                         "measured" if active_ns is not None else "unavailable",
+                         note="first membership epoch to the last commit"),
+        "idle_time_all_sites": quantity(sum(v["idle_s"] for v in site_seconds.values()), "s"),
+        "energy": energy_metric(energy),
+    }
+
+
+def _work(h: RunHistory, work: dict[str, Any]) -> dict[str, Any]:
+    return {"evidence": "measured", "unit": "tokens / FLOP", "flops_evidence": "modeled",
+            "flops_derived": FLOPS_DERIVED, "per_site": work["per_site"],
+            "total": dict(work["total"]), "balanced": work["balanced"],
+            "useful_samples": work["useful_samples"], "replayed_samples": work["replayed_samples"],
+            "commits": work["commits"], "lineage_length": work["lineage_length"], **_fate_of_lost_units(h, work)}
+
+
 def analyse_run(h: RunHistory) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the run's artifact section, the derived data the checkers need)."""
-    cfg = h.config
-    sites = h.sites
-    seq_len = int(cfg["model"]["seq_len"])
-    # The ledgers read only a few event kinds: hand them those (indexed once) rather than every event.
-    work = work_ledger({**{s: h.events(s, "work_attempted") for s in sites}, "coord": h.events("coord", "commit")},
-                       sites, seq_len)
-    commits = h.events("coord", "commit")
-    committed = {(c["epoch"], c["round"]) for c in lineage(commits)}
-    nbytes = byte_ledger({p: h.events(p, "wan_counters") + h.events(p, "collective") for p in h.logs}, committed)
-    proxy = _proxy_bytes(h)
-    rec = reconcile(nbytes["by_link"], proxy)
+    cfg, sites = h.config, h.sites
+    n = run_numbers(h)  # the numbers summary.json shows too (analysis/run_numbers.py)
+    work, nbytes = n.work, n.bytes
     t0, t1 = run_t0_ns(h), run_end_ns(h)
-    phases = extract_phases(h)
-    marks = extract_marks(h, work["first_replays"])
-    frontier = _frontier(h, work["useful_tokens"])
     proof = prove_frontier(h)
-    frontier["proof"] = proof.to_dict()
+    frontier = {**n.frontier, "proof": proof.to_dict()}
     faults = fault_schedule(h)
-    tree = checkpoint_tree(h.logs, frontier["manifest_hash"])
-    st = site_time({s: [e for k in ("membership", "target_reached", "site_stopped", "compute", "collective", "restore",
-                                    "checkpoint_write", "eval") for e in h.events(s, k)] for s in sites}, sites)
-    first_epoch = next((e for e in h.logs.get("coord", []) if e["event"] == "membership_epoch"), None)
-    active_ns = (int(commits[-1]["wall_ns"]) - int(first_epoch["wall_ns"])) if (commits and first_epoch) else None
-    total = work["total"]
     energy = energy_section(h, work["useful_tokens"])  # analysis/energy.py: validity first, then phases
+    learning = _learning(n, t0)
     section = {
-        "run_id": h.run_id,
-        "policy": h.policy,
-        "mode": cfg["train"]["mode"],
-        "sites": sites,
-        "run_dir": str(h.run_dir),
-        "n_events": h.n_events(),
-        "t0_wall_ns": t0,
-        "end_wall_ns": t1,
-        "duration": q((t1 - t0) / 1e9, "s"),
-        "metrics": {
-            "useful_tokens": q(work["useful_tokens"], "tokens"),
-            "target_useful_tokens": q(int(cfg["train"]["target_useful_tokens"]), "tokens", "prior",
-                                      note="the configured target"),
-            "attempted_tokens": q(int(total.get("attempted_tokens", 0)), "tokens"),
-            "retained_tokens": q(int(total.get("retained_tokens", 0)), "tokens"),
-            "lost_tokens": q(int(total.get("lost_tokens", 0)), "tokens"),
-            "replayed_tokens": q(int(total.get("replayed_tokens", 0)), "tokens"),
-            "attempted_flops": q(float(total.get("attempted_flops", 0)), "FLOP", "modeled", derived=FLOPS_DERIVED),
-            "retained_flops": q(float(total.get("retained_flops", 0)), "FLOP", "modeled", derived=FLOPS_DERIVED),
-            "lost_flops": q(float(total.get("lost_flops", 0)), "FLOP", "modeled", derived=FLOPS_DERIVED),
-            "final_heldout_nll": None,  # filled below
-            "active_time": q(active_ns / 1e9 if active_ns is not None else None, "s",
-                             "measured" if active_ns is not None else "unavailable",
-                             note="first membership epoch to the last commit"),
-            "idle_time_all_sites": q(sum(v["idle_s"] for v in st.values()), "s"),
-            "energy": energy_metric(energy),
-        },
-        "work": {"evidence": "measured", "unit": "tokens / FLOP", "flops_evidence": "modeled",
-                 "flops_derived": FLOPS_DERIVED, "per_site": work["per_site"],
-                 "total": {k: v for k, v in total.items()}, "balanced": work["balanced"],
-                 "useful_samples": work["useful_samples"], "replayed_samples": work["replayed_samples"],
-                 "commits": work["commits"], "lineage_length": work["lineage_length"],
-                 **_fate_of_lost_units(h, work)},
+        "run_id": h.run_id, "policy": h.policy, "mode": cfg["train"]["mode"], "sites": sites,
+        "run_dir": str(h.run_dir), "n_events": h.n_events(), "t0_wall_ns": t0, "end_wall_ns": t1,
+        "duration": quantity((t1 - t0) / 1e9, "s"),
+        "metrics": _metrics(h, n, n.site_time, learning, energy),
+        "work": _work(h, work),
         "bytes": {"evidence": "measured", "unit": "bytes", "by_class": nbytes["by_class"],
                   "by_link": nbytes["by_link"], "by_link_class": nbytes["by_link_class"],
                   "processes_without_counters": nbytes["processes_without_counters"]},
-        "reconciliation": rec,
+        "reconciliation": n.reconciliation,
         "frontier": frontier,
-        "frontier_progress": frontier_progress(h, seq_len),
-        "checkpoint_tree": tree,
-        "learning": _learning(h, t0),
-        "site_time": {"evidence": "measured", "unit": "s", "per_site": st},
-        "timeline": {"evidence": "measured", "unit": "wall-clock ns", "phases": columns(phases, PHASE_COLUMNS),
-                     "marks": marks},
+        "frontier_progress": frontier_progress(h, int(cfg["model"]["seq_len"])),
+        "checkpoint_tree": n.checkpoint_tree,
+        "learning": learning,
+        "site_time": {"evidence": "measured", "unit": "s", "per_site": n.site_time},
+        "timeline": {"evidence": "measured", "unit": "wall-clock ns",
+                     "phases": columns(extract_phases(h), PHASE_COLUMNS),
+                     "marks": extract_marks(h, work["first_replays"])},
         "faults": [{"kind": e.get("kind"), "target": e.get("target"), "event_id": e["id"],
                     "wall_ns": e["wall_ns"], "t_s": (int(e["wall_ns"]) - t0) / 1e9}
-                   for e in h.logs.get("chaos", []) if e["event"] == "fault_injected"],
+                   for e in h.events("chaos", "fault_injected")],
         "fault_schedule": faults.to_dict(),
         "provenance": _provenance(h),
         "energy": energy,
         "bad_lines": [b.__dict__ for b in h.bad_lines],
         "config": cfg,
+        # The optimizer-commit ledger: setting, decision, disagreement, work, WAN per commit (issue 12).
+        "commit_ledger": commit_ledger(h.events("coord"), h.events("chaos"),
+                                       [e for site in sites for e in h.events(site, "eval")], cfg),
     }
-    # The optimizer-commit ledger: setting, decision, disagreement, work, WAN per commit (issue 12).
-    section["commit_ledger"] = commit_ledger(h.events("coord"), h.events("chaos"),
-                                             [e for site in sites for e in h.events(site, "eval")], cfg)
-    lc = section["learning"]["curve"]
-    section["metrics"]["final_heldout_nll"] = q(section["learning"]["final_heldout_nll"], "nats/token",
-                                                "measured" if section["learning"]["final_heldout_nll"] is not None
-                                                else "unavailable", se=lc[-1]["heldout_nll_se"] if lc else None)
-    derived = {"work": work, "bytes": nbytes, "reconciliation": rec, "frontier": frontier,
+    derived = {"work": work, "bytes": nbytes, "reconciliation": n.reconciliation, "frontier": frontier,
                "duration_s": (t1 - t0) / 1e9, "connections": _connections(h), "faulted_links": _faulted_links(h),
                "retransmitted": _retransmitted(h), "in_doubt": nbytes["in_doubt"],
                "killed_in_flight": _killed_in_flight(h), "proof": proof, "faults": faults}
@@ -347,8 +308,7 @@ def build_artifact(run_dirs: list[Path], index: dict[str, Any] | None = None,
             "policies": [s["policy"] for s in sections],
             "frontier_hashes": dict(zip([s["run_id"] for s in sections], hashes)),
             # Matched only when the logged hashes agree *and* the samples recomputed from each run's lineage do.
-            "matched_frontier": len(set(hashes)) == 1 and None not in hashes and len(set(proven)) == 1
-                                and None not in proven and proof_ok,
+            "matched_frontier": matched_frontier(hashes, proven, proof_ok),
             "proven_frontier_hashes": dict(zip([s["run_id"] for s in sections], proven)),
             "index": index,
         },

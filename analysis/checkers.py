@@ -37,17 +37,15 @@ from __future__ import annotations
 import itertools
 import traceback
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from analysis.check_result import FAIL, MAX_EVIDENCE, PASS, UNKNOWN, CheckResult, _result  # noqa: F401
+from analysis.checkers_fresh import check_no_fresh_overwrite
 from analysis.load import RunHistory
-from analysis.proofs import (COORD, INITIAL, STORE, Announcement, FrontierProof, announcements, expected_sites,
-                             fault_schedule, initial_hashes, label, missing_logs, prove_frontier, verify_genesis)
-from analysis.summary import lineage
+from analysis.proofs import (COORD, STORE, Announcement, FrontierProof, announcements, expected_sites, fault_schedule,
+                             label, missing_logs, prove_frontier, verify_genesis)
+from analysis.ledgers import lineage
 from wan.frames import TRAFFIC_CLASSES
-
-PASS, FAIL, UNKNOWN = "pass", "fail", "unknown"
-MAX_EVIDENCE = 20  # lines of evidence kept per checker (the count says how many there were)
 
 # Bytes no traffic class owns, per connection: the ZMTP greeting + CURVE handshake (< 2 KiB) and
 # ZMTP heartbeats. A link's Toxiproxy count holds BOTH directions of its connection, and each side
@@ -70,32 +68,6 @@ def heartbeat_bound_b_per_s(zmq_heartbeat_ivl_ms: float) -> float:
 def _heartbeat_bound(h: RunHistory) -> float:
     ivl = (h.config.get("wan") or {}).get("zmq_heartbeat_ivl_ms") or 1000
     return heartbeat_bound_b_per_s(ivl)
-
-
-@dataclass
-class CheckResult:
-    name: str
-    status: str
-    summary: str
-    evidence: list[str] = field(default_factory=list)
-    n_violations: int = 0
-    error: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _result(name: str, violations: list[str], ok_summary: str, fail_summary: str,
-            notes: list[str] | None = None, missing: list[str] | None = None) -> CheckResult:
-    """fail on any violation; else unknown if evidence was missing (naming it); else pass."""
-    if violations:
-        return CheckResult(name, FAIL, fail_summary.format(n=len(violations)), violations[:MAX_EVIDENCE],
-                           len(violations))
-    if missing:
-        missing = list(dict.fromkeys(missing))
-        return CheckResult(name, UNKNOWN, f"cannot tell: {len(missing)} piece(s) of evidence missing "
-                           f"(first: {missing[0]})", missing[:MAX_EVIDENCE])
-    return CheckResult(name, PASS, ok_summary, (notes or [])[:MAX_EVIDENCE], 0)
 
 
 # Events that act on the cluster's state in the epoch they carry (the epoch of a plain report,
@@ -433,92 +405,6 @@ def check_same_frontier(runs: list[RunHistory], ctx: dict[str, Any]) -> CheckRes
                            lines, len(hashes) - 1)
     return CheckResult("same_frontier", PASS, f"all {len(runs)} runs end at the same frontier: the same samples, "
                        "recomputed from each run's commit lineage and its sites' work logs", lines)
-
-
-def _genesis_loads(h: RunHistory, ann: dict[int, Announcement], missing: list[str]) -> dict[str, tuple[str, str]]:
-    """restore event id -> (verdict, why) for every restore from the initial weights: "ok" only in a
-    verified genesis epoch (the plan restores everyone from the initial weights and every member did),
-    "unknown" when a member's log needed to verify it is missing, else "bad"."""
-    out: dict[str, tuple[str, str]] = {}
-    checks: dict[int, Any] = {}
-    for site in expected_sites(h):
-        starts = initial_hashes(h, site)
-        for e in h.events(site, "restore"):
-            if e.get("source") != INITIAL or "error" in e:
-                continue
-            a = ann.get(int(e.get("epoch", -1)))
-            if a is None:
-                out[e["id"]] = ("bad", f"epoch {e.get('epoch')} was never announced")
-                continue
-            chk = checks.setdefault(a.epoch, verify_genesis(h, a))
-            missing += list(chk.missing)
-            if site not in a.members or e.get("params_hash") != starts.get(int(e.get("pid", 0))):
-                out[e["id"]] = ("bad", f"not a member of epoch {a.epoch}, or not its initial params hash")
-            elif chk.problems or not a.is_genesis:
-                out[e["id"]] = ("bad", "; ".join(chk.problems))
-            else:
-                out[e["id"]] = ("ok" if chk.verified else "unknown", "a verified genesis restart")
-    return out
-
-
-def _fresh_violations(h: RunHistory, site: str, pevs: list[dict[str, Any]],
-                      genesis: dict[str, tuple[str, str]]) -> list[str]:
-    lab = _label(h)
-    pid = int(pevs[0].get("pid", 0))
-    out, loaded = [], False
-    for e in pevs:
-        ev = e["event"]
-        if ev == "restore" and e.get("source") in ("donor", "store") and "error" not in e:
-            loaded = True
-        elif ev == "restore" and e["id"] in genesis:
-            verdict, why = genesis[e["id"]]
-            loaded = loaded or verdict != "bad"  # "unknown": the checker says unknown (its evidence is missing)
-            if verdict == "bad":
-                out.append(f"{lab} {e['id']}: {site} (pid {pid}) restored the initial weights, which is not the "
-                           f"cluster's state here: {why}")
-        elif ev == "state_received":
-            loaded = True
-        if not loaded and ev in ("state_sent", "checkpoint_write", "round_done", "collective", "work_attempted"):
-            out.append(f"{lab} {e['id']}: {site} (pid {pid}, started after the first commit) logged "
-                       f"{ev} before loading the cluster's state")
-    return out
-
-
-def check_no_fresh_overwrite(runs: list[RunHistory], ctx: dict[str, Any]) -> CheckResult:
-    viol, notes, missing = [], [], []
-    for h in runs:
-        lab = _label(h)
-        missing += missing_logs(h, [COORD, *expected_sites(h)])
-        ann = announcements(h)
-        commits = h.events(COORD, "commit")
-        committed_hashes = {c.get("param_hash") for c in commits}
-        first_commit_ns = int(commits[0]["wall_ns"]) if commits else None
-        genesis = _genesis_loads(h, ann, missing)
-        fresh = 0
-        for site in expected_sites(h):
-            by_pid: dict[int, list[dict[str, Any]]] = defaultdict(list)
-            for e in h.logs.get(site, []):
-                by_pid[int(e.get("pid", 0))].append(e)
-            initial = set(initial_hashes(h, site).values())
-            for pevs in by_pid.values():
-                start = next((e for e in pevs if e["event"] == "site_started"), pevs[0])
-                if first_commit_ns is None or int(start["wall_ns"]) < first_commit_ns:
-                    continue  # started with the cluster: its initial weights are the cluster's state
-                fresh += 1
-                viol += _fresh_violations(h, site, pevs, genesis)
-            for e in h.events(site, "state_sent"):
-                if not committed_hashes or e.get("params_hash") in committed_hashes:
-                    continue
-                a = ann.get(int(e.get("epoch", -1)))
-                if e.get("params_hash") in initial and a is not None and a.start_round == 0:
-                    continue  # the epoch resumes from round 0, whose state is the initial weights
-                viol.append(f"{lab} {e['id']}: {site} sent state {str(e.get('params_hash'))[:12]} that no commit "
-                            "produced" + (" (the initial weights)" if e.get("params_hash") in initial else ""))
-        n_gen = sum(1 for verdict, _ in genesis.values() if verdict == "ok")
-        notes.append(f"{lab}: {fresh} freshly started site process(es); each loaded state before acting"
-                     + (f" ({n_gen} restore(s) from the initial weights in verified genesis restarts)" if n_gen else ""))
-    return _result("no_fresh_overwrite", viol, "no fresh member ever became a source of truth",
-                   "{n} actions by a member that had not loaded the cluster's state", notes, missing)
 
 
 def check_faults_fired(runs: list[RunHistory], ctx: dict[str, Any]) -> CheckResult:

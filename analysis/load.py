@@ -19,26 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-try:  # orjson parses JSON lines ~3x faster than the stdlib; analysis of 1M events relies on it
-    import orjson
-
-    _loads = orjson.loads
-    _DecodeError: tuple[type[Exception], ...] = (orjson.JSONDecodeError, ValueError)
-except ImportError:  # pragma: no cover - orjson is a declared dependency
-    _loads = json.loads
-    _DecodeError = (json.JSONDecodeError, ValueError)
+from ground.eventlog import _loads  # noqa: F401 (bench/analysis_speed.py times it from here)
+from ground.eventlog import BadLine, parse_events
 
 
 class AnalysisInputError(ValueError):
     """A path given to `xdc analyze` / `xdc sql` is not a run or comparison directory."""
-
-
-@dataclass
-class BadLine:
-    path: str
-    line_no: int
-    torn_tail: bool
-    error: str
 
 
 @dataclass
@@ -85,36 +71,8 @@ class RunHistory:
 def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[BadLine], str]:
     """Events of one log, its unreadable lines, and the sha256 of its bytes."""
     data = path.read_bytes()
-    digest = hashlib.sha256(data).hexdigest()
-    # Fast path: the whole file as one JSON array in one call (newlines become commas; a blank or
-    # bad line makes it fail, and then the file is read line by line below).
-    if data.endswith(b"\n"):
-        try:
-            parsed = _loads(b"[" + data[:-1].replace(b"\n", b",") + b"]")
-            if all(isinstance(e, dict) and "event" in e for e in parsed):
-                return parsed, [], digest
-        except _DecodeError:
-            pass
-    lines = data.split(b"\n")
-    # A file that ends with "\n" splits into a trailing empty element: the real last line is before it.
-    last = len(lines) - 1
-    while last >= 0 and not lines[last].strip():
-        last -= 1
-    out: list[dict[str, Any]] = []
-    bad: list[BadLine] = []
-    for i, raw in enumerate(lines):
-        if not raw.strip():
-            continue
-        try:
-            ev = _loads(raw)
-        except _DecodeError as e:
-            bad.append(BadLine(str(path), i + 1, i == last, f"{type(e).__name__}: {e}"))
-            continue
-        if not isinstance(ev, dict) or "event" not in ev:
-            bad.append(BadLine(str(path), i + 1, False, "not an event object (no 'event' field)"))
-            continue
-        out.append(ev)
-    return out, bad, digest
+    events, bad = parse_events(data, str(path))
+    return events, bad, hashlib.sha256(data).hexdigest()
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:

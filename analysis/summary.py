@@ -1,303 +1,86 @@
-"""Run summary from the structured logs: the work ledger, the byte ledger, the frontier.
+"""summary.json: the launcher's (and `xdc summarize`'s) short account of one run.
 
-Reads only `<run>/logs/*.jsonl` (and the resolved config), never a live process.
-
-Work ledger: every `work_attempted` (site, epoch, round, samples, tokens, FLOPs) is
-retained if a `commit` of that epoch and round, in the lineage of the last commit, names
-the site; otherwise it is lost. attempted = retained + lost holds by construction, per site
-and in total, and the summary checks it.
-
-Byte ledger: each process logs cumulative `wan_counters`; the last snapshot of each is
-summed over everything it sent (side "tx"), so every byte is counted once, by its sender.
-Collective bytes of rounds that never committed are moved to `aborted_collective`.
-The sum is reconciled with Toxiproxy's own per-proxy counters; the difference is the
-ZMTP/CURVE handshake and ZMTP heartbeat traffic that no class owns (framing overhead).
+A subset of the artifact's numbers (analysis/run_numbers.py derives both), under the keys users and
+tests read, plus what only the launcher knows: the exit codes, whether the run was interrupted, and
+Toxiproxy's byte counters as read live. Reads only the run directory's logs and config, never a live
+process. The ledgers it reports are analysis/ledgers.py's (importable from here as before).
 """
 
 from __future__ import annotations
 
-import json
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from analysis.learning import run_baselines
-from wan.frames import TRAFFIC_CLASSES
-from ground.eventlog import read_events
+from analysis.ledgers import (byte_ledger, checkpoint_tree, lineage, reconcile, site_time,  # noqa: F401 (old path)
+                              work_ledger)
+from analysis.load import load_run
+from analysis.run_numbers import RunNumbers, run_numbers
+from ground.processes import wan_processes
 
-
-def load_logs(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
-    return {p.stem: read_events(p) for p in sorted((run_dir / "logs").glob("*.jsonl"))}
-
-
-def lineage(commits: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The chain of commits from the last one back to the root, oldest first."""
-    if not commits:
-        return []
-    by_id = {c["commit_id"]: c for c in commits}
-    chain = []
-    cur: dict[str, Any] | None = commits[-1]
-    seen = set()
-    while cur is not None and cur["commit_id"] not in seen:
-        seen.add(cur["commit_id"])
-        chain.append(cur)
-        cur = by_id.get(cur.get("parent")) if cur.get("parent") else None
-    return list(reversed(chain))
-
-
-def work_ledger(logs: dict[str, list[dict[str, Any]]], sites: list[str], seq_len: int) -> dict[str, Any]:
-    """The work ledger. Also returns `first_replays`: per (site, pid, epoch) the first attempt that
-    redid samples an earlier attempt had lost (the timeline's replay marks)."""
-    commits = [e for e in logs.get("coord", []) if e["event"] == "commit"]
-    kept = {(c["epoch"], c["round"]): frozenset(c.get("members", ())) for c in lineage(commits)}
-    per_site: dict[str, dict[str, float]] = {}
-    retained_ids: set[int] = set()
-    lost_units: list[dict[str, Any]] = []
-    attempts: list[tuple[int, str, bool, dict[str, Any]]] = []  # (mono ns, site, retained, event)
-    for s in sites:
-        at_tok = re_tok = lo_tok = 0
-        at_fl = re_fl = lo_fl = 0.0
-        for e in logs.get(s, []):
-            if e["event"] != "work_attempted":
-                continue
-            tokens, flops = e["tokens"], e["flops"]
-            at_tok += tokens
-            at_fl += flops
-            members = kept.get((e["epoch"], e["round"]))
-            retained = members is not None and s in members
-            if retained:
-                re_tok += tokens
-                re_fl += flops
-                retained_ids.update(e["samples"])
-            else:
-                lo_tok += tokens
-                lo_fl += flops
-                lost_units.append({"site": s, "epoch": e["epoch"], "round": e["round"], "tokens": tokens})
-            attempts.append((e["mono_ns"], s, retained, e))
-        per_site[s] = {"attempted_tokens": int(at_tok), "retained_tokens": int(re_tok), "lost_tokens": int(lo_tok),
-                       "attempted_flops": float(at_fl), "retained_flops": float(re_fl), "lost_flops": float(lo_fl)}
-    # Replayed work: lost samples that were attempted again later (by any site).
-    lost_before: set[int] = set()
-    replayed_ids: set[int] = set()
-    first_replays: list[tuple[str, dict[str, Any]]] = []
-    seen: set[tuple[str, int, int]] = set()
-    attempts.sort(key=lambda t: t[0])
-    for _t, s, retained, e in attempts:
-        samples = e["samples"]
-        if lost_before and not lost_before.isdisjoint(samples):
-            replayed_ids.update(lost_before.intersection(samples))
-            key = (s, e.get("pid", 0), e["epoch"])
-            if key not in seen:
-                seen.add(key)
-                first_replays.append((s, e))
-        if not retained:
-            lost_before.update(samples)
-    total = {k: sum(v[k] for v in per_site.values()) for k in next(iter(per_site.values()), {})}
-    total["replayed_tokens"] = len(replayed_ids) * seq_len
-    balanced = all(v["attempted_tokens"] == v["retained_tokens"] + v["lost_tokens"] for v in per_site.values())
-    return {"per_site": per_site, "total": total, "balanced": balanced, "lost_units": lost_units,
-            "replayed_samples": len(replayed_ids), "first_replays": first_replays,
-            "useful_tokens": len(retained_ids) * seq_len, "useful_samples": len(retained_ids),
-            "commits": len(commits), "lineage_length": len(kept)}
-
-
-def _sender(link: str, direction: str) -> str:
-    """The process that sends on `link` in `direction`: links are `<client>_to_<server>`, "up" is
-    client to server (Toxiproxy's upstream), "down" is server to client."""
-    client, _, server = link.partition("_to_")
-    return client if direction == "up" else server
-
-
-def byte_ledger(logs: dict[str, list[dict[str, Any]]], committed_rounds: set[tuple[int, int]]) -> dict[str, Any]:
-    """Bytes per class and link, each counted once, by its sender.
-
-    Counters are cumulative per process incarnation (pid) and logged every round and once more,
-    `final`, after the endpoint closed. An incarnation that was killed never logs its final
-    counters, so what it sent after its last snapshot is missing from its own count; those bytes
-    did reach the receivers, whose `rx` counters hold them. So for every (link, direction, class)
-    whose sender has an incarnation without final counters, the count is the larger of what the
-    senders logged and what the receivers logged (never their sum: no byte is counted twice).
-    `rx_filled` says where and by how much that raised a count. `in_doubt` is, per link, the bytes
-    a sender handed to a connection shortly before it closed (its `doubt` rows): counted as sent,
-    though they may never have reached the proxy.
-    """
-    by_class = {c: 0 for c in TRAFFIC_CLASSES}
-    by_link: dict[str, int] = defaultdict(int)
-    by_link_class: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    tx: dict[tuple[str, str, str], int] = defaultdict(int)
-    rx: dict[tuple[str, str, str], int] = defaultdict(int)
-    in_doubt: dict[str, int] = defaultdict(int)
-    missing, incomplete = [], set()
-    for proc, events in logs.items():
-        snaps = [e for e in events if e["event"] == "wan_counters"]
-        if not snaps:
-            if proc not in ("launcher", "chaos", "telemetry") and ".w" not in proc:
-                missing.append(proc)
-            continue
-        # A restarted process starts from zero: take the last snapshot of every incarnation and add them.
-        last_by_pid: dict[int, dict[str, Any]] = {}
-        for e in snaps:
-            last_by_pid[e.get("pid", 0)] = e
-        pids = {e.get("pid", 0) for e in events}
-        if any(not last_by_pid.get(pid, {}).get("final") for pid in pids):
-            incomplete.add(proc)  # an incarnation ended without its final counters (killed)
-        for e in last_by_pid.values():
-            for row in e["counters"]:
-                key = (row["link"], row["direction"], row["cls"])
-                if row["side"] == "tx":
-                    tx[key] += row["bytes"]
-                elif row["side"] == "rx":
-                    rx[key] += row["bytes"]
-                elif row["side"] == "doubt":
-                    in_doubt[row["link"]] += row["bytes"]
-    rx_filled: dict[str, int] = defaultdict(int)
-    for key in sorted(set(tx) | set(rx)):
-        link, direction, cls = key
-        n = tx.get(key, 0)
-        if _sender(link, direction) in incomplete and rx.get(key, 0) > n:
-            rx_filled[link] += rx[key] - n
-            n = rx[key]
-        if cls not in by_class:
-            by_class[cls] = 0  # an unknown class stays visible (the byte_classes checker fails on it)
-        by_class[cls] += n
-        by_link[link] += n
-        by_link_class[link][cls] += n
-    # Collective payload of rounds that did not commit -> aborted_collective (payload share of wire bytes).
-    aborted_payload = 0
-    coll_payload = 0
-    for proc, events in logs.items():
-        for e in events:
-            if e["event"] == "collective" and "payload_bytes_sent" in e:
-                coll_payload += e["payload_bytes_sent"]
-                if (e["epoch"], e["round"]) not in committed_rounds:
-                    aborted_payload += e["payload_bytes_sent"]
-    if aborted_payload and coll_payload:
-        moved = round(by_class["collective"] * aborted_payload / coll_payload)
-        by_class["collective"] -= moved
-        by_class["aborted_collective"] += moved
-    return {"by_class": by_class, "by_link": dict(by_link),
-            "by_link_class": {k: dict(v) for k, v in by_link_class.items()}, "processes_without_counters": missing,
-            "rx_filled": dict(rx_filled), "killed_senders": sorted(incomplete), "in_doubt": dict(in_doubt)}
-
-
-def reconcile(counted_by_link: dict[str, int], proxy_bytes: dict[str, Any]) -> dict[str, Any]:
-    """Compare counted bytes with Toxiproxy's per-proxy totals (both directions)."""
-    if not proxy_bytes or "error" in proxy_bytes:
-        return {"evidence": "unavailable", "reason": str(proxy_bytes.get("error", "no proxy counters"))}
-    proxy_total = sum(v.get("upstream", 0) + v.get("downstream", 0) for v in proxy_bytes.values())
-    counted_total = sum(counted_by_link.values())
-    per_link = {}
-    for link, v in sorted(proxy_bytes.items()):
-        p = v.get("upstream", 0) + v.get("downstream", 0)
-        c = counted_by_link.get(link, 0)
-        per_link[link] = {"proxy": p, "counted": c, "overhead": p - c}
-    overhead = proxy_total - counted_total
-    return {"evidence": "measured", "proxy_total": proxy_total, "counted_total": counted_total,
-            "overhead_bytes": overhead, "overhead_fraction": overhead / proxy_total if proxy_total else 0.0,
-            "per_link": per_link}
-
-
-def checkpoint_tree(logs: dict[str, list[dict[str, Any]]], frontier_hash: str | None) -> list[dict[str, Any]]:
-    """Every durable checkpoint with its parent; abandoned branches are kept and marked."""
-    nodes = [e for e in logs.get("store", []) if e["event"] == "checkpoint_durable"]
-    by_hash = {e["manifest_hash"]: e for e in nodes}
-    in_lineage: set[str] = set()
-    cur = frontier_hash
-    while cur and cur not in in_lineage:
-        in_lineage.add(cur)
-        cur = by_hash.get(cur, {}).get("parent")
-    return [{"manifest_hash": e["manifest_hash"], "parent": e.get("parent"), "round": e.get("round"),
-             "ckpt_id": e.get("ckpt_id"), "in_final_lineage": e["manifest_hash"] in in_lineage} for e in nodes]
-
-
-def site_time(logs: dict[str, list[dict[str, Any]]], sites: list[str]) -> dict[str, dict[str, float]]:
-    """Per site: seconds busy (compute, collective, restore, checkpoint, eval spans) and idle in between."""
-    out = {}
-    for s in sites:
-        evs = logs.get(s, [])
-        member = [e["mono_ns"] for e in evs if e["event"] == "membership"]
-        end = [e["mono_ns"] for e in evs if e["event"] in ("target_reached", "site_stopped")]
-        if not member or not end:
-            continue
-        busy = sum(e["end_mono_ns"] - e["start_mono_ns"] for e in evs
-                   if e["event"] in ("compute", "collective", "restore", "checkpoint_write", "eval")
-                   and "start_mono_ns" in e)
-        wall = max(end) - min(member)
-        out[s] = {"wall_s": wall / 1e9, "busy_s": busy / 1e9, "idle_s": max(0, wall - busy) / 1e9}
-    return out
+# The curve's points as summary.json has always shown them (the artifact's points have these and more).
+CURVE_KEYS = ("round", "useful_tokens_trained", "heldout_nll", "heldout_nll_se", "wall_ns")
+WORK_TOTALS = ("attempted_tokens", "retained_tokens", "lost_tokens", "attempted_flops", "retained_flops",
+               "lost_flops", "replayed_tokens")
 
 
 def _energy(run_dir: Path) -> dict[str, Any]:
-    from analysis.energy import energy_summary  # here: analysis.energy imports this module
+    from analysis.energy import energy_summary  # here: analysis.energy imports the ledgers
 
     return energy_summary(run_dir)
 
 
-def summarize(run_dir: Path, *, proxy_bytes: dict[str, Any], exit_codes: dict[str, int | None],
-              interrupted: bool = False) -> dict[str, Any]:
-    run_dir = Path(run_dir)
-    cfg = json.loads((run_dir / "config.json").read_text())
-    sites = list(cfg["cluster"]["sites"])
-    logs = load_logs(run_dir)
-    work = work_ledger(logs, sites, cfg["model"]["seq_len"])
-    commits = [e for e in logs.get("coord", []) if e["event"] == "commit"]
-    committed = {(c["epoch"], c["round"]) for c in lineage(commits)}
-    nbytes = byte_ledger(logs, committed)
-    evals = [e for s in sites for e in logs.get(s, []) if e["event"] == "eval"]
-    evals.sort(key=lambda e: e["mono_ns"])
-    durable = [e for e in logs.get("store", []) if e["event"] == "checkpoint_durable"]
-    writes = [e for s in sites for e in logs.get(s, []) if e["event"] == "checkpoint_write" and "error" not in e]
-    writes.sort(key=lambda e: e["mono_ns"])
-    frontier = durable[-1] if durable else None
-    frontier_write = next((w for w in reversed(writes) if frontier and w.get("manifest_hash") == frontier["manifest_hash"]),
-                          None)
-    started = next((e for s in sites for e in logs.get(s, []) if e["event"] == "site_started"), {})
+def summary_numbers(n: RunNumbers) -> dict[str, Any]:
+    """The run numbers summary.json shows, from the one derivation the artifact uses too."""
+    work, front, evals, started = n.work, n.frontier, n.evals, n.site_started
+    last = evals[-1] if evals else {}
     return {
-        "run_id": cfg["run_id"],
-        "mode": cfg["train"]["mode"],
-        "policy": cfg.get("recovery", {}).get("policy", "none"),
-        "sites": sites,
         "useful_tokens": work["useful_tokens"],
-        "target_useful_tokens": cfg["train"]["target_useful_tokens"],
-        "attempted_tokens": work["total"].get("attempted_tokens", 0),
-        "retained_tokens": work["total"].get("retained_tokens", 0),
-        "lost_tokens": work["total"].get("lost_tokens", 0),
-        "attempted_flops": work["total"].get("attempted_flops", 0),
-        "retained_flops": work["total"].get("retained_flops", 0),
-        "lost_flops": work["total"].get("lost_flops", 0),
+        **{k: work["total"].get(k, 0) for k in WORK_TOTALS},
         "work_by_site": work["per_site"],
         "work_balanced": work["balanced"],
-        "replayed_tokens": work["total"].get("replayed_tokens", 0),
         "lost_units": work["lost_units"],
-        "site_time": site_time(logs, sites),
-        "checkpoint_tree": checkpoint_tree(logs, frontier["manifest_hash"] if frontier else None),
+        "site_time": n.site_time,
+        "checkpoint_tree": n.checkpoint_tree,
         "commits": work["commits"],
-        "frontier_hash": frontier_write.get("samples_sha256") if frontier_write else None,
-        "frontier_manifest_hash": frontier["manifest_hash"] if frontier else None,
-        "frontier_round": frontier.get("round") if frontier else None,
-        "final_heldout_nll": evals[-1]["heldout_nll"] if evals else None,
-        "final_heldout_nll_se": evals[-1].get("heldout_nll_se") if evals else None,
-        "eval_set": evals[-1].get("eval_set") if evals else None,  # sha256 of the evaluation windows
-        "eval_tokens": evals[-1].get("eval_tokens") if evals else None,
-        "heldout_nll_curve": [{"round": e["round"], "useful_tokens_trained": e.get("useful_tokens_trained"),
+        "frontier_hash": front["hash"],
+        "frontier_manifest_hash": front["manifest_hash"],
+        "frontier_round": front["round"],
+        "final_heldout_nll": last.get("heldout_nll"),
+        "final_heldout_nll_se": last.get("heldout_nll_se"),
+        "eval_set": last.get("eval_set"),  # sha256 of the evaluation windows
+        "eval_tokens": last.get("eval_tokens"),
+        "heldout_nll_curve": [{"round": e.get("round"), "useful_tokens_trained": e.get("useful_tokens_trained"),
                                "heldout_nll": e["heldout_nll"], "heldout_nll_se": e.get("heldout_nll_se"),
                                "wall_ns": e["end_wall_ns"]} for e in evals],
-        "baselines": run_baselines([e for p in ("launcher", "prepare") for e in logs.get(p, [])
-                                    if e["event"] == "baselines"], evals),
-        "bytes_by_class": nbytes["by_class"],
-        "bytes_by_link": nbytes["by_link"],
-        "bytes_by_link_class": nbytes["by_link_class"],
-        "proxy_bytes": proxy_bytes,
-        "reconciliation": reconcile(nbytes["by_link"], proxy_bytes),
-        "exit_codes": exit_codes,
-        "clean_exit": all(exit_codes.get(p) == 0 for p in ["coord", "store", *sites]) and not interrupted,
-        "interrupted": interrupted,
+        "baselines": n.baselines,
+        "bytes_by_class": n.bytes["by_class"],
+        "bytes_by_link": n.bytes["by_link"],
+        "bytes_by_link_class": n.bytes["by_link_class"],
+        "proxy_bytes": n.proxy_bytes,
+        "reconciliation": n.reconciliation,
         "dataset_id": started.get("dataset_id"),
         "device": started.get("device"),
         "torch": started.get("torch"),
         "n_params": started.get("n_params"),
         "flops_per_token": {"value": started.get("flops_per_token"), "evidence": "measured",
                             "source": "torch.utils.flop_counter.FlopCounterMode"},
-        "energy": _energy(run_dir),
+    }
+
+
+def summarize(run_dir: Path, *, proxy_bytes: dict[str, Any], exit_codes: dict[str, int | None],
+              interrupted: bool = False) -> dict[str, Any]:
+    h = load_run(Path(run_dir))
+    cfg, sites = h.config, h.sites
+    return {
+        "run_id": cfg["run_id"],
+        "mode": cfg["train"]["mode"],
+        "policy": cfg.get("recovery", {}).get("policy", "none"),
+        "sites": sites,
+        "target_useful_tokens": cfg["train"]["target_useful_tokens"],
+        **summary_numbers(run_numbers(h, proxy_bytes)),
+        "exit_codes": exit_codes,
+        "clean_exit": all(exit_codes.get(p) == 0 for p in wan_processes(sites)) and not interrupted,
+        "interrupted": interrupted,
+        "energy": _energy(h.run_dir),
         "config": cfg,
     }

@@ -27,11 +27,12 @@ from __future__ import annotations
 from typing import Any
 
 from analysis.load import RunHistory
+from ground.faults import drawn_as, site_kinds
 
 PHASES = ("compute", "collective", "state_transfer", "checkpoint", "recovery", "eval", "waiting")
 MARKS = ("failure", "preemption", "restore", "replay", "rejoin")
 
-SITE_FAULTS = ("site_crash", "site_hang", "site_restart", "site_preempt")
+SITE_FAULTS = site_kinds()  # the fault kinds that act on one site (ground/faults.py)
 
 
 def run_t0_ns(h: RunHistory) -> int:
@@ -120,7 +121,7 @@ def extract_marks(h: RunHistory, first_replays: list[tuple[str, dict[str, Any]]]
         site = _target_site(e.get("target"), sites)
         heal = healed.get(e.get("fault"))
         end = int(heal["wall_ns"]) if heal else None
-        mk = "preemption" if kind == "site_preempt" else "failure"
+        mk = drawn_as(kind)  # the kind's entry in ground/faults.py says how its injection is drawn
         marks.append(_mark(site, mk, f"{kind} {e.get('target', '')} injected", e, int(e["wall_ns"]), end))
     for e in h.logs.get("coord", []):
         ev = e["event"]

@@ -29,7 +29,7 @@ import time
 import numpy as np
 
 from bench.common import KB, MiB, BenchCluster, BenchError, env_info, median, percentile, write_result
-from coordinator import membership as mb
+from coordinator import membership
 from wan.frames import TrafficClass
 from ground.config import LinkProfile, LinkSpec, RecoveryConfig, WanConfig
 
@@ -42,14 +42,14 @@ GOAL = 1.0
 POLL_S = 0.01  # how often the detector's inputs are sampled
 
 
-def detector_suspicions(samples: list[tuple[int, int, int]], cfg: mb.MembershipConfig) -> list[str]:
+def detector_suspicions(samples: list[tuple[int, int, int]], cfg: membership.MembershipConfig) -> list[str]:
     """The coordinator's decisions about a live site over sampled (now, last heartbeat arrival,
     connection lost at or 0); every one that is not "none" is a false suspicion."""
     out = []
     for now, last_hb, lost in samples:
-        m = mb.Membership(epoch=1, members=("a",), sites={"a": mb.SiteRecord("a", mb.SiteState.ACTIVE, last_hb, 1, lost)})
-        d, why = mb.decide(now, m, cfg)
-        if d.action != mb.Action.NONE:
+        m = membership.Membership(epoch=1, members=("a",), sites={"a": membership.SiteRecord("a", membership.SiteState.ACTIVE, last_hb, 1, lost)})
+        d, why = membership.decide(now, m, cfg)
+        if d.action != membership.Action.NONE:
             out.append(why)
     return out
 
@@ -150,7 +150,7 @@ def run() -> dict:
     gaps_all_ms = [(y - x) / 1e6 for x, y in zip(arr_ns, arr_ns[1:])]
     max_gap = max(gaps_loaded_ms)
     ratio = max_gap / timeout_ms
-    dcfg = mb.MembershipConfig(expected_sites=("a",), heartbeat_timeout_ms=timeout_ms,
+    dcfg = membership.MembershipConfig(expected_sites=("a",), heartbeat_timeout_ms=timeout_ms,
                                disconnect_grace_ms=RecoveryConfig().disconnect_grace_ms)
     in_run = [x for x in detector if x[0] >= started]
     suspicions = detector_suspicions(in_run, dcfg)

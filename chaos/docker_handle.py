@@ -25,7 +25,6 @@ native handle's.
 from __future__ import annotations
 
 import argparse
-import json
 import signal as _signal
 import subprocess
 import sys
@@ -35,7 +34,6 @@ from typing import Any, Callable, Sequence
 
 from chaos.handle import (ChaosError, EventSink, LinkStream, _proxies_of_topology, chaos_log, resolve_links,
                           toxiproxy_client)
-from wan.toxiproxy import ToxiproxyClient
 
 Runner = Callable[[Sequence[str]], tuple[int, str, str]]
 

@@ -33,9 +33,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from chaos.handle import ClusterHandle, EventSink
-from chaos.nemesis import CoordinatorCrash, Nemesis, SiteCrash, SitePreempt, StoreOutage, nemesis_for
+from chaos.nemesis import Nemesis, nemesis_for
 from chaos.scenario import Fault, Scenario, Trigger
 from ground.eventlog import LogTail
+from ground.faults import takes_down
 
 PENDING, ACTIVE, HEALED, FAILED, HEAL_FAILED = "pending", "active", "healed", "failed", "heal_failed"
 HEAL_RETRY_S = 2.0  # a heal that failed (e.g. Toxiproxy's API stalled flushing a toxic) is tried again this often
@@ -50,12 +51,6 @@ class FaultState:
     injected_at: float | None = None  # driver clock
     healed_at: float | None = None
     heal_failed_at: float | None = None  # the last failed heal (retried HEAL_RETRY_S later)
-
-
-def _takes_down(n: Nemesis) -> bool:
-    if isinstance(n, StoreOutage):
-        return n.mode == "kill"
-    return isinstance(n, (SiteCrash, SitePreempt, CoordinatorCrash))
 
 
 class ChaosDriver:
@@ -211,7 +206,7 @@ class ChaosDriver:
             self._emit("fault_failed", phase="inject", error=error, **common, **bounds)
             return
         st.status, st.injected_at = ACTIVE, now
-        if _takes_down(st.nemesis) and not self.noop:
+        if takes_down(st.fault.kind, st.fault.params) and not self.noop:
             self._down.add(st.fault.target)
         heal_at: dict[str, Any] | None
         if st.fault.duration_s is not None:

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Protocol, runtime_checkable
 
-from chaos.scenario import SERVICES, parse_link_target
+from ground.faults import SERVICES, parse_link_target
 from ground.eventlog import read_events
 from wan.toxiproxy import ToxiproxyClient, ToxiproxyError
 
@@ -90,7 +90,7 @@ def resolve_links(target: str, proxies: Mapping[str, tuple[str, str]]) -> list[L
         t = parse_link_target(target)
     except ValueError as e:
         raise ChaosError(str(e)) from None
-    ends = {n for cs in proxies.values() for n in cs}
+    ends = {n for client_server in proxies.values() for n in client_server}
     dirs = t.directions()
     out: list[LinkStream] = []
     if dirs is None:

@@ -20,10 +20,11 @@ from __future__ import annotations
 import time
 
 import signal
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from chaos.handle import DOWNSTREAM, UPSTREAM, ChaosError, ClusterHandle, proxies_for_reset
 from chaos.scenario import Fault, Trigger
+from ground.faults import FAULT_KINDS
 from wan.toxiproxy import ToxiproxyError
 
 EXIT_WAIT_S = 10.0  # how long a SIGKILLed process may take to be gone before a restart
@@ -32,9 +33,14 @@ EXIT_WAIT_S = 10.0  # how long a SIGKILLed process may take to be gone before a 
 REMOVE_ATTEMPTS = 2
 
 
+NEMESES: dict[str, type["Nemesis"]] = {}  # kind -> its nemesis class, filled by @register
+
+
 class Nemesis:
+    """How one kind of fault (its entry in ground/faults.py) is injected and healed."""
+
     kind: ClassVar[str] = "noop"
-    instant: ClassVar[bool] = False  # heals itself inside inject (site_restart)
+    instant: ClassVar[bool] = False  # heals itself inside inject (site_restart): from the kind's entry
 
     def __init__(self, fault: Fault | None = None, index: int = 0) -> None:
         self.fault = fault if fault is not None else Fault(self.kind, "", Trigger(at_s=0.0))
@@ -62,8 +68,23 @@ class Nemesis:
         return f"{type(self).__name__}(f{self.index} {self.fault.kind} {self.target!r})"
 
 
+N = TypeVar("N", bound=type[Nemesis])
+
+
+def register(cls: N) -> N:
+    """Make `cls` the nemesis of its kind, which must be registered in ground/faults.py."""
+    if cls.kind not in FAULT_KINDS:
+        raise TypeError(f"{cls.__name__}.kind {cls.kind!r} is not a registered fault kind (ground/faults.py)")
+    if cls.kind in NEMESES:
+        raise TypeError(f"two nemeses for {cls.kind!r}: {NEMESES[cls.kind].__name__} and {cls.__name__}")
+    cls.instant = FAULT_KINDS[cls.kind].instant
+    NEMESES[cls.kind] = cls
+    return cls
+
+
+@register
 class NoOp(Nemesis):
-    """Does nothing; reports what it stands in for."""
+    """Does nothing; reports what it stands in for (any kind, with noop=True) or marks (kind noop)."""
 
     def inject(self, handle: ClusterHandle) -> dict[str, Any]:
         return {"noop": True, "stands_for": self.fault.kind, "target": self.target}
@@ -100,6 +121,7 @@ def _cont(handle: ClusterHandle, process: str) -> dict[str, Any]:
     return {"process": process, "signal": "SIGCONT", "pid": handle.pid(process)}
 
 
+@register
 class SiteCrash(Nemesis):
     """SIGKILL the site. Heal: start it again (params.restart, default true)."""
 
@@ -112,6 +134,7 @@ class SiteCrash(Nemesis):
         return _restart(handle, self.target, wanted=self.params.get("restart", True), final=final)
 
 
+@register
 class SitePreempt(Nemesis):
     """SIGTERM the site: its preemption notice (the site announces it and leaves). If it is still
     alive `grace_s` later, SIGKILL. Heal: (kill it if it still runs, then) start it again."""
@@ -153,6 +176,7 @@ class SitePreempt(Nemesis):
         return {**_restart(handle, self.target, wanted=self.params.get("restart", True), final=final), **extra}
 
 
+@register
 class SiteHang(Nemesis):
     """SIGSTOP the site (it holds its sockets and answers nothing). Heal: SIGCONT."""
 
@@ -167,11 +191,11 @@ class SiteHang(Nemesis):
         return _cont(handle, self.target)
 
 
+@register
 class SiteRestart(Nemesis):
     """SIGKILL the site and start it again at once: it must rejoin. Heals itself in inject."""
 
     kind = "site_restart"
-    instant = True
 
     def inject(self, handle: ClusterHandle) -> dict[str, Any]:
         killed = _kill(handle, self.target)
@@ -184,6 +208,7 @@ class SiteRestart(Nemesis):
         return {"process": self.target, "instant": True}
 
 
+@register
 class StoreOutage(Nemesis):
     """The checkpoint store goes away: mode "stop" = SIGSTOP (heal SIGCONT), "kill" = SIGKILL
     (heal: start it again)."""
@@ -207,6 +232,7 @@ class StoreOutage(Nemesis):
         return {"mode": "stop", **_cont(handle, self.target)}
 
 
+@register
 class CoordinatorCrash(Nemesis):
     """SIGKILL the coordinator. Heal: start it again (it recovers from its journal)."""
 
@@ -302,6 +328,7 @@ class _ToxicNemesis(Nemesis):
         return {"link": self.target, **out}
 
 
+@register
 class LinkBlackhole(_ToxicNemesis):
     """A `timeout` toxic with timeout 0 on each stream of the link: the TCP connections stay up and
     nothing passes (only heartbeats notice). Heal removes it, which closes the held connections."""
@@ -312,6 +339,7 @@ class LinkBlackhole(_ToxicNemesis):
         return [("blackhole", "timeout", {"timeout": 0})]
 
 
+@register
 class LinkDegrade(_ToxicNemesis):
     """Toxics on each stream of the link, on top of the configured WAN profile: latency/jitter (ms),
     bandwidth (KB/s, never 0), slicer (small delayed chunks), and the two cuts: timeout (no data,
@@ -346,6 +374,7 @@ class LinkDegrade(_ToxicNemesis):
         return out
 
 
+@register
 class LinkReset(Nemesis):
     """Disable the link's proxies: open connections close, new ones are refused (a reset, which
     the peers see at once). Heal: enable them (same listen address)."""
@@ -389,18 +418,7 @@ class LinkReset(Nemesis):
 
 # ------------------------------------------------------------------------------ registry
 
-NEMESES: dict[str, type[Nemesis]] = {
-    "site_crash": SiteCrash,
-    "site_preempt": SitePreempt,
-    "site_hang": SiteHang,
-    "site_restart": SiteRestart,
-    "link_reset": LinkReset,
-    "link_blackhole": LinkBlackhole,
-    "link_degrade": LinkDegrade,
-    "store_outage": StoreOutage,
-    "coord_crash": CoordinatorCrash,
-    "noop": NoOp,
-}
+# NEMESES is filled by @register above: one class per kind of ground/faults.py (a test checks).
 
 
 def nemesis_for(fault: Fault, index: int = 0, *, noop: bool = False) -> Nemesis:

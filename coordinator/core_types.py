@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from coordinator import membership as mb
+from coordinator import membership
 from coordinator.recovery import Frontier, OracleFaults, Policy
 from coordinator.replay import RecentEpochs
 from coordinator.settings import EpochSettings
@@ -85,7 +85,7 @@ Output = Journal | Emit | Send | Fence | Context
 # ------------------------------------------------------------------------------------- state
 @dataclass(frozen=True)
 class CoordState:
-    membership: mb.Membership = field(default_factory=mb.Membership)
+    membership: membership.Membership = field(default_factory=membership.Membership)
     plan: Plan | None = None
     # The recent epochs (for reports of rounds in flight) and the epoch whose leader checkpoints first.
     recent: RecentEpochs = field(default_factory=RecentEpochs)
@@ -120,7 +120,7 @@ def policy_of(cfg: RunConfig) -> Policy:
     return Policy(cfg.recovery.policy)
 
 
-def membership_config(cfg: RunConfig) -> mb.MembershipConfig:
-    return mb.MembershipConfig(expected_sites=tuple(cfg.cluster.sites), heartbeat_timeout_ms=cfg.wan.heartbeat_timeout_ms,
+def membership_config(cfg: RunConfig) -> membership.MembershipConfig:
+    return membership.MembershipConfig(expected_sites=tuple(cfg.cluster.sites), heartbeat_timeout_ms=cfg.wan.heartbeat_timeout_ms,
                                failure_confirm_ms=cfg.recovery.failure_confirm_ms,
                                disconnect_grace_ms=cfg.recovery.disconnect_grace_ms)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 from typing import Any
 
-from coordinator import membership as mb
+from coordinator import membership
 from coordinator.core_types import (EVENTS, Context, CoordState, Emit, Fence, Journal, Output, Received, Send, Tick,
                                     membership_config, policy_of)
 from coordinator.recovery import ClusterView, Frontier, checkpoint_before_waiting, decide_recovery
@@ -84,9 +84,9 @@ class Rules:
                 self.plan = plan
                 self.oracle = self.oracle.after_plan(plan)
                 self.oracle_dropped |= set(rec.held_out)
-                sites = {s: mb.SiteRecord(s, mb.SiteState.ACTIVE if s in plan.members else mb.SiteState.FAILED, now)
+                sites = {s: membership.SiteRecord(s, membership.SiteState.ACTIVE if s in plan.members else membership.SiteState.FAILED, now)
                          for s in self.cfg.cluster.sites}
-                self.membership = mb.Membership(epoch=rec.epoch, members=plan.members, sites=sites)
+                self.membership = membership.Membership(epoch=rec.epoch, members=plan.members, sites=sites)
                 self._apply_plan_lineage(plan)
                 self.settings.replay_epoch(rec.epoch, rec.setting, rec.start_step, rec.prev_mode, plan.start_round)
             elif r["type"] == "frontier":
@@ -166,22 +166,22 @@ class Rules:
             return
         if j.rejoin and msg.src in self.membership.members:
             # A member lost its state (a restore failed twice): it leaves and comes back as a joiner.
-            self.membership = mb.set_state(self.membership, msg.src, "removed")
-        self.membership = mb.on_join(self.membership, msg.src, now_ns, msg.inc)
+            self.membership = membership.set_state(self.membership, msg.src, "removed")
+        self.membership = membership.on_join(self.membership, msg.src, now_ns, msg.inc)
         self.emit("site_joined", site=msg.src, incarnation=msg.inc, site_pid=j.pid,
                   state=self.membership.sites[msg.src].state.value,
                   previous_state=before.state.value if before else None)
         m = self.membership
-        if m.epoch > 0 and msg.src in m.members and m.sites[msg.src].state == mb.SiteState.ACTIVE:
+        if m.epoch > 0 and msg.src in m.members and m.sites[msg.src].state == membership.SiteState.ACTIVE:
             self.send_plan([msg.src])  # a lost reply: tell it again
 
-    def _answer_active_rejoin(self, msg: Received, before: mb.SiteRecord | None) -> bool:
+    def _answer_active_rejoin(self, msg: Received, before: membership.SiteRecord | None) -> bool:
         """A member asks to be admitted again although it is alive (same incarnation, heartbeating):
         it could not apply a plan (e.g. it skipped an epoch). That is not its death: it gets the
         current plan again. Once per (incarnation, epoch): asking twice in the same epoch means it
         really lost its state, and it is readmitted as a joiner (False)."""
-        if before is None or before.incarnation != msg.inc or before.state not in (mb.SiteState.ACTIVE,
-                                                                                   mb.SiteState.SUSPECT):
+        if before is None or before.incarnation != msg.inc or before.state not in (membership.SiteState.ACTIVE,
+                                                                                   membership.SiteState.SUSPECT):
             return False
         key = (msg.src, msg.inc, self.membership.epoch)
         if msg.epoch < self.membership.epoch:
@@ -207,16 +207,16 @@ class Rules:
         # readmit the drained, still-live process. A known incarnation is changed only by a join.
         known = self.membership.sites.get(msg.src)
         learned = msg.inc if known is not None and not known.incarnation else 0
-        self.membership = mb.on_heartbeat(self.membership, msg.src, now_ns, learned)
+        self.membership = membership.on_heartbeat(self.membership, msg.src, now_ns, learned)
         # A member we removed is still alive (it hung, or was partitioned): tell it, so it rejoins.
         site = self.membership.sites.get(msg.src)
         if site is not None and self.membership.epoch > 0 and msg.src not in self.membership.members \
-                and hb.epoch not in (0, self.membership.epoch) and site.state == mb.SiteState.FAILED:
+                and hb.epoch not in (0, self.membership.epoch) and site.state == membership.SiteState.FAILED:
             self.send_plan([msg.src])
 
     def _on_site_done(self, msg: Received, d: SiteDone, _now_ns: int) -> None:
         if msg.epoch == self.membership.epoch and msg.src in self.membership.members:
-            self.membership = mb.on_done(self.membership, msg.src)
+            self.membership = membership.on_done(self.membership, msg.src)
             self.emit("site_done", site=msg.src, round=d.round)
 
     def _on_telemetry(self, msg: Received, t: Telemetry, _now_ns: int) -> None:
@@ -226,7 +226,7 @@ class Rules:
         first, why = checkpoint_before_waiting(self.policy)
         self.emit("preemption_notice", site=msg.src, grace_s=p.grace_s, checkpoint_first=first, reason=why)
         self.checkpoint_first = first
-        self.membership = mb.set_state(self.membership, msg.src, "announced_failure")
+        self.membership = membership.set_state(self.membership, msg.src, "announced_failure")
         self.emit("site_failed", site=msg.src, reason="announced its preemption")
 
     def _on_checkpoint_durable(self, msg: Received, c: CheckpointDurable, _now_ns: int) -> None:
@@ -260,10 +260,10 @@ class Rules:
             self._reject(msg, f"stale epoch {msg.epoch}")
             return
         if msg.src in self.membership.members and p.peer in self.membership.members \
-                and self.membership.sites[msg.src].state == mb.SiteState.ACTIVE:
+                and self.membership.sites[msg.src].state == membership.SiteState.ACTIVE:
             # Tie-break for a partition reported from both sides: drop the larger name.
             victim = max(p.peer, msg.src) if p.mutual else p.peer
-            self.membership = mb.set_state(self.membership, victim, "announced_failure")
+            self.membership = membership.set_state(self.membership, victim, "announced_failure")
             self.emit("site_failed", site=victim, reason=f"{msg.src} cannot reach {p.peer}: {p.detail}")
 
     def _on_round_done(self, msg: Received, r: RoundDone, _now_ns: int) -> None:
@@ -348,10 +348,10 @@ class Rules:
     def view(self) -> ClusterView:
         # A member back in JOINING asked to rejoin: for the current epoch it is as good as failed.
         # (The state test first: `s in members` scans a tuple; for every site it made view() O(N^2).)
-        failed = tuple(s for s, st in self.membership.sites.items() if st.state == mb.SiteState.FAILED
-                       or (st.state == mb.SiteState.JOINING and s in self.membership.members))
+        failed = tuple(s for s, st in self.membership.sites.items() if st.state == membership.SiteState.FAILED
+                       or (st.state == membership.SiteState.JOINING and s in self.membership.members))
         joiners = tuple(sorted(s for s, st in self.membership.sites.items()
-                               if st.state == mb.SiteState.JOINING and s not in self.membership.members))
+                               if st.state == membership.SiteState.JOINING and s not in self.membership.members))
         paused = bool(self.plan and self.plan.paused)
         # The current epoch was scheduled for a boundary the commit record has not reached yet.
         scheduled = ((self.plan.start_round, self.plan.start_cursor)
@@ -372,14 +372,14 @@ class Rules:
         epoch = self.membership.epoch + 1
         sites = dict(self.membership.sites)
         for s in plan.members:
-            sites[s] = replace(sites[s], state=mb.SiteState.ACTIVE)
+            sites[s] = replace(sites[s], state=membership.SiteState.ACTIVE)
         held_out: list[tuple[str, int]] = []
         if plan.drain is not None and plan.drain.site in sites:
             # Drained while alive, ahead of its fault: keep it out until a new incarnation joins.
             s = plan.drain.site
             held_out.append((s, sites[s].incarnation))
             self.oracle_dropped.add(held_out[-1])
-            sites[s] = replace(sites[s], state=mb.SiteState.FAILED)
+            sites[s] = replace(sites[s], state=membership.SiteState.FAILED)
         # Checkpoint first: the oracle's drain, or a pause after a preemption notice (restart).
         first = plan.drain is not None or (plan.paused and self.checkpoint_first)
         if plan.paused and self.checkpoint_first:
@@ -387,7 +387,7 @@ class Rules:
         self.recent = after_epoch(self.recent, epoch, plan.members, first)
         if plan.drain is not None:
             self.oracle = self.oracle.after_plan(plan)
-        self.membership = mb.Membership(epoch=epoch, members=plan.members, sites=sites)
+        self.membership = membership.Membership(epoch=epoch, members=plan.members, sites=sites)
         self.plan = plan
         self._apply_plan_lineage(plan)
         if setting is None:
@@ -415,22 +415,22 @@ class Rules:
 
     def tick(self, t: Tick, now_ns: int) -> None:
         # Read after the messages: a member heard since its connection closed is no longer listed.
-        self.membership = mb.on_connections(self.membership, dict(t.lost))
+        self.membership = membership.on_connections(self.membership, dict(t.lost))
         self.step_membership(now_ns)
         self._check_complete()
 
     def step_membership(self, now_ns: int) -> None:
-        d, reason = mb.decide(now_ns, self.membership, self.mcfg)
+        d, reason = membership.decide(now_ns, self.membership, self.mcfg)
         if reason != self.last_reason:
             self.emit("membership_decision", action=d.action.value, reason=reason, site=d.site or None)
             self.last_reason = reason
-        if d.action == mb.Action.FORM_EPOCH:
+        if d.action == membership.Action.FORM_EPOCH:
             self.new_epoch(Plan(d.members, False, 0, 0, Restore.NONE), reason)
             return
-        if d.action != mb.Action.NONE:
-            self.membership = mb.apply(self.membership, d)
-            event = {mb.Action.SUSPECT: "site_suspected", mb.Action.CLEAR_SUSPICION: "suspicion_cleared",
-                     mb.Action.CONFIRM_FAILED: "site_failed", mb.Action.CONNECTION_LOST: "site_failed"}[d.action]
+        if d.action != membership.Action.NONE:
+            self.membership = membership.apply(self.membership, d)
+            event = {membership.Action.SUSPECT: "site_suspected", membership.Action.CLEAR_SUSPICION: "suspicion_cleared",
+                     membership.Action.CONFIRM_FAILED: "site_failed", membership.Action.CONNECTION_LOST: "site_failed"}[d.action]
             self.emit(event, site=d.site, reason=reason)
         if self.membership.epoch == 0 or self.shutdown_sent:
             return
@@ -477,7 +477,7 @@ class Rules:
     def _check_complete(self) -> None:
         """Every member done and the target committed: the run is complete; every site is told to stop."""
         members = self.membership.members
-        done = members and all(self.membership.sites[s].state == mb.SiteState.DONE for s in members)
+        done = members and all(self.membership.sites[s].state == membership.SiteState.DONE for s in members)
         if done and self.committed_cursor >= self.target and not self.shutdown_sent:
             self.emit("run_complete", commits=len(self.commits),
                       useful_tokens=tokens_of_samples(self.cfg, self.committed_cursor), tip=self.tip)

@@ -56,7 +56,7 @@ class Coordinator:
         self.journal = Journal(self.journal_path)
 
     # ------------------------------------------------------------------ the core's state, read-only
-    m = property(lambda self: self.state.membership)
+    membership = property(lambda self: self.state.membership)
     plan = property(lambda self: self.state.plan)
     frontier = property(lambda self: self.state.frontier)
     commits = property(lambda self: self.state.commits)
@@ -134,7 +134,7 @@ class Coordinator:
         self.log.emit("coordinator_started", expected_sites=list(self.mcfg.expected_sites),
                       policy=self.cfg.recovery.policy, journal_commits=len(self.state.commits),
                       target_samples=core.target_samples(self.cfg))
-        if self.m.epoch > 0:  # after a restart: re-announce the current epoch
+        if self.membership.epoch > 0:  # after a restart: re-announce the current epoch
             self._apply(core.announce_current(self.state, self.cfg))
         last_stats = time.monotonic()
         while not self.stop:

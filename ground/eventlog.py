@@ -17,10 +17,20 @@ import json
 import os
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 import structlog
+
+try:  # orjson parses JSON lines ~3x faster than the stdlib; analysis of 1M events relies on it
+    import orjson
+
+    _loads = orjson.loads
+    _DecodeError: tuple[type[Exception], ...] = (orjson.JSONDecodeError, ValueError)
+except ImportError:  # pragma: no cover - orjson is a declared dependency
+    _loads = json.loads
+    _DecodeError = (json.JSONDecodeError, ValueError)
 
 
 class EventLog:
@@ -123,17 +133,8 @@ class LogTail:
         except FileNotFoundError:
             return []
         self.offset += len(data)
-        lines = (self.partial + data).split(b"\n")
-        self.partial = lines.pop()
-        out = []
-        for line in lines:
-            try:
-                ev = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(ev, dict):
-                out.append(ev)
-        return out
+        whole, _, self.partial = (self.partial + data).rpartition(b"\n")
+        return parse_events(whole + b"\n", str(self.path))[0] if whole else []
 
 
 def _next_seq(path: Path) -> int:
@@ -141,12 +142,11 @@ def _next_seq(path: Path) -> int:
     if not path.exists():
         return 0
     last = -1
-    with open(path, "rb") as f:
-        for line in f:
-            try:
-                last = max(last, int(json.loads(line)["id"].rsplit(":", 1)[1]))
-            except (ValueError, KeyError, IndexError, TypeError):
-                continue
+    for e in read_events(path):
+        try:
+            last = max(last, int(e["id"].rsplit(":", 1)[1]))
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+            continue
     return last + 1
 
 
@@ -162,16 +162,51 @@ def _json_default(o: Any) -> Any:
     return repr(o)
 
 
+@dataclass
+class BadLine:
+    """A line of a log that is not an event: a torn last line (its process was killed mid-write) or
+    anything else unreadable, which the analysis reports."""
+
+    path: str
+    line_no: int
+    torn_tail: bool
+    error: str
+
+
+def parse_events(data: bytes, path: str = "") -> tuple[list[dict[str, Any]], list[BadLine]]:
+    """The one parser of JSON-lines logs: the events in `data` (a log's bytes) in file order, and
+    the lines that are not events (`path` names the file in them)."""
+    # Fast path: the whole file as one JSON array in one call (newlines become commas; a blank or
+    # bad line makes it fail, and then the file is read line by line below).
+    if data.endswith(b"\n"):
+        try:
+            parsed = _loads(b"[" + data[:-1].replace(b"\n", b",") + b"]")
+            if all(isinstance(e, dict) and "event" in e for e in parsed):
+                return parsed, []
+        except _DecodeError:
+            pass
+    lines = data.split(b"\n")
+    # A file that ends with "\n" splits into a trailing empty element: the real last line is before it.
+    last = len(lines) - 1
+    while last >= 0 and not lines[last].strip():
+        last -= 1
+    out: list[dict[str, Any]] = []
+    bad: list[BadLine] = []
+    for i, raw in enumerate(lines):
+        if not raw.strip():
+            continue
+        try:
+            ev = _loads(raw)
+        except _DecodeError as e:
+            bad.append(BadLine(path, i + 1, i == last, f"{type(e).__name__}: {e}"))
+            continue
+        if not isinstance(ev, dict) or "event" not in ev:
+            bad.append(BadLine(path, i + 1, False, "not an event object (no 'event' field)"))
+            continue
+        out.append(ev)
+    return out, bad
+
+
 def read_events(path: str | Path) -> list[dict[str, Any]]:
     """Read one process log; a torn last line (process killed mid-write) is skipped."""
-    out: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return out
+    return parse_events(Path(path).read_bytes(), str(path))[0]

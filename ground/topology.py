@@ -13,10 +13,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ground.processes import BY_NAME, COORD, STORE, services, wan_processes  # noqa: F401 (COORD, STORE re-exported)
 
-COORD = "coord"
-STORE = "store"
-SERVICES = (COORD, STORE)
+SERVICES = services()  # (COORD, STORE): every site has a link to each
 
 
 @dataclass(frozen=True)
@@ -56,7 +55,8 @@ class Topology:
         return out
 
     def processes(self) -> list[str]:
-        return [COORD, STORE, *self.sites]
+        """Every process with WAN links (ground/processes.py), in table order."""
+        return wan_processes(self.sites)
 
     def routes_for(self, name: str) -> list[Route]:
         return [Route(l.server, l.name, f"tcp://{l.listen}") for l in self.links.values() if l.client == name]
@@ -103,7 +103,8 @@ COMPOSE_PROXY_BASE_PORT = 20000  # proxy i (in `Topology.link_names` order) list
 
 def service_name(process: str) -> str:
     """The compose service (and DNS name) of a process: coordinator, store, site-<name>."""
-    return {COORD: "coordinator", STORE: "store"}.get(process, f"site-{process}")
+    named = BY_NAME.get(process)
+    return named.cli if named is not None and named.cli and not named.per_site else f"site-{process}"
 
 
 def plan_topology(sites: tuple[str, ...] | list[str], mode: str = "native", *, host: str = "127.0.0.1",
@@ -118,7 +119,7 @@ def plan_topology(sites: tuple[str, ...] | list[str], mode: str = "native", *, h
     Both modes have exactly the same links (names, clients, servers).
     """
     sites = tuple(sites)
-    procs = (COORD, STORE, *sites)
+    procs = wan_processes(sites)
     names = Topology.link_names(sites)
     if mode == "native":
         ports = ports or {}

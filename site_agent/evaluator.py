@@ -51,9 +51,9 @@ class BackgroundEval:
     def _run(self, rnd: int, fields: dict[str, Any]) -> None:
         torch.set_num_threads(self.threads)  # per OS thread: the same count the inline evaluation used
         try:
-            with self.log.span("eval", round=rnd, background=True) as sp:
-                sp.update(self.evaluate(self._model))
-                sp.update(fields)
+            with self.log.span("eval", round=rnd, background=True) as span:
+                span.update(self.evaluate(self._model))
+                span.update(fields)
         except BaseException as e:  # the span logged it as `error`; the round loop is not disturbed
             self.error = e
 

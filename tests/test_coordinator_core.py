@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from coordinator import core
-from coordinator import membership as mb
+from coordinator import membership
 from ground.config import RunConfig, config_from_json, load_config
 from ground.eventlog import read_events
 from ground.journal import Journal
@@ -118,11 +118,11 @@ def test_a_silent_member_is_suspected_then_failed_and_elastic_continues_without_
         c.heartbeats(("a", "c"), 1)
         c.feed(core.Tick(), after_ms=500)
     assert c.emitted("site_suspected")[0]["site"] == "b"
-    assert c.state.membership.sites["b"].state in (mb.SiteState.SUSPECT, mb.SiteState.FAILED)
+    assert c.state.membership.sites["b"].state in (membership.SiteState.SUSPECT, membership.SiteState.FAILED)
     for _ in range(4):
         c.heartbeats(("a", "c"), 1)
         c.feed(core.Tick(), after_ms=500)
-    assert c.state.membership.sites["b"].state == mb.SiteState.FAILED
+    assert c.state.membership.sites["b"].state == membership.SiteState.FAILED
     assert c.state.membership.epoch == 2 and c.state.membership.members == ("a", "c")
     last = c.emitted("membership_epoch")[-1]
     assert last["policy"] == "elastic" and not last["paused"] and last["start_round"] >= 1

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from coordinator import membership as mb
+from coordinator import membership
 from coordinator.recovery import OracleFaults
 from ground.plans import Drain, Plan, Restore
 from site_agent.messages import parse_plan
@@ -35,10 +35,10 @@ def storm(tmp_path: Path):
     c = formed(tmp_path, **ORACLE)
     commit_round(c, 0, 0, 96, SITES, 1)
     c.step_membership(20)
-    assert c.m.epoch == 2 and c.plan == Plan(("a", "c"), False, 2, 192, Restore.NONE, drain=Drain("b", 250))
+    assert c.membership.epoch == 2 and c.plan == Plan(("a", "c"), False, 2, 192, Restore.NONE, drain=Drain("b", 250))
     commit_round(c, 1, 96, 192, SITES, 1)  # the round in flight at the boundary commits under epoch 1
     c.step_membership(30)
-    assert c.m.epoch == 3 and c.plan == Plan(("a",), False, 3, 256, Restore.NONE, drain=Drain("c", 300))
+    assert c.membership.epoch == 3 and c.plan == Plan(("a",), False, 3, 256, Restore.NONE, drain=Drain("c", 300))
     return c
 
 
@@ -49,20 +49,20 @@ def test_back_to_back_drains_then_an_active_members_rejoin_gets_its_plan_again(t
     c.handle(msg("join", "a", {"pid": 100, "rejoin": True}, epoch=3), 40)
     (ans,) = logged(c, "rejoin_answered")
     assert ans["site"] == "a" and "could not apply epoch 3" in ans["reason"] and ans["state"] == "active"
-    assert c.m.sites["a"].state == mb.SiteState.ACTIVE and c.m.members == ("a",)
+    assert c.membership.sites["a"].state == membership.SiteState.ACTIVE and c.membership.members == ("a",)
     (dest, plan_msg), = sent(c)
     assert dest == "a" and plan_msg.kind == "membership" and plan_msg.body["epoch"] == 3
     c.step_membership(50)
     decisions = [e["reason"] for e in logged(c, "recovery_decision")]
     assert not any("failed" in r for r in decisions), decisions
-    assert c.m.epoch == 3 and not logged(c, "site_joined")[3:]  # only the three first joins
+    assert c.membership.epoch == 3 and not logged(c, "site_joined")[3:]  # only the three first joins
 
 
 def test_a_rejoin_sent_before_the_member_knew_the_current_epoch_is_answered_with_the_plan(tmp_path: Path) -> None:
     c = storm(tmp_path)
     for _ in range(3):  # however often: it asked from epoch 1
         c.handle(msg("join", "a", {"pid": 100, "rejoin": True}, epoch=1), 40)
-    assert len(logged(c, "rejoin_answered")) == 3 and c.m.sites["a"].state == mb.SiteState.ACTIVE
+    assert len(logged(c, "rejoin_answered")) == 3 and c.membership.sites["a"].state == membership.SiteState.ACTIVE
 
 
 def test_an_active_member_failing_the_same_plan_twice_has_lost_its_state_and_rejoins_as_a_joiner(
@@ -71,7 +71,7 @@ def test_an_active_member_failing_the_same_plan_twice_has_lost_its_state_and_rej
     c.handle(msg("join", "a", {"pid": 100, "rejoin": True}, epoch=3), 40)
     c.handle(msg("join", "a", {"pid": 100, "rejoin": True}, epoch=3), 41)
     assert len(logged(c, "rejoin_answered")) == 1
-    assert c.m.sites["a"].state == mb.SiteState.JOINING  # no endless resend loop
+    assert c.membership.sites["a"].state == membership.SiteState.JOINING  # no endless resend loop
     assert logged(c, "site_joined")[-1]["previous_state"] == "active"
 
 
@@ -79,7 +79,7 @@ def test_a_restarted_member_is_never_taken_for_the_active_one(tmp_path: Path) ->
     c = storm(tmp_path)
     restarted = msg("join", "a", {"pid": 999, "rejoin": True}, epoch=3)
     c.handle(restarted.__class__(**{**restarted.__dict__, "inc": 12345}), 40)
-    assert not logged(c, "rejoin_answered") and c.m.sites["a"].state == mb.SiteState.JOINING
+    assert not logged(c, "rejoin_answered") and c.membership.sites["a"].state == membership.SiteState.JOINING
 
 
 def test_the_drain_is_a_typed_field_of_the_plan_the_site_can_parse(tmp_path: Path) -> None:
@@ -110,7 +110,7 @@ def test_a_restarted_coordinator_remembers_spent_faults_and_held_out_incarnation
     c = storm(tmp_path)
     c.journal.close()
     c2 = make(tmp_path, **ORACLE)
-    assert c2.m.epoch == 3 and c2.oracle.drained == frozenset({0, 1}) and c2.view().drop_before == ()
+    assert c2.membership.epoch == 3 and c2.oracle.drained == frozenset({0, 1}) and c2.view().drop_before == ()
     assert c2.oracle_dropped == {("b", 22), ("c", 33)}
     c2.handle(msg("join", "b", {"pid": 100, "rejoin": True}, epoch=3), 5)  # the drained incarnation
     assert logged(c2, "join_deferred")

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from coordinator import membership as mb
+from coordinator import membership
 from ground.messages import BadMessage, RoundDone, Telemetry, parse
 from coordinator.service import Coordinator
 from wan.frames import Message, decode
@@ -57,7 +57,7 @@ def formed(tmp_path: Path, **recovery: Any) -> Coordinator:
     for s in SITES:
         c.handle(msg("join", s, {"pid": 100}), 0)
     c.step_membership(1)
-    assert c.m.epoch == 1 and c.m.members == SITES
+    assert c.membership.epoch == 1 and c.membership.members == SITES
     return c
 
 
@@ -95,12 +95,12 @@ BAD_BODIES = [
 def test_a_bad_body_is_rejected_with_its_reason_and_changes_nothing(tmp_path: Path, kind: str, body: Any,
                                                                    reason: str) -> None:
     c = formed(tmp_path)
-    before = (c.m, c.committed_cursor, c.frontier, dict(c.reports), len(c.commits))
+    before = (c.membership, c.committed_cursor, c.frontier, dict(c.reports), len(c.commits))
     c.handle(msg(kind, "a", body, epoch=1), 2)  # must not raise
     got = logged(c, "report_rejected")
     assert len(got) == 1 and got[0]["kind"] == kind and got[0]["src"] == "a", got
     assert got[0]["reason"].startswith(f"bad_body: {kind}: ") and reason in got[0]["reason"], got[0]["reason"]
-    assert (c.m, c.committed_cursor, c.frontier, dict(c.reports), len(c.commits)) == before
+    assert (c.membership, c.committed_cursor, c.frontier, dict(c.reports), len(c.commits)) == before
 
 
 def test_telemetry_is_logged_nested_so_a_key_named_event_cannot_collide(tmp_path: Path) -> None:
@@ -122,7 +122,7 @@ def test_a_message_from_an_epoch_never_announced_is_rejected_not_adopted(tmp_pat
     rej = logged(c, "report_rejected")
     assert len(rej) == 6 and all(r["reason"].startswith("future_epoch:") for r in rej), rej
     assert "message epoch 1000000000 was never announced (current epoch 1)" in rej[0]["reason"]
-    assert c.m.epoch == 1 and c.m.sites["a"].state == mb.SiteState.ACTIVE and c.frontier is None
+    assert c.membership.epoch == 1 and c.membership.sites["a"].state == membership.SiteState.ACTIVE and c.frontier is None
     assert c.node.fence.epoch <= 1
 
 

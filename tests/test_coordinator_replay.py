@@ -62,7 +62,7 @@ def test_a_restarted_coordinator_commits_the_previous_epochs_round_in_flight(tmp
     before = (dict(c.epoch_members), c.node.fence.epoch, c.checkpoint_first_epoch)
     c.journal.close()
     c2 = make(tmp_path, **ORACLE)  # the crash: everything not in the journal is gone
-    assert (c2.m.epoch, c2.m.members) == (3, ("a",))
+    assert (c2.membership.epoch, c2.membership.members) == (3, ("a",))
     assert (dict(c2.epoch_members), c2.node.fence.epoch, c2.checkpoint_first_epoch) == before
     assert c2.epoch_members[2] == ("a", "c")
     (rec,) = logged(c2, "coordinator_recovered")
@@ -72,7 +72,7 @@ def test_a_restarted_coordinator_commits_the_previous_epochs_round_in_flight(tmp
     assert not logged(c2, "report_rejected") and not logged(c2, "commit_refused")
     assert [e["commit_id"] for e in logged(c2, "commit")][-1] == "e2r2"
     c2.step_membership(10**12)  # past the settling time: no resync, no new epoch
-    assert c2.m.epoch == 3 and not c2.resync
+    assert c2.membership.epoch == 3 and not c2.resync
 
 
 def test_a_restarted_coordinator_accepts_the_previous_epochs_durable_checkpoint(tmp_path: Path) -> None:
@@ -109,12 +109,12 @@ def test_a_new_epoch_keeps_the_partial_reports_of_a_remembered_epochs_round_in_f
     c = formed(tmp_path, **ORACLE)
     commit_round(c, 0, 0, 96, SITES, 1)
     c.step_membership(20)  # epoch 2 = [a, c] from round 2: b drained; round 1 in flight under epoch 1
-    assert c.m.epoch == 2 and c.plan.start_round == 2
+    assert c.membership.epoch == 2 and c.plan.start_round == 2
     c.handle(msg("round_done", "a", round_done(1, 96, 192), epoch=1), 21)
     restarted = msg("join", "b", {"pid": 7})
     c.handle(restarted.__class__(**{**restarted.__dict__, "inc": 222}), 22)  # a new b: rejoins at round 2
     c.step_membership(23)
-    assert c.m.epoch == 3 and c.plan.members == SITES
+    assert c.membership.epoch == 3 and c.plan.members == SITES
     for s in ("b", "c"):
         c.handle(msg("round_done", s, round_done(1, 96, 192), epoch=1), 24)
     assert c.committed_round == 1 and [e["commit_id"] for e in logged(c, "commit")] == ["e1r0", "e1r1"]
@@ -142,17 +142,17 @@ def test_a_restarted_coordinator_learns_incarnations_from_heartbeats_and_holds_t
     commit_round(c, 0, 0, 96, SITES, 1)
     c.journal.close()
     c2 = make(tmp_path, policy="oracle", oracle_faults=[["c", 300 * 128]])
-    assert {s.incarnation for s in c2.m.sites.values()} == {0}  # not in the journal
+    assert {s.incarnation for s in c2.membership.sites.values()} == {0}  # not in the journal
     t = time.monotonic_ns() + 10**10  # past the restart's settling time
     for s in SITES:
         c2.handle(msg("heartbeat", s, {"sent_mono_ns": 1, "epoch": 1}, epoch=1), t)
-    assert {n: s.incarnation for n, s in c2.m.sites.items()} == INC
+    assert {n: s.incarnation for n, s in c2.membership.sites.items()} == INC
     commit_round(c2, 1, 96, 192, SITES, 1)
     commit_round(c2, 2, 192, 288, SITES, 1)
     c2.step_membership(t + 1)  # settled; c's fault at 300 is less than two rounds ahead: drained
     assert c2.plan.drain == Drain("c", 300) and ("c", INC["c"]) in c2.oracle_dropped
-    c2.handle(msg("join", "c", {"pid": 100, "rejoin": True}, epoch=c2.m.epoch), t + 2)
+    c2.handle(msg("join", "c", {"pid": 100, "rejoin": True}, epoch=c2.membership.epoch), t + 2)
     assert logged(c2, "join_deferred")  # the drained, still-live process is not readmitted
     restarted = msg("heartbeat", "a", {"sent_mono_ns": 1, "epoch": 1}, epoch=1)
     c2.handle(restarted.__class__(**{**restarted.__dict__, "inc": 999}), t + 3)
-    assert c2.m.sites["a"].incarnation == INC["a"]  # a known incarnation changes only by a join
+    assert c2.membership.sites["a"].incarnation == INC["a"]  # a known incarnation changes only by a join

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator import membership as mb
+from coordinator import membership
 from wan.keys import generate_cluster_keys
 from wan.node import Route, WanNode
 from wan.toxiproxy import free_port
@@ -22,60 +22,60 @@ from ground.config import WanConfig
 from ground.eventlog import EventLog, read_events
 
 MS = 1_000_000
-CFG = mb.MembershipConfig(expected_sites=("a", "b", "c"), heartbeat_timeout_ms=2000, disconnect_grace_ms=300)
+CFG = membership.MembershipConfig(expected_sites=("a", "b", "c"), heartbeat_timeout_ms=2000, disconnect_grace_ms=300)
 
 
-def cluster(t_ns: int = 0) -> mb.Membership:
-    sites = {s: mb.SiteRecord(s, mb.SiteState.ACTIVE, t_ns, 1) for s in ("a", "b", "c")}
-    return mb.Membership(epoch=1, members=("a", "b", "c"), sites=sites)
+def cluster(t_ns: int = 0) -> membership.Membership:
+    sites = {s: membership.SiteRecord(s, membership.SiteState.ACTIVE, t_ns, 1) for s in ("a", "b", "c")}
+    return membership.Membership(epoch=1, members=("a", "b", "c"), sites=sites)
 
 
 def test_a_closed_connection_and_silence_for_the_grace_fails_the_member() -> None:
-    m = mb.on_connections(cluster(0), {"b": 100 * MS})  # b's connection closed at 100 ms
-    assert mb.decide(399 * MS, m, CFG)[0].action == mb.Action.NONE  # 299 ms: within the grace
-    d, why = mb.decide(401 * MS, m, CFG)
-    assert d == mb.Decision(mb.Action.CONNECTION_LOST, site="b") and "grace 300 ms" in why
-    assert mb.apply(m, d).sites["b"].state == mb.SiteState.FAILED
-    assert mb.apply(m, d).sites["a"].state == mb.SiteState.ACTIVE
+    m = membership.on_connections(cluster(0), {"b": 100 * MS})  # b's connection closed at 100 ms
+    assert membership.decide(399 * MS, m, CFG)[0].action == membership.Action.NONE  # 299 ms: within the grace
+    d, why = membership.decide(401 * MS, m, CFG)
+    assert d == membership.Decision(membership.Action.CONNECTION_LOST, site="b") and "grace 300 ms" in why
+    assert membership.apply(m, d).sites["b"].state == membership.SiteState.FAILED
+    assert membership.apply(m, d).sites["a"].state == membership.SiteState.ACTIVE
 
 
 def test_a_member_heard_again_within_the_grace_is_not_failed() -> None:
-    m = mb.on_connections(cluster(0), {"b": 100 * MS})
-    m = mb.on_heartbeat(mb.on_connections(m, {}), "b", 250 * MS)  # reconnected and heartbeated
+    m = membership.on_connections(cluster(0), {"b": 100 * MS})
+    m = membership.on_heartbeat(membership.on_connections(m, {}), "b", 250 * MS)  # reconnected and heartbeated
     assert m.sites["b"].disconnected_ns == 0
     for t in (401, 1000, 1999):  # (a and c go silent at 2000 ms: the heartbeat rule, not this one)
-        assert mb.decide(t * MS, m, CFG)[0].action == mb.Action.NONE, t
+        assert membership.decide(t * MS, m, CFG)[0].action == membership.Action.NONE, t
 
 
 def test_silence_alone_still_needs_the_heartbeat_timeout() -> None:
     m = cluster(0)  # a hung process keeps its connection: only the heartbeat timeout sees it
-    assert mb.decide(1999 * MS, m, CFG)[0].action == mb.Action.NONE
-    assert mb.decide(2001 * MS, m, CFG)[0] == mb.Decision(mb.Action.SUSPECT, site="a")
+    assert membership.decide(1999 * MS, m, CFG)[0].action == membership.Action.NONE
+    assert membership.decide(2001 * MS, m, CFG)[0] == membership.Decision(membership.Action.SUSPECT, site="a")
 
 
 def test_a_suspect_whose_connection_closes_is_failed_after_the_grace() -> None:
-    m = mb.apply(cluster(0), mb.Decision(mb.Action.SUSPECT, site="a"))
-    m = mb.on_connections(m, {"a": 2500 * MS})
-    assert mb.decide(2801 * MS, m, CFG)[0] == mb.Decision(mb.Action.CONNECTION_LOST, site="a")
-    assert mb.apply(m, mb.Decision(mb.Action.CONNECTION_LOST, site="a")).sites["a"].state == mb.SiteState.FAILED
+    m = membership.apply(cluster(0), membership.Decision(membership.Action.SUSPECT, site="a"))
+    m = membership.on_connections(m, {"a": 2500 * MS})
+    assert membership.decide(2801 * MS, m, CFG)[0] == membership.Decision(membership.Action.CONNECTION_LOST, site="a")
+    assert membership.apply(m, membership.Decision(membership.Action.CONNECTION_LOST, site="a")).sites["a"].state == membership.SiteState.FAILED
 
 
 def test_the_rule_is_off_at_grace_zero_and_ignores_done_sites_and_non_members() -> None:
-    lost = mb.on_connections(cluster(10**12), {"b": 100 * MS})
-    off = mb.MembershipConfig(**{**CFG.__dict__, "disconnect_grace_ms": 0})
-    assert mb.decide(10**12, lost, off)[0].action == mb.Action.NONE
-    done = mb.on_done(lost, "b")  # finished its work and exited: its connection closes, as it should
-    assert mb.decide(10**12, done, CFG)[0].action == mb.Action.NONE
-    out = mb.Membership(epoch=2, members=("a", "c"), sites=lost.sites)  # b is not a member any more
-    assert mb.decide(10**12, out, CFG)[0].action == mb.Action.NONE
+    lost = membership.on_connections(cluster(10**12), {"b": 100 * MS})
+    off = membership.MembershipConfig(**{**CFG.__dict__, "disconnect_grace_ms": 0})
+    assert membership.decide(10**12, lost, off)[0].action == membership.Action.NONE
+    done = membership.on_done(lost, "b")  # finished its work and exited: its connection closes, as it should
+    assert membership.decide(10**12, done, CFG)[0].action == membership.Action.NONE
+    out = membership.Membership(epoch=2, members=("a", "c"), sites=lost.sites)  # b is not a member any more
+    assert membership.decide(10**12, out, CFG)[0].action == membership.Action.NONE
 
 
 def test_connection_evidence_replaces_the_previous_one() -> None:
-    m = mb.on_connections(cluster(0), {"a": 5, "c": 7})
+    m = membership.on_connections(cluster(0), {"a": 5, "c": 7})
     assert (m.sites["a"].disconnected_ns, m.sites["b"].disconnected_ns, m.sites["c"].disconnected_ns) == (5, 0, 7)
-    m2 = mb.on_connections(m, {"c": 9})
+    m2 = membership.on_connections(m, {"c": 9})
     assert (m2.sites["a"].disconnected_ns, m2.sites["c"].disconnected_ns) == (0, 9)
-    assert mb.on_connections(m2, {"c": 9}) is m2  # nothing changed: the same state
+    assert membership.on_connections(m2, {"c": 9}) is m2  # nothing changed: the same state
 
 
 # ----------------------------------------------------------------------------- live

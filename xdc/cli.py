@@ -28,9 +28,11 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ground.config import ConfigError, load_config, merge, parse_override, read_config_file, to_dict
+from ground.processes import compose_processes
+from xdc.cli_parser import ALLOW_UNFIRED_HELP, build_parser  # noqa: F401 (ALLOW_UNFIRED_HELP: old path)
 
 
 def _resolve(args: argparse.Namespace, base: dict | None = None) -> dict:
@@ -219,7 +221,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     from wan.toxiproxy import ToxiproxyClient, ToxiproxyError, free_port
     from ground.eventlog import EventLog
     from xdc.launcher import provision_run_dir
-    from ground.topology import COORD, STORE, plan_topology
+    from ground.topology import plan_topology
 
     run_dir = Path(args.run_dir)
     try:
@@ -237,7 +239,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         plan = plan_topology(sites, "compose")
     else:
         h = cfg.cluster.host
-        plan = plan_topology(sites, "native", host=h, ports={p: free_port(h) for p in (COORD, STORE, *sites)})
+        plan = plan_topology(sites, "native", host=h, ports={p: free_port(h) for p in plan_topology(sites).processes()})
     client = ToxiproxyClient(host, port, timeout_s=10.0)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     log = EventLog(run_dir / "logs" / "prepare.jsonl", cfg.run_id, "prepare")
@@ -264,18 +266,14 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_process(args: argparse.Namespace) -> int:
-    """One process of the cluster in the foreground (a compose service, or a process on another host)."""
-    if args.cmd == "store":
-        from checkpoint_store.service import main as m
+    """One process of the cluster in the foreground (a compose service, or a process on another host):
+    its module's main, as the launcher would start it (ground/processes.py)."""
+    import importlib
 
-        return int(m(["--run-dir", str(args.run_dir)]) or 0)
-    if args.cmd == "coordinator":
-        from coordinator.service import main as m
-
-        return int(m(["--run-dir", str(args.run_dir)]) or 0)
-    from site_agent.agent import main as m
-
-    return int(m(["--run-dir", str(args.run_dir), "--site", args.site]) or 0)
+    spec = next(p for p in compose_processes() if p.cli == args.cmd)
+    name = args.site if spec.per_site else spec.name
+    process_main = importlib.import_module(spec.module).main
+    return int(process_main(["--run-dir", str(args.run_dir), *spec.args(name)]) or 0)
 
 
 def cmd_summarize(args: argparse.Namespace) -> int:
@@ -390,8 +388,6 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
-ALLOW_UNFIRED_HELP = ("run a scenario even if a fault's at_step / at_useful_tokens trigger lies past the run's "
-                      "target (that fault cannot fire; it is reported as never fired)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -410,6 +406,22 @@ def main(argv: list[str] | None = None) -> int:
         return 141
 
 
+def cmd_sampler(args: argparse.Namespace) -> int:
+    from telemetry.sampler import main as sampler_main
+
+    return sampler_main(["--run-dir", str(args.run_dir)])
+
+
+def _commands() -> dict[str, Callable[[argparse.Namespace], int]]:
+    """Subcommand -> its function; one process command per process of the table an `xdc` command runs."""
+    out: dict[str, Callable[[argparse.Namespace], int]] = {
+        "prepare": cmd_prepare, "sampler": cmd_sampler, "summarize": cmd_summarize, "compose": cmd_compose,
+        "analyze": cmd_analyze, "sql": cmd_sql, "run": cmd_run, "demo": cmd_demo, "config": cmd_config,
+        "chaos": cmd_chaos, "compare": cmd_compare}
+    out.update({p.cli: cmd_process for p in compose_processes()})
+    return out
+
+
 def _main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "noise-floor":  # its own parser (xdc/noise_floor.py), options and all
@@ -420,110 +432,9 @@ def _main(argv: list[str] | None = None) -> int:
         from studies.cli import main as study_main
 
         return study_main(argv[1:])
-    ap = argparse.ArgumentParser(prog="xdc", description="A cross-datacenter training emulator.")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--config", help="YAML or JSON run config (see `xdc config` for every field)")
-        p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override, e.g. train.mode=sync")
-        p.add_argument("--runs-dir", help="where run directories go (default: runs)")
-
-    p_run = sub.add_parser("run", help="run a three-site cluster as local processes")
-    common(p_run)
-    p_run.add_argument("--quiet", action="store_true", help="no live display")
-    p_run.add_argument("--scenario", help="a chaos scenario file (scenarios/*.yaml) to run against the cluster")
-    p_run.add_argument("--allow-unfired", action="store_true", help=ALLOW_UNFIRED_HELP)
-    p_demo = sub.add_parser("demo", help="the embedded default: one outage under all four recovery policies, "
-                                         "then the report")
-    common(p_demo)
-    p_demo.add_argument("--quiet", action="store_true")
-    p_demo.add_argument("--out", help="directory for the four runs, index.json and the report")
-    p_chaos = sub.add_parser("chaos", help="drive a chaos scenario against a live run")
-    p_chaos.add_argument("scenario")
-    p_chaos.add_argument("--run", required=True, help="the run directory of a live cluster")
-    p_chaos.add_argument("--dry-run", action="store_true")
-    p_chaos.add_argument("--docker", action="store_true",
-                         help="the cluster is a docker compose project (faults through the docker CLI)")
-    p_chaos.add_argument("--project", default="xdc", help="with --docker: the compose project name (default xdc)")
-    p_chaos.add_argument("--toxiproxy", help="with --docker: Toxiproxy API HOST:PORT as seen from here "
-                                             "(from the host: 127.0.0.1:8474; default: the one in topology.json)")
-    p_cmp = sub.add_parser("compare", help="run one scenario under all four recovery policies")
-    common(p_cmp)
-    p_cmp.add_argument("scenario")
-    p_cmp.add_argument("--out", help="directory for the four runs and index.json")
-    p_cmp.add_argument("--policy", dest="policies", action="append", choices=POLICIES,
-                       help="only these policies (repeatable); default all four")
-    p_cmp.add_argument("--demo", action="store_true", help="start from the demo preset")
-    p_cmp.add_argument("--quiet", action="store_true")
-    p_cmp.add_argument("--no-analyze", action="store_true", help="skip `xdc analyze` of the comparison")
-    p_cmp.add_argument("--allow-unfired", action="store_true", help=ALLOW_UNFIRED_HELP)
-    sub.add_parser("study", help="paired, registered studies (handled before this parser: see xdc study --help)")
-    sub.add_parser("noise-floor", help="seed-to-seed spread of the final NLL, from real runs (handled before "
-                                       "this parser: see xdc noise-floor --help)")
-    p_cfg = sub.add_parser("config", help="print the resolved config")
-    common(p_cfg)
-    p_prep = sub.add_parser("prepare", help="prepare a run directory and the proxies for separately started processes")
-    common(p_prep)
-    p_prep.add_argument("--run-dir", required=True, help="the run directory (its name is the run id)")
-    p_prep.add_argument("--topology", choices=("compose", "native"), default="compose")
-    p_prep.add_argument("--toxiproxy", required=True, metavar="HOST:PORT", help="Toxiproxy's API")
-    p_prep.add_argument("--sites", help="comma-separated site names (default: the config's cluster.sites)")
-    p_prep.add_argument("--wait-s", type=float, default=30.0, help="how long to wait for Toxiproxy")
-    for name, help_ in (("store", "run the checkpoint store in the foreground"),
-                        ("coordinator", "run the coordinator in the foreground"),
-                        ("site", "run one site agent in the foreground")):
-        p = sub.add_parser(name, help=help_)
-        p.add_argument("--run-dir", required=True, help="a prepared run directory")
-        if name == "site":
-            p.add_argument("--site", required=True)
-    p_smp = sub.add_parser("sampler", help="the energy/telemetry sampler of a run, in the foreground (for a "
-                                           "hand-started cluster: start it first, stop it last with Ctrl-C)")
-    p_smp.add_argument("--run-dir", required=True, help="a prepared run directory")
-    p_sum = sub.add_parser("summarize", help="write RUN/summary.json from the logs of a finished run")
-    p_sum.add_argument("--run-dir", required=True)
-    p_sum.add_argument("--toxiproxy", metavar="HOST:PORT", help="read Toxiproxy's byte counters from this API")
-    p_an = sub.add_parser("analyze", help="logs of runs or a comparison -> artifact.json + report/index.html")
-    p_an.add_argument("paths", nargs="+", help="run directories, or a comparison directory (from xdc compare)")
-    p_an.add_argument("--out", help="output directory (default: the comparison or run directory)")
-    p_an.add_argument("--no-report", action="store_true", help="only artifact.json")
-    p_sql = sub.add_parser("sql", help="query the runs' JSON-lines logs with DuckDB (views: events, commits, "
-                                       "work, spans)")
-    p_sql.add_argument("paths", nargs="+", help="run or comparison directories, then the query", metavar="PATH")
-    p_sql.add_argument("query", help="SQL, e.g. \"SELECT event, count(*) FROM events GROUP BY event\"")
-    p_comp = sub.add_parser("compose", help="the docker compose files, generated from the topology")
-    comp_sub = p_comp.add_subparsers(dest="compose_cmd", required=True)
-    p_gen = comp_sub.add_parser("generate", help="write compose/docker-compose.yml (+ .gpu.yml)")
-    p_gen.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "compose"))
-    p_gen.add_argument("--sites", default="a,b,c")
-    p_gen.add_argument("--check", action="store_true", help="only check the files are up to date")
-    args = ap.parse_args(argv)
-    if args.cmd == "prepare":
-        return cmd_prepare(args)
-    if args.cmd in ("store", "coordinator", "site"):
-        return cmd_process(args)
-    if args.cmd == "sampler":
-        from telemetry.sampler import main as sampler_main
-
-        return sampler_main(["--run-dir", str(args.run_dir)])
-    if args.cmd == "summarize":
-        return cmd_summarize(args)
-    if args.cmd == "compose":
-        return cmd_compose(args)
-    if args.cmd == "analyze":
-        return cmd_analyze(args)
-    if args.cmd == "sql":
-        return cmd_sql(args)
-    if args.cmd == "run":
-        return cmd_run(args)
-    if args.cmd == "demo":
-        return cmd_demo(args)
-    if args.cmd == "config":
-        return cmd_config(args)
-    if args.cmd == "chaos":
-        return cmd_chaos(args)
-    if args.cmd == "compare":
-        return cmd_compare(args)
-    return 2
+    args = build_parser(POLICIES).parse_args(argv)
+    command = _commands().get(args.cmd)
+    return command(args) if command is not None else 2
 
 
 if __name__ == "__main__":

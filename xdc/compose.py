@@ -6,7 +6,9 @@ process reads; this roof module only renders it as a docker-compose document (`x
 
 from __future__ import annotations
 
-from ground.topology import COMPOSE_TOXIPROXY, COMPOSE_TOXIPROXY_API_PORT, COORD, STORE, plan_topology, service_name
+from ground.processes import compose_processes
+from ground.topology import (COMPOSE_TOXIPROXY, COMPOSE_TOXIPROXY_API_PORT, COORD, Topology, plan_topology,
+                             service_name)
 
 # ------------------------------------------------------------------------------ compose
 # compose/docker-compose.yml (and the GPU override) are generated from the compose plan by
@@ -34,92 +36,103 @@ def network_name(process: str) -> str:
     return f"net-{service_name(process)}"
 
 
-def compose_spec(sites: tuple[str, ...] | list[str] = ("a", "b", "c")) -> dict:
-    """The docker-compose document of a cluster of these sites (a plain dict, YAML-ready)."""
-    topo = plan_topology(tuple(sites), "compose")
-    procs = topo.processes()
-    image = "${XDC_IMAGE:-xdc:local}"
-    env = {"XDC_RUN_ID": "${XDC_RUN_ID:-compose-run}", "PYTHONUNBUFFERED": "1"}
+IMAGE = "${XDC_IMAGE:-xdc:local}"
+ENV = {"XDC_RUN_ID": "${XDC_RUN_ID:-compose-run}", "PYTHONUNBUFFERED": "1"}
+TOXIPROXY_API = f"{COMPOSE_TOXIPROXY}:{COMPOSE_TOXIPROXY_API_PORT}"
 
-    def xdc_service(command: list[str], networks: list[str], **extra: object) -> dict:
-        # Only `init` builds the image; the others use that same image and never pull it.
-        return {"image": image, "pull_policy": "never",
-                "user": "${XDC_UID:-10001}", "command": command, "environment": dict(env),
-                "volumes": ["runs:/runs"], "networks": networks, "restart": "no", **extra}
 
+def _xdc_service(command: list[str], networks: list[str], **extra: object) -> dict:
+    # Only `init` builds the image; the others use that same image and never pull it.
+    return {"image": IMAGE, "pull_policy": "never",
+            "user": "${XDC_UID:-10001}", "command": command, "environment": dict(ENV),
+            "volumes": ["runs:/runs"], "networks": networks, "restart": "no", **extra}
+
+
+def _healthy_when_logging(process: str) -> dict:
+    log = f"{RUN_DIR_IN_CONTAINER}/logs/{process}.jsonl"
+    return {"test": ["CMD", "python", "-c", f"import os,sys; sys.exit(os.path.getsize('{log}') == 0)"],
+            "interval": "2s", "timeout": "5s", "retries": 60, "start_period": "5s"}
+
+
+def _toxiproxy_service(topo: Topology) -> dict:
+    ports = sorted(int(l.proxy_listen.rsplit(":", 1)[1]) for l in topo.links.values())
+    return {
+        "image": f"${{XDC_TOXIPROXY_IMAGE:-{TOXIPROXY_IMAGE}}}",
+        "command": ["-host=0.0.0.0", f"-port={COMPOSE_TOXIPROXY_API_PORT}", "-proxy-metrics"],
+        # The API is published on loopback only, for chaos and analysis from the host; the
+        # proxy ports (20000..) are not published: only the project's containers dial them.
+        "ports": [f"127.0.0.1:${{XDC_TOXIPROXY_API_PORT:-{COMPOSE_TOXIPROXY_API_PORT}}}:"
+                  f"{COMPOSE_TOXIPROXY_API_PORT}"],
+        "expose": [str(p) for p in ports],
+        "healthcheck": {"test": ["CMD", "/toxiproxy-cli", "list"], "interval": "2s", "timeout": "5s",
+                        "retries": 30},
+        # The API network last: the per-process networks are internal, so the published port
+        # goes through the one network with a gateway, which no other service joins.
+        "networks": [*(network_name(p) for p in topo.processes()), API_NETWORK],
+        "restart": "no",
+    }
+
+
+def _init_service(topo: Topology) -> dict:
+    init = _xdc_service(["xdc", "prepare", "--run-dir", RUN_DIR_IN_CONTAINER, "--topology", "compose",
+                         "--toxiproxy", TOXIPROXY_API,
+                         "--config", "${XDC_CONFIG:-compose/run.yaml}", "--sites", ",".join(topo.sites)],
+                        [network_name(COORD)],
+                        depends_on={COMPOSE_TOXIPROXY: {"condition": "service_healthy"}})
+    init.pop("pull_policy")
+    init["build"] = {"context": "..", "dockerfile": "compose/Dockerfile",
+                     "args": {"XDC_UID": "${XDC_UID:-10001}",
+                              "XDC_BASE_IMAGE": f"${{XDC_BASE_IMAGE:-{BASE_IMAGE}}}",
+                              "XDC_DOCKER_CLI_IMAGE": f"${{XDC_DOCKER_CLI_IMAGE:-{DOCKER_CLI_IMAGE}}}"}}
+    return init
+
+
+def _process_services(topo: Topology) -> dict[str, dict]:
+    """One service per process of the table that an `xdc` command runs (ground/processes.py)."""
+    ready = {"init": {"condition": "service_completed_successfully"},
+             COMPOSE_TOXIPROXY: {"condition": "service_healthy"}}
     # The logs name a process incarnation by its pid (analysis counts a restarted process's bytes and
     # work per pid). In its own PID namespace every container's process is pid 1, on every restart,
     # so the processes share the host's: each incarnation has a pid of its own, as natively.
-    pid_host = {"pid": "host"}
+    out: dict[str, dict] = {}
+    for p in compose_processes():
+        for name in p.names(topo.sites):
+            after = {service_name(a): {"condition": "service_healthy"} for a in p.after}
+            out[service_name(name)] = _xdc_service(["xdc", p.cli, "--run-dir", RUN_DIR_IN_CONTAINER, *p.args(name)],
+                                                   [network_name(name)], depends_on={**ready, **after},
+                                                   healthcheck=_healthy_when_logging(name), pid="host")
+    return out
 
-    def healthy_when_logging(process: str) -> dict:
-        log = f"{RUN_DIR_IN_CONTAINER}/logs/{process}.jsonl"
-        return {"test": ["CMD", "python", "-c", f"import os,sys; sys.exit(os.path.getsize('{log}') == 0)"],
-                "interval": "2s", "timeout": "5s", "retries": 60, "start_period": "5s"}
 
-    ports = sorted(int(l.proxy_listen.rsplit(":", 1)[1]) for l in topo.links.values())
-    services: dict[str, dict] = {
-        COMPOSE_TOXIPROXY: {
-            "image": f"${{XDC_TOXIPROXY_IMAGE:-{TOXIPROXY_IMAGE}}}",
-            "command": ["-host=0.0.0.0", f"-port={COMPOSE_TOXIPROXY_API_PORT}", "-proxy-metrics"],
-            # The API is published on loopback only, for chaos and analysis from the host; the
-            # proxy ports (20000..) are not published: only the project's containers dial them.
-            "ports": [f"127.0.0.1:${{XDC_TOXIPROXY_API_PORT:-{COMPOSE_TOXIPROXY_API_PORT}}}:"
-                      f"{COMPOSE_TOXIPROXY_API_PORT}"],
-            "expose": [str(p) for p in ports],
-            "healthcheck": {"test": ["CMD", "/toxiproxy-cli", "list"], "interval": "2s", "timeout": "5s",
-                            "retries": 30},
-            # The API network last: the per-process networks are internal, so the published port
-            # goes through the one network with a gateway, which no other service joins.
-            "networks": [*(network_name(p) for p in procs), API_NETWORK],
-            "restart": "no",
-        },
-        "init": xdc_service(["xdc", "prepare", "--run-dir", RUN_DIR_IN_CONTAINER, "--topology", "compose",
-                             "--toxiproxy", f"{COMPOSE_TOXIPROXY}:{COMPOSE_TOXIPROXY_API_PORT}",
-                             "--config", "${XDC_CONFIG:-compose/run.yaml}", "--sites", ",".join(topo.sites)],
-                            [network_name(COORD)],
-                            depends_on={COMPOSE_TOXIPROXY: {"condition": "service_healthy"}}),
-    }
-    services["init"].pop("pull_policy")
-    services["init"]["build"] = {"context": "..", "dockerfile": "compose/Dockerfile",
-                                 "args": {"XDC_UID": "${XDC_UID:-10001}",
-                                          "XDC_BASE_IMAGE": f"${{XDC_BASE_IMAGE:-{BASE_IMAGE}}}",
-                                          "XDC_DOCKER_CLI_IMAGE": f"${{XDC_DOCKER_CLI_IMAGE:-{DOCKER_CLI_IMAGE}}}"}}
-    ready = {"init": {"condition": "service_completed_successfully"},
-             COMPOSE_TOXIPROXY: {"condition": "service_healthy"}}
-    services[service_name(STORE)] = xdc_service(["xdc", "store", "--run-dir", RUN_DIR_IN_CONTAINER],
-                                                [network_name(STORE)], depends_on=dict(ready),
-                                                healthcheck=healthy_when_logging(STORE), **pid_host)
-    services[service_name(COORD)] = xdc_service(["xdc", "coordinator", "--run-dir", RUN_DIR_IN_CONTAINER],
-                                                [network_name(COORD)], depends_on=dict(ready),
-                                                healthcheck=healthy_when_logging(COORD), **pid_host)
-    for s in topo.sites:
-        services[service_name(s)] = xdc_service(
-            ["xdc", "site", "--run-dir", RUN_DIR_IN_CONTAINER, "--site", s], [network_name(s)],
-            depends_on={**ready, service_name(COORD): {"condition": "service_healthy"},
-                        service_name(STORE): {"condition": "service_healthy"}},
-            healthcheck=healthy_when_logging(s), **pid_host)
+def _tool_services() -> dict[str, dict]:
+    """Chaos, the summary and the analysis: services of their own profiles, run on demand."""
     # Chaos as its own profile: `docker compose --profile chaos up chaos` (the docker CLI in the
     # image drives the project's containers through the mounted Docker socket).
-    chaos = xdc_service(["xdc", "chaos", "${XDC_SCENARIO:-scenarios/compose-smoke.yaml}", "--run", RUN_DIR_IN_CONTAINER,
-                         "--docker", "--project", COMPOSE_PROJECT], [network_name(COORD)],
-                        depends_on={"init": {"condition": "service_completed_successfully"}},
-                        profiles=["chaos"])
+    chaos = _xdc_service(["xdc", "chaos", "${XDC_SCENARIO:-scenarios/compose-smoke.yaml}", "--run",
+                          RUN_DIR_IN_CONTAINER, "--docker", "--project", COMPOSE_PROJECT], [network_name(COORD)],
+                         depends_on={"init": {"condition": "service_completed_successfully"}},
+                         profiles=["chaos"])
     chaos["volumes"] = ["runs:/runs", "/var/run/docker.sock:/var/run/docker.sock"]
     chaos["group_add"] = ["${DOCKER_GID:-0}"]
-    services["chaos"] = chaos
     # After the run: the summary (with Toxiproxy's byte counters) into RUN/summary.json.
-    services["summarize"] = xdc_service(["xdc", "summarize", "--run-dir", RUN_DIR_IN_CONTAINER, "--toxiproxy",
-                                         f"{COMPOSE_TOXIPROXY}:{COMPOSE_TOXIPROXY_API_PORT}"],
-                                        [network_name(COORD)], profiles=["analyze"])
+    summarize = _xdc_service(["xdc", "summarize", "--run-dir", RUN_DIR_IN_CONTAINER, "--toxiproxy", TOXIPROXY_API],
+                             [network_name(COORD)], profiles=["analyze"])
     # Then the artifact and the report, from the logs in the shared runs volume (as for a native run).
-    services["analyze"] = xdc_service(["xdc", "analyze", RUN_DIR_IN_CONTAINER], [network_name(COORD)],
-                                      depends_on={"summarize": {"condition": "service_completed_successfully"}},
-                                      profiles=["analyze"])
+    analyze = _xdc_service(["xdc", "analyze", RUN_DIR_IN_CONTAINER], [network_name(COORD)],
+                           depends_on={"summarize": {"condition": "service_completed_successfully"}},
+                           profiles=["analyze"])
+    return {"chaos": chaos, "summarize": summarize, "analyze": analyze}
+
+
+def compose_spec(sites: tuple[str, ...] | list[str] = ("a", "b", "c")) -> dict:
+    """The docker-compose document of a cluster of these sites (a plain dict, YAML-ready)."""
+    topo = plan_topology(tuple(sites), "compose")
+    services = {COMPOSE_TOXIPROXY: _toxiproxy_service(topo), "init": _init_service(topo),
+                **_process_services(topo), **_tool_services()}
     return {
         "name": COMPOSE_PROJECT,
         "services": services,
-        "networks": {**{network_name(p): {"internal": True} for p in procs}, API_NETWORK: {}},
+        "networks": {**{network_name(p): {"internal": True} for p in topo.processes()}, API_NETWORK: {}},
         "volumes": {"runs": {"name": "${XDC_RUNS_VOLUME:-xdc-runs}"}},
     }
 

@@ -12,6 +12,7 @@ bytes when the connection closes), stops Toxiproxy and writes `summary.json`.
 from __future__ import annotations
 
 import ctypes
+import importlib
 import json
 import os
 import signal
@@ -24,13 +25,13 @@ from typing import Any, Callable
 
 from analysis.summary import summarize
 from site_agent.baselines import run_baselines
-from telemetry import launch as telemetry_hook
 from wan.keys import generate_cluster_keys
 from wan.toxiproxy import ToxiproxyClient, ToxiproxyError, ToxiproxyServer, apply_link_spec, free_port
 from ground.config import RunConfig, save_config
 from ground.eventlog import EventLog
 from ground.provenance import run_started_fields
 from xdc.progress import Progress
+from ground.processes import start_order, stop_order, wan_processes
 from ground.topology import COORD, STORE, Link, Topology, plan_topology
 
 _PR_SET_PDEATHSIG = 1
@@ -63,7 +64,7 @@ def provision_run_dir(cfg: RunConfig, run_dir: str | Path, plan: Topology, clien
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.json")
     if cfg.wan.curve:
-        generate_cluster_keys(run_dir / "keys", [COORD, STORE, *plan.sites])
+        generate_cluster_keys(run_dir / "keys", plan.processes())
     links: dict[str, Link] = {}
     for name, link in plan.links.items():
         for attempt in range(3):
@@ -132,7 +133,7 @@ class Launcher:
         client = self.toxi.start()
         taken.add(int(self.toxi.api_address.rsplit(":", 1)[1]))
         self.log.emit("process_started", name="toxiproxy", child_pid=self.toxi.proc.pid, api=self.toxi.api_address)
-        ports = {p: distinct_port() for p in (COORD, STORE, *sites)}
+        ports = {p: distinct_port() for p in wan_processes(sites)}
         proxy_ports = {name: distinct_port() for name, _c, _s in Topology.link_names(sites)}
         plan = plan_topology(sites, "native", host=host, ports=ports, proxy_ports=proxy_ports)
         topo = provision_run_dir(cfg, self.run_dir, plan, client, self.log, toxiproxy_api=self.toxi.api_address,
@@ -212,18 +213,13 @@ class Launcher:
         summary: dict = {}
         try:
             self.prepare()
-            telemetry_hook.start(self)  # the energy sampler first: its idle baseline before the run
-            self._spawn(STORE, "checkpoint_store.service")
-            self._spawn(COORD, "coordinator.service")
-            for site in self.cfg.cluster.sites:
-                self._spawn(site, "site_agent.agent", "--site", site)
+            self._start_all()  # the table's start order: the energy sampler first (its idle baseline)
             if self.scenario is not None:
                 self._start_chaos()
             self._watch()
         finally:
             self._stop_chaos()
-            self._stop_all()
-            telemetry_hook.stop(self)  # last: its idle baseline after the run, then its trace's hash
+            self._stop_all()  # the table's stop order: the energy sampler last (its idle baseline after)
             proxy_bytes = {}
             if self.toxi is not None:
                 try:
@@ -297,9 +293,33 @@ class Launcher:
                     return
                 time.sleep(0.25)
 
+    def _start_all(self) -> None:
+        """Start every process of the table (ground/processes.py) in its start order; a process with
+        a hook is started by its hook (which may decide not to start it)."""
+        sites = tuple(self.cfg.cluster.sites)
+        for p in start_order():
+            if p.hook:
+                importlib.import_module(p.hook).start(self)
+                continue
+            for name in p.names(sites):
+                self._spawn(name, p.module, *p.args(name))
+
     def _stop_all(self) -> None:
+        """Stop every process in the table's stop order: consecutive plain processes together (SIGTERM
+        all, then wait), a process with a hook by its hook; record every exit status."""
+        sites = tuple(self.cfg.cluster.sites)
+        batch: list[str] = []
+        for p in stop_order():
+            if not p.hook:
+                batch += p.names(sites)
+                continue
+            self._terminate(batch)
+            batch = []
+            importlib.import_module(p.hook).stop(self)
+        self._terminate(batch)
+
+    def _terminate(self, order: list[str]) -> None:
         """SIGTERM what still runs, wait, SIGKILL stragglers; record every exit status."""
-        order = [*self.cfg.cluster.sites, COORD, STORE]
         for name in order:
             p = self.procs.get(name)
             if p is not None and p.poll() is None:

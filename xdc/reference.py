@@ -33,11 +33,11 @@ def eval_points_tokens(cfg: RunConfig, n_sites: int) -> list[int]:
     eval_every_rounds-th round and after the last (cut) round, plus 0 (the initial weights)."""
     from ground.schedule import samples_per_round, target_samples
 
-    spr = samples_per_round(cfg, n_sites)
+    per_round = samples_per_round(cfg, n_sites)
     target = target_samples(cfg)
     points, rnd = [0], 0
     while True:
-        end = min((rnd + 1) * spr, target)
+        end = min((rnd + 1) * per_round, target)
         if (rnd + 1) % cfg.train.eval_every_rounds == 0 or end >= target:
             points.append(end * cfg.model.seq_len)
         if end >= target:
