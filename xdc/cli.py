@@ -432,6 +432,10 @@ def _main(argv: list[str] | None = None) -> int:
         from studies.cli import main as study_main
 
         return study_main(argv[1:])
+    if argv and argv[0] == "sim":  # sim/cli.py: run | calibrate (its own parser)
+        from sim.cli import main as sim_main
+
+        return sim_main(argv[1:])
     args = build_parser(POLICIES).parse_args(argv)
     command = _commands().get(args.cmd)
     return command(args) if command is not None else 2

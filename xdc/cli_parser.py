@@ -53,6 +53,8 @@ def _cluster_commands(sub: argparse._SubParsersAction, policies: tuple[str, ...]
     sub.add_parser("study", help="paired, registered studies (handled before this parser: see xdc study --help)")
     sub.add_parser("noise-floor", help="seed-to-seed spread of the final NLL, from real runs (handled before "
                                        "this parser: see xdc noise-floor --help)")
+    sub.add_parser("sim", help="the discrete-event simulator: run | calibrate (handled before this parser: "
+                               "see xdc sim --help)")
     p_cfg = sub.add_parser("config", help="print the resolved config")
     common(p_cfg)
 
