@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from chaos.scenario import _Validator, _dotted, _tname
+from chaos.scenario import FieldPath, _Validator, _dotted, _tname
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,7 +60,6 @@ STRATUM_KEYS = ("name", "seed", "data_order", "faults", "link", "split", "family
 GATE_KEYS = ("name", "metric", "kind", "direction", "margin", "alpha", "test", "relative", "note")
 LINK_KEYS = ("latency_ms", "jitter_ms", "bandwidth_kbps")
 
-Path_ = tuple[Any, ...]
 
 
 class ProtocolError(ValueError):
@@ -128,7 +127,7 @@ class Protocol:
     gates: tuple[Gate, ...]
     controls: Mapping[str, Any] | None
     source: str
-    lines: Mapping[Path_, int] = field(default_factory=dict, hash=False, compare=False, repr=False)
+    lines: Mapping[FieldPath, int] = field(default_factory=dict, hash=False, compare=False, repr=False)
     notes: str = ""
 
     def arm(self, name: str) -> Arm:
@@ -168,43 +167,43 @@ class _V(_Validator):
     """The validator: every check raises ProtocolError at the line of the path it checks. The line
     lookup and the mapping / unknown-field checks are the scenario validator's (chaos/scenario.py)."""
 
-    def __init__(self, source: str, lines: Mapping[Path_, int], base_dir: Path) -> None:
+    def __init__(self, source: str, lines: Mapping[FieldPath, int], base_dir: Path) -> None:
         super().__init__(source, lines, None)
         self.base_dir = base_dir
 
-    def err(self, path: Path_, reason: str) -> ProtocolError:  # type: ignore[override]
+    def err(self, path: FieldPath, reason: str) -> ProtocolError:  # type: ignore[override]
         return ProtocolError(self.source, self.line(path), _dotted(path), reason)
 
-    def seq(self, v: Any, path: Path_, what: str, min_len: int = 0) -> list[Any]:
+    def seq(self, v: Any, path: FieldPath, what: str, min_len: int = 0) -> list[Any]:
         if not isinstance(v, (list, tuple)):
             raise self.err(path, f"expected {what} (a list), got {_tname(v)}")
         if len(v) < min_len:
             raise self.err(path, f"needs at least {min_len} item{'s' if min_len > 1 else ''}, got {len(v)}")
         return list(v)
 
-    def required(self, d: Mapping[str, Any], key: str, path: Path_) -> Any:
+    def required(self, d: Mapping[str, Any], key: str, path: FieldPath) -> Any:
         if key not in d:
             raise self.err((*path, key) if path else (key,), "missing (required)")
         return d[key]
 
-    def text(self, v: Any, path: Path_, *, empty: bool = False) -> str:
+    def text(self, v: Any, path: FieldPath, *, empty: bool = False) -> str:
         if not isinstance(v, str) or (not empty and not v.strip()):
             raise self.err(path, f"expected a non-empty string, got {_tname(v)} {v!r}")
         return v
 
-    def integer(self, v: Any, path: Path_, minimum: int | None = 0) -> int:
+    def integer(self, v: Any, path: FieldPath, minimum: int | None = 0) -> int:
         if isinstance(v, bool) or not isinstance(v, int):
             raise self.err(path, f"expected an integer, got {_tname(v)} {v!r}")
         if minimum is not None and v < minimum:
             raise self.err(path, f"must be >= {minimum}, got {v!r}")
         return v
 
-    def number(self, v: Any, path: Path_) -> float:
+    def number(self, v: Any, path: FieldPath) -> float:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise self.err(path, f"expected a finite number, got {_tname(v)} {v!r}")
         return float(v)
 
-    def choice(self, v: Any, path: Path_, choices: Iterable[str]) -> str:
+    def choice(self, v: Any, path: FieldPath, choices: Iterable[str]) -> str:
         choices = list(choices)
         if v not in choices:
             hint = difflib.get_close_matches(str(v), choices, n=1)
@@ -214,7 +213,7 @@ class _V(_Validator):
 
     # ---- pieces ----------------------------------------------------------------------------
 
-    def arm(self, raw: Any, path: Path_) -> Arm:
+    def arm(self, raw: Any, path: FieldPath) -> Arm:
         d = self.mapping(raw, path, "an arm")
         self.unknown(d, ARM_KEYS, path)
         name = self.text(self.required(d, "name", path), (*path, "name"))
@@ -228,7 +227,7 @@ class _V(_Validator):
         cfg = self.mapping(d.get("config", {}) or {}, (*path, "config"), "run-config overrides")
         return Arm(name, policy, mode, h, dict(cfg), self.text(d.get("note", ""), (*path, "note"), empty=True))
 
-    def faults(self, raw: Any, path: Path_) -> tuple[dict[str, Any] | None, str]:
+    def faults(self, raw: Any, path: FieldPath) -> tuple[dict[str, Any] | None, str]:
         from chaos.scenario import Scenario, ScenarioError, load_scenario
 
         if raw is None or raw == "none":
@@ -261,7 +260,7 @@ class _V(_Validator):
             return sc.to_dict(), "inline"
         raise self.err(path, f"expected a scenario file name, an inline scenario mapping or null, got {_tname(raw)}")
 
-    def stratum(self, raw: Any, path: Path_) -> Stratum:
+    def stratum(self, raw: Any, path: FieldPath) -> Stratum:
         d = self.mapping(raw, path, "a stratum")
         self.unknown(d, STRATUM_KEYS, path)
         name = self.text(self.required(d, "name", path), (*path, "name"))
@@ -278,7 +277,7 @@ class _V(_Validator):
         region = dict(self.mapping(d.get("region", {}) or {}, (*path, "region"), "uncertainty-region labels"))
         return Stratum(name, seed, order, faults, src, link, split, family, region)
 
-    def gate(self, raw: Any, path: Path_) -> Gate:
+    def gate(self, raw: Any, path: FieldPath) -> Gate:
         d = self.mapping(raw, path, "a gate")
         self.unknown(d, GATE_KEYS, path)
         name = self.text(self.required(d, "name", path), (*path, "name"))
