@@ -170,13 +170,11 @@ class RoundLoop:
         losses: list[float] = []
         payload: np.ndarray | None = None
         steps = 1 if cfg.train.mode == "sync" else cfg.train.inner_steps_h
-        with log.span("compute", round=rnd) as sp:
+        with log.span("compute", round=rnd) as span:
             cpu0 = time.process_time()  # all of this process's threads (WAN I/O, an evaluation) included
             for h in range(steps):
                 # Rank 0 alone may leave mid-round only without workers (they would wait in gloo).
                 if h > 0 and self.pool is None and self.newer_plan_waiting():
-                    if self.pool is not None:
-                        self.pool.compute_done()
                     raise Interrupted(f"a newer epoch arrived after inner step {h} of round {rnd}")
                 ids = ids_at(self.order, site_positions(cfg, n, cs, h, idx, ce))
                 if not ids:
@@ -196,7 +194,7 @@ class RoundLoop:
                 payload = trainer.pseudo_gradient()
             elif payload is None:
                 payload = np.zeros(trainer.global_params.numel(), dtype=np.float32)
-            sp.update(loss=float(np.mean(losses)) if losses else None, samples=len(ids_round),
+            span.update(loss=float(np.mean(losses)) if losses else None, samples=len(ids_round),
                       cpu_s=time.process_time() - cpu0)
         if self.pool is not None:
             self.pool.compute_done()
