@@ -175,7 +175,7 @@ def _single_main(rounds: int) -> None:
     """One process: AdamW on the cluster's global batch, evaluated at the cluster's cadence in tokens."""
     import torch
 
-    from site_agent.data import batch_for, evaluate_nll, heldout_batch, load_corpus, sample_order
+    from site_agent.data import batch_for, eval_set, evaluate_nll, load_corpus, sample_order
     from site_agent.trainer import SiteTrainer
     from ground.config import load_config, merge
 
@@ -186,7 +186,7 @@ def _single_main(rounds: int) -> None:
     cfg = load_config(merge(_cfg_dict(rounds, "/tmp"), {"train": {"per_site_batch": gb}}))
     corpus = load_corpus(cfg.data)
     order = sample_order(corpus, cfg.model.seq_len, cfg.data.shuffle_seed)
-    hx, hy = heldout_batch(corpus, cfg.data, cfg.model.seq_len)
+    hx, hy = eval_set(corpus, cfg.data, cfg.model.seq_len).tensors()  # the sites' evaluation set
     tr = SiteTrainer(cfg, torch.device("cpu"))
     steps = rounds * h
     eval_every = cfg.train.eval_every_rounds * h
@@ -197,7 +197,7 @@ def _single_main(rounds: int) -> None:
         if k == SKIP_ROUNDS * h:
             t_start, cpu0 = time.monotonic(), time.process_time()
         x, y = batch_for(corpus, order[k * gb:(k + 1) * gb], cfg.model.seq_len)
-        tr.inner_step(x, y)
+        tr.inner_step(x, y, frontier_tokens=k * gb * cfg.model.seq_len)  # the same lr schedule in useful tokens
         if (k + 1) % eval_every == 0 or k == steps - 1:
             te = time.monotonic()
             evaluate_nll(tr.model, hx, hy, tr.device)
