@@ -19,6 +19,9 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from analysis.report_cells import ev as _ev
+from analysis.report_cells import fig_html
+
 LEDGER_ROWS_SHOWN = 400  # a longer ledger is cut in the page (the artifact and `xdc sql` hold all of it)
 MARKS = {  # kind -> (symbol, legend name); shapes differ so no mark depends on colour
     "fault": ("x", "WAN / fault injected"),
@@ -27,10 +30,6 @@ MARKS = {  # kind -> (symbol, legend name); shapes differ so no mark depends on 
     "abstain": ("circle-open", "controller abstained"),
     "change": ("diamond", "setting changed"),
 }
-
-
-def _ev(evidence: str) -> str:
-    return f'<span class="ev ev-{escape(evidence)}">{escape(evidence)}</span>'
 
 
 def setting_label(row: dict[str, Any]) -> str:
@@ -162,8 +161,8 @@ def ledger_table(run: dict[str, Any]) -> str:
             f"<tbody>{''.join(rows)}</tbody></table></details>")
 
 
-def controller_section_html(art: dict[str, Any], fig_html: Any) -> str:
-    """The section; `fig_html(fig, div_id)` renders a figure the way the rest of the page does."""
+def controller_section_html(art: dict[str, Any]) -> str:
+    """The section (its figure rendered by report_cells.fig_html, like the rest of the page)."""
     head = "<section id='controller' data-section='controller'><h2>Can a controller pick the settings by itself?</h2>"
     run = chosen_run(art)
     if run is None:

@@ -318,7 +318,7 @@ def render_report(art: dict[str, Any]) -> str:
     title = f"xdc report — {scen.get('name', art['runs'][0]['run_id'])}"
     nav = "".join(f"<a href='#{s}'>{s}</a>" for s in SECTIONS)
     body = (_recovery_section(art) + _work_section(art) + _bytes_section(art) + _completion_section(art)
-            + learning_section(art) + controller_section_html(art, fig_html) + energy_section_html(art)
+            + learning_section(art) + controller_section_html(art) + energy_section_html(art)
             + _checks_section(art) + _provenance_section(art))
     return ("<!doctype html><html lang='en'><head><meta charset='utf-8'>"
             "<meta name='viewport' content='width=device-width,initial-scale=1'>"

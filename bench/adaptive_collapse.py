@@ -42,6 +42,7 @@ import yaml
 from bench.common import ROOT, env_info, write_result
 from chaos.scenario import Scenario
 from ground.config import load_config, merge
+from ground.eventlog import process_events as _events
 from xdc.launcher import launch
 
 NAME = "adaptive_collapse"
@@ -75,11 +76,6 @@ def scaled_scenario(target_tokens: int) -> Scenario:
     raw["description"] = (f"{raw['description'].strip()} (triggers scaled to a {target_tokens:,}-token target "
                           f"by bench/adaptive_collapse.py)")
     return Scenario.from_dict(raw, source="bandwidth-collapse.yaml (scaled)")
-
-
-def _events(run_dir: Path, proc: str) -> list[dict[str, Any]]:
-    path = run_dir / "logs" / f"{proc}.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def measure_arm(run_dir: Path, summary: dict[str, Any], target: int) -> dict[str, Any]:

@@ -210,3 +210,9 @@ def parse_events(data: bytes, path: str = "") -> tuple[list[dict[str, Any]], lis
 def read_events(path: str | Path) -> list[dict[str, Any]]:
     """Read one process log; a torn last line (process killed mid-write) is skipped."""
     return parse_events(Path(path).read_bytes(), str(path))[0]
+
+
+def process_events(run_dir: str | Path, process: str) -> list[dict[str, Any]]:
+    """The events of `process` in a run directory (`logs/<process>.jsonl`); [] when it left no log."""
+    path = Path(run_dir) / "logs" / f"{process}.jsonl"
+    return read_events(path) if path.is_file() else []

@@ -26,22 +26,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ground.config import config_from_json
+from ground.eventlog import process_events as _events
 from sim.model import SimModel, collective_s, n_params
 
 VERSION = "xdc-sim-calibration-v1"
-
-
-def _events(run: Path, proc: str) -> list[dict[str, Any]]:
-    p = run / "logs" / f"{proc}.jsonl"
-    if not p.exists():
-        return []
-    out = []
-    for line in p.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a torn last line
-    return out
 
 
 def _dur_s(e: dict[str, Any]) -> float:

@@ -14,21 +14,15 @@ from the scenario: only the prefix before it is comparable, and the comparison s
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ground.eventlog import process_events as _events
+
 STRUCTURE = ("epoch", "members", "restore", "donor", "joiners", "drain_site", "reason_shape")
 NUMBERS = ("start_round", "start_cursor", "reason")
-
-
-def _events(run_dir: Path, process: str) -> list[dict[str, Any]]:
-    p = Path(run_dir) / "logs" / f"{process}.jsonl"
-    if not p.exists():
-        return []
-    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
 
 
 def shape(reason: str) -> str:

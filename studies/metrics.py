@@ -31,21 +31,9 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
+from ground.eventlog import process_events as _events
+
 ENERGY_HOOK: Callable[[Path, dict[str, Any]], dict[str, Any]] | None = None  # set by the energy meter
-
-
-def _events(run_dir: Path, process: str) -> list[dict[str, Any]]:
-    p = run_dir / "logs" / f"{process}.jsonl"
-    if not p.is_file():
-        return []
-    out = []
-    for line in p.read_text().splitlines():
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:  # a torn last line of a killed process
-                pass
-    return out
 
 
 def opportunity_ticks(run_dir: Path, sites: list[str]) -> dict[str, Any]:

@@ -117,8 +117,7 @@ def test_the_report_shows_what_the_controller_chose_in_the_collapse(collapse_run
     were trained in, one interval per change the coordinator applied, and every change is listed."""
     from analysis.artifact import build_artifact
     from analysis.controller_report import chosen_run, controller_section_html, setting_intervals
-    from analysis.report_cells import fig_html as _fig_html
-
+    
     run_dir, _ = collapse_run
     art = build_artifact([run_dir])
     run = chosen_run(art)
@@ -135,6 +134,6 @@ def test_the_report_shows_what_the_controller_chose_in_the_collapse(collapse_run
         if not distinct or distinct[-1] != label:
             distinct.append(label)
     assert labels == distinct and len(labels) >= 2, labels
-    html = controller_section_html(art, _fig_html)
+    html = controller_section_html(art)
     changes = [e for e in coord if e["event"] == "controller_decision" and e["action"] in ("change", "abstain")]
     assert f"{len(changes)} decisions changed the setting or abstained" in html

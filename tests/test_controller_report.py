@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from analysis.controller_report import (MARKS, chosen_run, controller_section_html, marks, setting_intervals,
                                         setting_label)
-from analysis.report_cells import fig_html as _fig_html
 
 T0 = 1_000_000_000_000
 
@@ -51,7 +50,7 @@ def test_marks_name_faults_membership_abstentions_and_changes_in_time_order():
 
 
 def test_the_section_lists_each_decision_with_its_reason():
-    html = controller_section_html(_art(), _fig_html)
+    html = controller_section_html(_art())
     assert "data-controller='adaptive'" in html and "chart-controller" in html
     assert "2 decisions changed the setting or abstained; 4 kept it" in html
     assert "link in flux" in html and "comm 0.9 of compute &gt; 0.25" in html
@@ -61,7 +60,7 @@ def test_the_section_lists_each_decision_with_its_reason():
 def test_a_report_without_a_controller_says_so():
     art = _art()
     art["runs"] = art["runs"][:1]
-    html = controller_section_html(art, _fig_html)
+    html = controller_section_html(art)
     assert "data-controller='none'" in html and "no controller to show" in html
     assert "chart-controller" not in html
     assert "Optimizer-commit ledger of fixed-run: 2 commits" in html
