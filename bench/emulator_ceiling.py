@@ -157,6 +157,59 @@ def transfer(cl: BenchCluster, src: str, dst: str, inbox: "queue.Queue", size: i
     return result["t_done"] - t0
 
 
+def mesh_transfer(cl: BenchCluster, inboxes: dict[str, "queue.Queue"], size: int, tag: int) -> tuple[float, int]:
+    """Every process sends `size` bytes to every other one at once (each ordered pair a link of the mesh),
+    as `transfer` does for one link: (seconds from the first send to the last byte taken off the last
+    receiver's inbox, total payload bytes). `inboxes` holds each process's "blob" inbox.
+
+    On one machine the links of a mesh share its cores (CURVE, Toxiproxy, Python), so this is the
+    emulator's ceiling for traffic on every link at once, which a single link's ceiling overstates
+    n(n-1) times over when every link is busy."""
+    procs = list(cl.nodes)
+    part_elems = cl.wan.chunk_bytes // 4
+    data = np.random.default_rng(tag).standard_normal(size // 4).astype(np.float32)
+    ends: dict[str, float] = {}
+    errors: list[str] = []
+    start = threading.Barrier(2 * len(procs) + 1)
+
+    def receiver(dst: str) -> None:
+        start.wait()
+        got = {src: 0 for src in procs if src != dst}
+        while any(v < size for v in got.values()):
+            try:
+                msg = inboxes[dst].get(timeout=300)
+            except queue.Empty:
+                errors.append(f"{dst} got {got} of {size} bytes per peer in 300 s")
+                return
+            if msg.body.get("tag") == tag and msg.src in got:
+                got[msg.src] += msg.array(0).nbytes
+        ends[dst] = time.monotonic()
+
+    def sender(src: str) -> None:
+        start.wait()
+        for off in range(0, data.size, part_elems):  # interleaved: every link carries from the start
+            for dst in procs:
+                if dst != src:
+                    cl.nodes[src].send(dst, "blob", TrafficClass.COLLECTIVE.value, {"tag": tag, "offset": off},
+                                       [data[off:off + part_elems]])
+
+    threads = [threading.Thread(target=receiver, args=(p,), daemon=True) for p in procs]
+    threads += [threading.Thread(target=sender, args=(p,), daemon=True) for p in procs]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.monotonic()
+    for t in threads:
+        t.join(600)
+    if errors or len(ends) != len(procs):
+        raise BenchError(f"mesh transfer: {errors or 'a receiver did not finish'}")
+    for p in procs:
+        if not cl.nodes[p].wait_acked(60):
+            raise BenchError(f"mesh transfer: {p} has unacked messages after delivery")
+    n = len(procs)
+    return max(ends.values()) - t0, size * n * (n - 1)
+
+
 if __name__ == "__main__":
     r = run()
     sys.exit(0 if r["passed"] else 1)

@@ -142,7 +142,9 @@ def _payload(msg: Message, lim: CollLimits, offset: int, total: int, scale: floa
     else:
         if scale != 1.0:
             raise Rejected("bad_field", f"scale {scale!r} on a {dtype} payload (only int8 parts are scaled)")
-        vals = raw.astype(np.float32)
+        # No copy: the view keeps the received frame alive, and the caller copies the values into
+        # its shard buffer anyway (a second 1 MiB copy per part was ~0.2 ms of CPU each).
+        vals = raw.astype(np.float32, copy=False)
     if vals.size and not np.isfinite(vals).all():
         bad = int(vals.size - np.count_nonzero(np.isfinite(vals)))
         raise Rejected("non_finite", f"payload holds {bad} infinite or NaN value(s) of {vals.size}")
