@@ -227,7 +227,22 @@ class _V(_Validator):
         cfg = self.mapping(d.get("config", {}) or {}, (*path, "config"), "run-config overrides")
         return Arm(name, policy, mode, h, dict(cfg), self.text(d.get("note", ""), (*path, "note"), empty=True))
 
-    def faults(self, raw: Any, path: FieldPath) -> tuple[dict[str, Any] | None, str]:
+    def generated(self, raw: Mapping[str, Any], path: FieldPath, seed: int, target: int) -> tuple[dict[str, Any], str]:
+        """`{generator: <family>, severity: mild|severe}`: the scenario that stress family draws for the
+        stratum's seed and the protocol's target (chaos/families.py), resolved here so it is hashed."""
+        from chaos.families import FAMILIES, GENERATOR_VERSION, SEVERITIES, FamilyError, generate
+
+        self.unknown(raw, ("generator", "severity"), path)
+        family = self.choice(raw["generator"], (*path, "generator"), tuple(FAMILIES))
+        severity = self.choice(raw.get("severity", "mild"), (*path, "severity"), SEVERITIES)
+        try:
+            sc = generate(family, severity, seed=seed, target_useful_tokens=target)
+        except FamilyError as e:
+            raise self.err(path, str(e)) from None
+        return sc.to_dict(), f"generator:{family}/{severity}/seed {seed}/v{GENERATOR_VERSION}"
+
+    def faults(self, raw: Any, path: FieldPath, seed: int = 0, target: int = 1) -> tuple[dict[str, Any] | None, str]:
+        """A stratum's fault schedule: a scenario file, an inline scenario, a stress family's draw, or none."""
         from chaos.scenario import Scenario, ScenarioError, load_scenario
 
         if raw is None or raw == "none":
@@ -242,6 +257,8 @@ class _V(_Validator):
             except ScenarioError as e:
                 raise self.err(path, f"scenario file {raw!r} is invalid: {e}") from None
             return sc.to_dict(), raw
+        if isinstance(raw, Mapping) and "generator" in raw:
+            return self.generated(raw, path, seed, target)
         if isinstance(raw, Mapping):
             try:
                 sc = Scenario.from_dict(raw, source=self.source)
@@ -260,13 +277,13 @@ class _V(_Validator):
             return sc.to_dict(), "inline"
         raise self.err(path, f"expected a scenario file name, an inline scenario mapping or null, got {_tname(raw)}")
 
-    def stratum(self, raw: Any, path: FieldPath) -> Stratum:
+    def stratum(self, raw: Any, path: FieldPath, target: int = 1) -> Stratum:
         d = self.mapping(raw, path, "a stratum")
         self.unknown(d, STRATUM_KEYS, path)
         name = self.text(self.required(d, "name", path), (*path, "name"))
         seed = self.integer(d.get("seed", 0), (*path, "seed"))
         order = self.integer(d.get("data_order", 1234), (*path, "data_order"))
-        faults, src = self.faults(d.get("faults"), (*path, "faults"))
+        faults, src = self.faults(d.get("faults"), (*path, "faults"), seed, target)
         link = d.get("link")
         if link is not None:
             link = self.mapping(link, (*path, "link"), "a link profile")
@@ -274,6 +291,12 @@ class _V(_Validator):
             link = {k: self.integer(v, (*path, "link", k)) for k, v in link.items()}
         split = self.choice(d.get("split", "heldout"), (*path, "split"), SPLITS)
         family = self.text(d.get("family", ""), (*path, "family"), empty=True)
+        if src.startswith("generator:"):
+            drawn_by = src.split(":", 1)[1].split("/", 1)[0]
+            if family and family != drawn_by:
+                raise self.err((*path, "family"), f"{family!r} differs from the family whose generator draws this "
+                                                  f"stratum's faults ({drawn_by!r})")
+            family = drawn_by
         region = dict(self.mapping(d.get("region", {}) or {}, (*path, "region"), "uncertainty-region labels"))
         return Stratum(name, seed, order, faults, src, link, split, family, region)
 
@@ -319,7 +342,7 @@ class _V(_Validator):
         if treatment == control:
             raise self.err(("contrast", "control"), "the control must be another arm than the treatment")
         strata_raw = self.seq(self.required(d, "strata", ()), ("strata",), "strata", min_len=1)
-        strata = tuple(self.stratum(s, ("strata", i)) for i, s in enumerate(strata_raw))
+        strata = tuple(self.stratum(s, ("strata", i), target) for i, s in enumerate(strata_raw))
         self._unique([s.name for s in strata], "strata")
         metrics = tuple(self.choice(m, ("metrics", i), METRICS)
                         for i, m in enumerate(self.seq(d.get("metrics", list(METRICS)), ("metrics",), "metrics")))
