@@ -75,6 +75,7 @@ def timeline_figure(runs: list[dict[str, Any]]) -> go.Figure:
     shown: set[str] = set()
     for i, r in enumerate(runs, start=1):
         t0 = r["t0_wall_ns"]
+        evid = r["timeline"].get("evidence", "measured")  # a simulated run's timeline is modeled
         rows = list(r["sites"]) + (["cluster"] if any(m["site"] is None for m in r["timeline"]["marks"]) else [])
         for phase, d in _phase_rows(r["timeline"]["phases"], t0, r["end_wall_ns"] - t0).items():
             fig.add_trace(go.Bar(
@@ -83,7 +84,7 @@ def timeline_figure(runs: list[dict[str, Any]]) -> go.Figure:
                 customdata=d["custom"],
                 hovertemplate=(f"<b>{phase}</b> on %{{y}}<br>event %{{customdata[0]}}<br>"
                                "start_ns %{customdata[1]}<br>end_ns %{customdata[2]}<br>"
-                               "%{x:.3f} s (measured)<extra>" + r["policy"] + "</extra>")), row=i, col=1)
+                               f"%{{x:.3f}} s ({evid})<extra>" + r["policy"] + "</extra>")), row=i, col=1)
             shown.add(phase)
         for kind, (symbol, color) in MARK_STYLE.items():
             ms = [m for m in r["timeline"]["marks"] if m["kind"] == kind]
@@ -95,7 +96,7 @@ def timeline_figure(runs: list[dict[str, Any]]) -> go.Figure:
                 marker=dict(symbol=symbol, size=13, color=color, line=dict(width=2, color=color)),
                 customdata=[[m["event_id"], m["start_ns"], m["end_ns"], m["label"]] for m in ms],
                 hovertemplate=(f"<b>{kind}</b>: %{{customdata[3]}}<br>event %{{customdata[0]}}<br>"
-                               "start_ns %{customdata[1]}<br>end_ns %{customdata[2]}<br>t = %{x:.3f} s (measured)"
+                               "start_ns %{customdata[1]}<br>end_ns %{customdata[2]}<br>" + f"t = %{{x:.3f}} s ({evid})"
                                "<extra>" + r["policy"] + "</extra>")), row=i, col=1)
             shown.add(f"mark-{kind}")
         fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(rows)), row=i, col=1)

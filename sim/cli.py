@@ -3,6 +3,7 @@
     run SCENARIO --sites N --policy P|all --out DIR [--config FILE] [--set K=V ...]
         [--calibration FILE] [--max-sim-s S] [--no-logs]
     calibrate RUNS... --out FILE
+    report EMULATOR_DIR --out DIR [--calibration FILE]
 
 `run` writes one run directory (or, with --policy all, one per policy under DIR) in the
 emulator's layout, for `xdc analyze`. Sites are named a..z, then s0026, s0027, ...
@@ -112,13 +113,28 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("calibrate", help="fit the timing model from emulator run directories")
     c.add_argument("runs", nargs="+")
     c.add_argument("--out", required=True)
+    p = sub.add_parser("report", help="simulate what an emulator comparison ran; the page 'How the simulator works'")
+    p.add_argument("emulator_dir", help="a comparison directory from `xdc compare` (or one run directory)")
+    p.add_argument("--out", required=True, help="writes DIR/index.html, DIR/artifact.json and DIR/sim/")
+    p.add_argument("--calibration", help="a calibration file from `xdc sim calibrate`")
     return ap
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from sim.side_by_side import build
+
+    doc = build(Path(args.emulator_dir), Path(args.out), Path(args.calibration) if args.calibration else None)
+    n = {k: sum(c["status"] == k for c in doc["claims"]) for k in ("survived", "falsified", "not run")}
+    for c in doc["claims"]:
+        print(f"{c['status']:>9}  {c['claim']}: {c['detail']}")
+    print(f"{n['survived']} survived, {n['falsified']} falsified, {n['not run']} not run -> {Path(args.out) / 'index.html'}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return cmd_run(args) if args.cmd == "run" else cmd_calibrate(args)
+        return {"run": cmd_run, "calibrate": cmd_calibrate, "report": cmd_report}[args.cmd](args)
     except (ConfigError, ScenarioError, UnsupportedFault) as e:
         print(f"xdc sim: {e}", file=sys.stderr)
         return 2

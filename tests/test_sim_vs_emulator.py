@@ -73,3 +73,34 @@ def _measured(x: object, path: str = ""):
     elif isinstance(x, list):
         for i, v in enumerate(x):
             yield from _measured(v, f"{path}[{i}]")
+
+
+@pytest.mark.integration
+def test_sim_report_puts_the_simulation_beside_the_emulators_comparison(comparison, tmp_path: Path) -> None:
+    """`xdc sim report`: every emulator run simulated with its own config and scenario, every claim
+    with a falsifier and a status, and the page's sections (issue 15's report section)."""
+    from sim.cli import main as sim_main
+
+    _out, index = comparison
+    cmp_dir = Path(index["runs"][0]["run_dir"]).parent
+    before = sorted(p.name for p in cmp_dir.iterdir())
+    assert sim_main(["report", str(cmp_dir), "--out", str(tmp_path / "rep")]) == 0
+    assert sorted(p.name for p in cmp_dir.iterdir()) == before  # the emulator's directory is left alone
+    doc = json.loads((tmp_path / "rep" / "artifact.json").read_text())
+    sims = sorted(p.name for p in (tmp_path / "rep" / "sim").iterdir() if p.is_dir())
+    assert sims == ["elastic", "oracle", "restart", "stall"]
+    claims = doc["claims"]
+    assert {c["status"] for c in claims} <= {"survived", "falsified", "not run"}
+    for pol in sims:  # time, lost tokens and bytes per policy, each with its falsifier
+        mine = [c for c in claims if c["claim"].startswith(f"{pol}:")]
+        assert len(mine) == 3 and all(c["falsifier"] for c in mine)
+        bytes_claim = next(c for c in mine if "bytes" in c["claim"])
+        assert bytes_claim["status"] == "not run"  # no WAN byte counters in a simulation: never survived
+        time_claim = next(c for c in mine if "time to target" in c["claim"])
+        assert time_claim["status"] in ("survived", "falsified") and time_claim["emulator"] > 0
+    assert any("ranking" in c["claim"] for c in claims)
+    html = (tmp_path / "rep" / "index.html").read_text()
+    for section in ("scenario", "causal", "timeline", "results", "learning-guess", "published", "boundary", "ledger"):
+        assert f"id='{section}'" in html, section
+    assert "Accessible causal graph list" in html and "Accessible timeline event list" in html
+    assert "ev-modeled" in html and "ev-measured" in html and "ev-prior" in html
