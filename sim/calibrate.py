@@ -27,6 +27,7 @@ from typing import Any, Iterable
 
 from ground.config import config_from_json
 from ground.eventlog import process_events as _events
+from sim.learning_fit import fit_learning
 from sim.model import SimModel, collective_s, n_params
 
 VERSION = "xdc-sim-calibration-v1"
@@ -108,7 +109,7 @@ def calibrate(runs: Iterable[str | Path]) -> dict[str, Any]:
                      "uncertainty": {"kind": "half interquartile range", "value": (q[2] - q[0]) / 2},
                      "source_runs": sorted({r for _, r in vals})}
     return {"version": VERSION, "inputs": [{"run": str(r), "sha256": _hashes(r)} for r in runs],
-            "parameters": params,
+            "parameters": params, "learning": fit_learning(runs).to_json(),
             "not_fitted": sorted(set(f for f in SimModel().to_json()["parameters"]) - set(params))}
 
 

@@ -23,6 +23,7 @@ from ground.config import ModelConfig, RunConfig
 # The tied-head TinyGPT of site_agent/model.py, by formula (checked against an emulator run's
 # logged n_params = 842,496 and flops_per_token = 5,832,704 for the default ModelConfig).
 BYTES_PER_VALUE = {"none": 4, "fp16": 2, "int8": 1}
+NOT_PARAMETERS = frozenset({"evidence", "sources", "learning"})  # SimModel fields that are not timing parameters
 
 
 def n_params(m: ModelConfig) -> int:
@@ -63,12 +64,14 @@ class SimModel:
     update_cosine: float = 0.9
     evidence: Mapping[str, str] = field(default_factory=dict, compare=False)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+    # The learning curve (sim/learning_fit.py LearningCurve.to_json()); None: the prior.
+    learning: Mapping[str, Any] | None = field(default=None, compare=False)
 
     def evidence_of(self, name: str) -> str:
         return self.evidence.get(name, "prior")
 
     def to_json(self) -> dict[str, Any]:
-        params = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("evidence", "sources")}
+        params = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in NOT_PARAMETERS}
         return {"parameters": {k: {"value": v, "evidence": self.evidence_of(k),
                                    "source": self.sources.get(k, "prior: a guess from one loaded emulator run")}
                                for k, v in params.items()}}
@@ -77,14 +80,15 @@ class SimModel:
     def from_calibration(doc: Mapping[str, Any], base: "SimModel | None" = None) -> "SimModel":
         """A model with the fitted parameters of a calibration file (sim/calibrate.py) applied."""
         base = base or SimModel()
-        names = {f.name for f in fields(SimModel)} - {"evidence", "sources"}
+        names = {f.name for f in fields(SimModel)} - NOT_PARAMETERS
         vals, ev, src = {}, dict(base.evidence), dict(base.sources)
         for k, p in (doc.get("parameters") or {}).items():
             if k in names:
                 vals[k] = type(getattr(base, k))(p["value"]) if getattr(base, k) is not None else p["value"]
                 ev[k] = "fitted"
                 src[k] = ", ".join(p.get("source_runs", [])) or "calibration"
-        return replace(base, **vals, evidence=ev, sources=src)
+        learning = doc.get("learning") if (doc.get("learning") or {}).get("evidence") == "modeled" else base.learning
+        return replace(base, **vals, evidence=ev, sources=src, learning=learning)
 
 
 def payload_bytes_per_value(compression: str) -> int:

@@ -185,7 +185,12 @@ def _claims(doc: dict[str, Any]) -> str:
 def _learning(emu_art: dict[str, Any], doc: dict[str, Any]) -> str:
     ln = doc["manifest"].get("learning") or {}
     fitted = ln.get("evidence") not in (None, "prior")
-    consts = ", ".join(f"{k} = {v}" for k, v in ln.items() if k not in ("evidence", "source"))
+    sd = ln.get("uncertainty") or {}
+    consts = ", ".join(f"{k} = {v:.4g}" + (f" ± {sd[k]:.2g} (1 sd)" if k in sd else "")
+                       for k, v in ln.items() if k in ("start_nll", "floor_nll", "scale_tokens", "alpha",
+                                                       "h_penalty_per_doubling") and isinstance(v, (int, float)))
+    if ln.get("rmse_nats") is not None:
+        consts += f"; fit RMSE {ln['rmse_nats']:.3f} nats over {ln.get('n_points')} evaluations"
     nll = [f"{r['policy']} {r['metrics']['final_heldout_nll']['value']:.3f}" for r in emu_art["runs"]
            if (r["metrics"].get("final_heldout_nll") or {}).get("value") is not None]
     return ("<section id='learning-guess'><h2>Where the learning guess came from</h2>"

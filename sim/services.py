@@ -10,10 +10,10 @@ Learning: a prior curve of held-out NLL over useful tokens and H (`prior`, not f
 from __future__ import annotations
 
 import hashlib
-import math
 from typing import TYPE_CHECKING, Any
 
 from sim.engine import ns
+from sim.learning_fit import LearningCurve
 from sim.model import state_bytes
 
 if TYPE_CHECKING:
@@ -83,30 +83,22 @@ class Heartbeats:
 
 
 class Learning:
-    """Held-out NLL over useful tokens, a prior (not fitted to any run):
+    """Held-out NLL over useful tokens: the model's learning curve (sim/learning_fit.py), fitted to
+    emulator runs by `xdc sim calibrate` (`modeled`) or the prior's guesses (`prior`):
 
         NLL(T, H) = floor + (start - floor) x (1 + T_eff / scale)^-alpha,   T_eff = T x (1 - p log2 H)
-
-    a power law in tokens with a penalty for H inner steps between synchronisations (staleness):
-    p per doubling of H. Each constant is `prior` with its source in SOURCE.
     """
 
-    SOURCE = ("prior: power law in tokens (Kaplan et al. 2020, arXiv:2001.08361); an H penalty that grows "
-              "slowly with H (DiLoCo, Douillard et al. 2023, arXiv:2311.08105, reports small losses to H=500); "
-              "every constant guessed for the byte-level model, not fitted")
-
-    def __init__(self, w: World, start_nll: float = 5.5, floor_nll: float = 2.0, scale_tokens: float = 2e5,
-                 alpha: float = 0.5, h_penalty_per_doubling: float = 0.02) -> None:
-        self.w, self.start, self.floor, self.scale, self.alpha = w, start_nll, floor_nll, scale_tokens, alpha
-        self.h_penalty = h_penalty_per_doubling
+    def __init__(self, w: World | None, curve: LearningCurve | None = None) -> None:
+        self.w = w
+        self.curve = curve or LearningCurve.from_json(w.model.learning if w is not None else None)
+        self.evidence, self.source = self.curve.evidence, self.curve.source
 
     def to_json(self) -> dict[str, Any]:
-        return {"evidence": "prior", "source": self.SOURCE, "start_nll": self.start, "floor_nll": self.floor,
-                "scale_tokens": self.scale, "alpha": self.alpha, "h_penalty_per_doubling": self.h_penalty}
+        return self.curve.to_json()
 
     def nll(self, tokens: float, h: int = 1) -> float:
-        eff = tokens * max(0.0, 1.0 - self.h_penalty * math.log2(max(1, h)))
-        return self.floor + (self.start - self.floor) * (1.0 + eff / self.scale) ** -self.alpha
+        return self.curve.nll(tokens, h)
 
     def train_loss(self, cursor: int, h: int = 1) -> float:
         return round(self.nll(cursor * self.w.cfg.model.seq_len, h), 6)
@@ -123,4 +115,4 @@ class Learning:
             return
         s.log.span_at("eval", t0, self.w.clock.now_ns, round=rnd, heldout_nll=self.nll(tokens, h),
                       heldout_nll_se=0.0, eval_set="simulated", eval_tokens=0, eval_cpu_s=self.w.model.eval_s,
-                      useful_tokens_trained=tokens, evidence="prior", source=self.SOURCE)
+                      useful_tokens_trained=tokens, evidence=self.evidence, source=self.source)

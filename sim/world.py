@@ -25,6 +25,7 @@ from sim.coord import SimCoordinator
 from sim.engine import Clock, NullLog, SimLog, ns
 from sim.faults import SimChaos, check_supported
 from sim.links import Links
+from sim.learning_fit import LearningCurve
 from sim.model import SimModel, flops_per_token, link_one_way_s, n_params
 from sim.rounds import Rounds
 from sim.services import Heartbeats, Learning, SimStore
@@ -139,7 +140,7 @@ def write_manifest(run_dir: Path, cfg: RunConfig, scenario: Scenario | None, mod
     (run_dir / MANIFEST).write_text(json.dumps({
         "simulated": True, "evidence": "modeled", "simulator": "sim (discrete-event, virtual clock)",
         "sample_ids": "canonical positions (the simulator has no corpus)",
-        "model": model.to_json(), "learning": Learning(None).to_json(),  # type: ignore[arg-type]
+        "model": model.to_json(), "learning": LearningCurve.from_json(model.learning).to_json(),
         "not_modeled": ["WAN byte counters (no wan_counters events; byte reconciliation is unknown)",
                         "link faults, store outages, coordinator crashes, preemption notices (refused)"],
     }, indent=2))
