@@ -47,7 +47,7 @@ demo: setup
 # The suite includes the compose smoke (tests/test_compose_smoke.py), so it needs the engine too.
 test: setup browser compose-setup
 	$(BIN)/lint-imports
-	XDC_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -q
+	XDC_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -q --durations=25
 
 bench: setup
 	$(BIN)/python -m bench.run_all
