@@ -159,11 +159,13 @@ def _results(emu_art: dict[str, Any], sim_art: dict[str, Any], doc: dict[str, An
             h = 1 if train.get("mode") == "sync" else train.get("inner_steps_h")
             ppf, ppf_e = _progress_per_flop(run)
             by_class = (run.get("bytes") or {}).get("by_class") or {}
-            inter = sum(v for k, v in by_class.items()) if by_class else None
+            inter = sum(by_class.values()) if by_class else None
+            if side == "simulator" and not inter:
+                inter = None  # no WAN byte counters in a simulation (sim.json `not_modeled`), not zero bytes
             energy = run.get("energy") or {}
             dur, dur_e = _v(run, "duration")
             rows.append(f"<tr><td>{escape(pol)}</td><td>{side}</td>{_cell(h, 'prior', 'd')}{_cell(ppf, ppf_e, '.3e', 'nats/FLOP')}"
-                        f"{_cell(inter, (run.get('bytes') or {}).get('evidence', 'unavailable'), ',.0f', 'B')}"
+                        f"{_cell(inter, (run.get('bytes') or {}).get('evidence', 'unavailable') if inter is not None else 'unavailable', ',.0f', 'B')}"
                         f"{_cell(dur, dur_e, ',.1f', 's')}{_cell(energy.get('value'), energy.get('evidence', 'unavailable'))}"
                         f"<td>{badge if side == 'simulator' else ''}</td></tr>")
     return ("<section id='results'><h2>Simulator result: the methods side by side</h2>"

@@ -104,3 +104,4 @@ def test_sim_report_puts_the_simulation_beside_the_emulators_comparison(comparis
         assert f"id='{section}'" in html, section
     assert "Accessible causal graph list" in html and "Accessible timeline event list" in html
     assert "ev-modeled" in html and "ev-measured" in html and "ev-prior" in html
+    assert " B<span class=\"ev ev-modeled\"" not in html  # no modeled byte counts: the simulator has none
