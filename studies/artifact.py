@@ -203,7 +203,7 @@ def build_artifact(p: Protocol, entry: dict[str, Any], finished: dict[str, dict[
     fired += [f"no-failure control {c['stratum']} {c['reason']}" for c in controls if c["status"] == "fail"]
     concl = conclusion(gates, p.claim, fired) if complete else {
         "status": "incomplete", "claim_stated": False,
-        "text": f"The study is incomplete: {len(finished)} of {len(keys)} runs finished; no decision yet."}
+        "text": f"The study is incomplete: {len(runs)} of {len(keys)} runs finished; no decision yet."}
     cfg0 = run_config_dict(p, p.strata[0], p.arm(p.control))
     from studies.families import family_tables
 

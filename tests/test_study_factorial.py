@@ -43,6 +43,14 @@ def test_contrast_gate_is_the_exact_sign_flip_over_blocks() -> None:
     assert g2["p"] == pytest.approx(2 / 256)
 
 
+def test_one_block_has_two_sign_patterns() -> None:
+    from studies.stats import sign_flip_p
+
+    assert sign_flip_p([3.0]) == {"p": 0.5, "n_patterns": 2, "exact": True}
+    assert sign_flip_p([-3.0])["p"] == 1.0 and sign_flip_p([0.0])["p"] == 1.0
+    assert sign_flip_p([3.0, 1.0])["p"] == pytest.approx(0.25)  # scipy's, from two blocks on
+
+
 def test_withheld_numbers_give_a_diagnostic_contrast_that_decides_nothing() -> None:
     class C:
         name, weights = "interaction", W
@@ -152,3 +160,55 @@ def test_study_energy_metrics_follow_the_claims() -> None:
             "phases": [{"phase": "checkpoint", "energy": {"value": None, "evidence": "unavailable"}}]}
     for q in (run_energy(none), group_energy(none, ("checkpoint",))):
         assert q["evidence"] == "unavailable" and "nvml0.energy" in q["reason"] and "diagnostic_value" not in q
+
+
+# ------------------------------------------------------------------------------------- start state
+def _store_with_state(root: Path, trainer) -> tuple[str, dict]:
+    """A durable checkpoint of `trainer`'s state, written as the store service writes one."""
+    import safetensors.torch
+
+    from checkpoint_store.blobstore import BlobStore
+
+    store = BlobStore(root)
+    blobs = {}
+    for name, tensors in trainer.state_tensors().items():
+        blobs[name] = store.put_blob(safetensors.torch.save({k: v.contiguous() for k, v in tensors.items()}))
+    h = store.put_manifest({"run_id": "earlier", "ckpt_id": "e1r2", "round": 2, "step": 12, "epoch": 1,
+                            "parent": None, "samples": 96, "blobs": blobs, "created_wall_ns": 1,
+                            "params_hash": trainer.params_hash()})
+    return h, blobs
+
+
+def test_a_run_starts_from_a_verified_durable_checkpoint(tmp_path: Path) -> None:
+    import torch
+
+    from ground.config import load_config
+    from site_agent.init_state import InitStateError
+    from site_agent.trainer import SiteTrainer
+
+    small = {"model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "seq_len": 16},
+             "train": {"per_site_batch": 2, "device": "cpu", "seed": 7, "mode": "local"}}
+    trained = SiteTrainer(load_config(small), torch.device("cpu"))
+    x = torch.randint(0, 256, (2, 16))
+    for _ in range(3):  # a state the seed does not give: trained weights and AdamW moments
+        trained.inner_step(x, x, frontier_tokens=0)
+    trained.apply_outer(trained.pseudo_gradient(), frontier_tokens=0)
+    h, blobs = _store_with_state(tmp_path / "store", trained)
+    fresh = SiteTrainer(load_config(small), torch.device("cpu"))
+    assert fresh.init_state is None and fresh.params_hash() != trained.params_hash()
+    cfg = load_config({**small, "train": {**small["train"], "seed": 0, "init_store_dir": str(tmp_path / "store"),
+                                          "init_manifest_sha256": h}})
+    started = SiteTrainer(cfg, torch.device("cpu"))
+    assert started.params_hash() == trained.params_hash()  # not the seed's weights: the checkpoint's
+    assert started.init_state["manifest_sha256"] == h and started.init_state["from_round"] == 2
+    assert started.inner_opt.state  # the optimizer state came with it
+    # a damaged blob, a wrong hash, half a config: refused, naming why
+    (tmp_path / "store" / "blobs" / blobs["model"]).write_bytes(b"not the blob")
+    with pytest.raises(InitStateError, match="hashes to .* expected"):
+        SiteTrainer(cfg, torch.device("cpu"))
+    with pytest.raises(InitStateError, match="manifest"):
+        SiteTrainer(load_config({**small, "train": {**small["train"], "init_store_dir": str(tmp_path / "store"),
+                                                     "init_manifest_sha256": "0" * 64}}), torch.device("cpu"))
+    with pytest.raises(InitStateError, match="both or neither"):
+        SiteTrainer(load_config({**small, "train": {**small["train"], "init_manifest_sha256": h}}),
+                    torch.device("cpu"))
