@@ -83,6 +83,10 @@ def run_study(p: Protocol, entry: dict[str, Any], out: Path, *, timeout_s: float
     from studies.start_state import START_KEY, resolved, start_overrides
 
     start = resolved(p, finished)
+    if start is not None:  # a start state named by hash (or made earlier) must be there, whole, before any run
+        from site_agent.init_state import check_init_config
+
+        check_init_config(start["store_dir"], start["manifest_sha256"])
     if p.start_state and start is None:  # the shared trained state: made once, first, without faults
         if max_runs is not None and max_runs < 1:
             return {"done": False, "ran": [], "skipped": [], "stopped": "stopped before the start-state run", "notes": notes}
