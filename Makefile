@@ -99,3 +99,9 @@ STUDIES ?= learning-efficiency equal-work controller-heldout
 .PHONY: studies
 studies: setup
 	@for s in $(STUDIES); do $(BIN)/xdc study run studies/protocols/$$s.yaml || exit $$?; done
+
+# Issue 14's 2 x 2 checkpoint-cadence x continuation energy study at full size (37 runs; hours on 2 cores),
+# resumable in runs/studies/cadence-continuation-v1/.
+.PHONY: study-cadence
+study-cadence: setup
+	$(BIN)/xdc study run studies/protocols/cadence-continuation.yaml

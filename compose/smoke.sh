@@ -2,14 +2,16 @@
 # `make compose-smoke`: the compose cluster for real, start to finish, then nothing left behind.
 #
 #   build    the xdc image (docker compose build; bases from compose/.env, see compose/setup.sh)
-#   up       toxiproxy, init, store, coordinator, site-a/b/c (up -d waits for init and health)
+#   up       toxiproxy, init, sampler (energy telemetry; healthy after its idle baseline), store,
+#            coordinator, site-a/b/c (up -d waits for init and health)
 #   probe    from inside site-a: no other process is reachable by name or by IP, no default route;
 #            Toxiproxy is (compose/netprobe.py -> RUN/netprobe.json)
 #   chaos    the scenario from the host with `xdc chaos --docker` (kill / pause / restart through
 #            the Docker API), which returns when the coordinator has exited by itself
 #   analyze  `docker compose run analyze` (summarize with Toxiproxy's counters, then the artifact)
 #   check    compose/smoke_check.py on the artifact (target reached, every checker passing, bytes
-#            reconciled with Toxiproxy, the probe's findings; with SMOKE_NATIVE=<native run dir>,
+#            reconciled with Toxiproxy, the sampler's trace whole and its energy `unavailable` with
+#            the reason, the probe's findings; with SMOKE_NATIVE=<native run dir>,
 #            the same matched-frontier hash as that native run)
 #   down     docker compose down --volumes, then no container, network or volume of the project
 #
@@ -149,6 +151,9 @@ timeout 60 "${COMPOSE[@]}" wait coordinator >/dev/null || true
 timeout 30 "${COMPOSE[@]}" wait site-a site-b site-c >/dev/null 2>&1 \
   || say "sites still running 30 s after the coordinator finished: stopping them"
 "${COMPOSE[@]}" stop --timeout 10 site-a site-b site-c store 2>&1 | grep -v '^ Container' || true
+# The energy sampler last, as the launcher stops it: SIGTERM starts its idle baseline after the run,
+# then it closes its trace (logs/telemetry/trace.jsonl) and logs the trace's SHA-256.
+"${COMPOSE[@]}" stop --timeout 20 sampler 2>&1 | grep -v '^ Container' || true
 t_ran=$(now_ns)
 say "analyze"
 # `xdc analyze` exits 1 when a checker fails: go on to the timings; smoke_check says what failed.

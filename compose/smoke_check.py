@@ -9,6 +9,9 @@ run inside site-a) and RUN/networks.json, and checks:
   - bytes: Toxiproxy's counters were read (evidence `measured`, a positive total) and the
     `byte_classes` checker reconciled every link with them;
   - every scheduled fault fired;
+  - energy: the sampler service ran, its trace is whole and hashes to what it logged, the artifact
+    names the hash, and the run's energy is `measured` or `unavailable` with the reason (never a
+    bare number without a meter);
   - the probe: no other process resolvable or reachable from site-a, no address beyond the project
     reachable, Toxiproxy reachable;
   - the networks (RUN/networks.json, from docker network inspect): every per-process network is
@@ -45,6 +48,26 @@ def artifact_problems(art: dict[str, Any]) -> list[str]:
         out.append(f"bytes not reconciled with Toxiproxy's counters: {rec}")
     if not {c["name"] for c in art["checks"]} >= {"byte_classes", "faults_fired"}:
         out.append("the artifact lacks the byte_classes or faults_fired checker")
+    return out
+
+
+def energy_problems(art: dict[str, Any]) -> list[str]:
+    """The sampler service's trace and the run's energy verdict (analysis/energy.py's section)."""
+    (run,) = art["runs"]
+    e = run.get("energy") or {}
+    if not (e.get("sampler") or {}).get("ran"):
+        return [f"no energy sampler ran in the compose run: {e.get('reason')}"]
+    out = []
+    tr = e.get("trace") or {}
+    if not tr.get("sha256") or not tr.get("hash_matches") or tr.get("truncated"):
+        out.append(f"the sampler's trace is not whole: sha256 {tr.get('sha256')}, matches the logged one "
+                   f"{tr.get('hash_matches')}, truncated {tr.get('truncated')}, problems {tr.get('problems')}")
+    m = run["metrics"].get("energy") or {}
+    if m.get("evidence") == "unavailable":
+        if not m.get("reason"):
+            out.append("the run's energy is unavailable without a reason")
+    elif m.get("evidence") != "measured" or m.get("value") is None:
+        out.append(f"the run's energy is neither measured nor unavailable with a reason: {m}")
     return out
 
 
@@ -89,7 +112,8 @@ def frontier_problems(compose_summary: dict[str, Any], native_summary: dict[str,
 
 
 def problems(run: Path, native: Path | None = None) -> list[str]:
-    out = artifact_problems(json.loads((run / "artifact.json").read_text()))
+    art = json.loads((run / "artifact.json").read_text())
+    out = artifact_problems(art) + energy_problems(art)
     out += probe_problems(json.loads((run / "netprobe.json").read_text()))
     out += network_problems(json.loads((run / "networks.json").read_text()))
     if native is not None:

@@ -113,6 +113,11 @@ class TrainConfig:
     checkpoint_every_rounds: int = 8
     compression: Literal["none", "fp16", "int8"] = "none"  # collective payload
     seed: int = 0  # model init
+    # Start from a trained state instead of the seeded initial weights: a durable checkpoint of an earlier
+    # run (its store directory, RUN/store, and the manifest's SHA-256; site_agent/init_state.py). Both or
+    # neither; "" = the seeded weights. Its model, optimizer and outer state become the run's initial state.
+    init_store_dir: str = ""
+    init_manifest_sha256: str = ""
     threads_per_site: int = 0  # torch intra-op threads per site process; 0 = cores // sites, min 1
     # Intra-site data parallelism: W processes per site (rank 0 = the site agent, the only one on
     # the WAN) joined by a per-site gloo group over loopback; each trains on 1/W of the site's

@@ -211,7 +211,7 @@ EVENTS: dict[str, Event] = {
     "site_metrics": Event(("coordinator.rules",), span=False,
         fields=("metrics", "site")),
     "site_started": Event(("site_agent.agent",), span=False,
-        fields=("dataset_id", "device", "flops_per_token", "n_params", "params_hash", "threads",
+        fields=("dataset_id", "device", "flops_per_token", "init_state", "n_params", "params_hash", "threads",
                 "torch", "workers_per_site")),
     "site_stopped": Event(("site_agent.agent",), span=False,
         fields=("rc", "reason")),

@@ -52,13 +52,14 @@ class ProcessSpec:
 # the compose proxy ports are numbered in that order).
 PROCESSES: tuple[ProcessSpec, ...] = (
     ProcessSpec(COORD, "coordinator", module="coordinator.service", cli="coordinator", binds=True,
-                byte_counters=True, start_rank=2, stop_rank=2),
+                byte_counters=True, start_rank=2, stop_rank=2, after=(TELEMETRY,)),
     ProcessSpec(STORE, "checkpoint store", module="checkpoint_store.service", cli="store", binds=True,
-                byte_counters=True, start_rank=1, stop_rank=3),
+                byte_counters=True, start_rank=1, stop_rank=3, after=(TELEMETRY,)),
     ProcessSpec(SITE, "site agent", module="site_agent.agent", cli="site", binds=True, byte_counters=True,
                 start_rank=3, stop_rank=1, after=(COORD, STORE)),
     # First and last: its idle baselines are taken before any other process starts and after all stopped.
-    ProcessSpec(TELEMETRY, "energy sampler", module="telemetry.sampler", start_rank=0, stop_rank=4,
+    # Under compose the services above wait for it (`after`), so `docker compose stop` stops it last.
+    ProcessSpec(TELEMETRY, "energy sampler", module="telemetry.sampler", cli="sampler", start_rank=0, stop_rank=4,
                 hook="telemetry.launch"),
     # Spawned by its site agent, not by the launcher; talks to its peers over torch.distributed, not the WAN.
     ProcessSpec(SITE_WORKER, "intra-site worker", module="site_agent.worker"),

@@ -149,7 +149,8 @@ def _run(args: argparse.Namespace, cfg: RunConfig, topo: Topology, me: str, log:
     trainer = SiteTrainer(cfg, device, group=group)
     log.emit("site_started", device=str(device), threads=threads, dataset_id=corpus.dataset_id,
              n_params=count_params(trainer.model), flops_per_token=trainer.flops_per_token,
-             params_hash=trainer.params_hash(), torch=torch.__version__, pid=os.getpid(), workers_per_site=world)
+             params_hash=trainer.params_hash(), torch=torch.__version__, pid=os.getpid(), workers_per_site=world,
+             init_state=trainer.init_state)
     if pool is not None:
         try:
             pool.check(-1, trainer.params_hash())  # every rank starts from the same weights

@@ -55,6 +55,11 @@ class SiteTrainer:
                                          momentum=cfg.train.outer_momentum, nesterov=cfg.train.outer_momentum > 0)
         self.inner_steps = 0
         self.outer_steps = 0
+        # A configured start state (train.init_manifest_sha256) replaces the seeded weights now, before
+        # anyone hashes or snapshots them; None when the run starts from the seed.
+        from site_agent.init_state import load_init_state
+
+        self.init_state = load_init_state(self)
 
     # ----------------------------------------------------------------- sync mode
     def compute_grads(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, np.ndarray]:

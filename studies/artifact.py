@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from studies.protocol import Protocol, Stratum, run_config_dict
+from studies.protocol import ENERGY_METRICS, Protocol, Stratum, run_config_dict
 from studies.runner import check_controls, run_keys
 from studies.stats import bootstrap_interval, conclusion, decide_gate
 
@@ -51,7 +51,31 @@ def _invalidators(p: Protocol, runs: list[dict[str, Any]], mixed: bool) -> list[
     for r in main:
         by_stratum.setdefault(r["stratum"], set()).add(int(r["record"].get("useful_tokens") or 0))
     checks["unequal_work"] = [f"{s}: useful tokens {sorted(v)}" for s, v in by_stratum.items() if len(v) > 1]
+    # A meter whose frozen validity rules fired withdraws the energy claims of the whole study (its numbers
+    # stay as diagnostics); a machine without a meter fires nothing: its energy gates are `unknown`.
+    checks["energy_meter_invalid"] = [f"{r['key']}: {', '.join(r['record']['energy']['invalidators_fired'])}"
+                                      for r in runs if (r["record"].get("energy") or {}).get("meter")
+                                      and r["record"]["energy"].get("invalidators_fired")]
+    checks["start_state_mismatch"] = _start_state_problems(p, runs)
     return [{"name": n, "fired": bool(checks[n]), "evidence": checks[n][:10]} for n in p.invalidators]
+
+
+def _start_state_problems(p: Protocol, runs: list[dict[str, Any]]) -> list[str]:
+    """With a protocol start state, every run must have been configured with the same one and every site
+    incarnation must have logged loading it."""
+    if not p.start_state:
+        return []
+    out = []
+    hashes = {(r["record"].get("init_state") or {}).get("manifest_sha256") for r in runs}
+    if len(hashes) > 1:
+        out.append(f"runs name {len(hashes)} different start states: {sorted(str(h)[:12] for h in hashes)}")
+    for r in runs:
+        st = r["record"].get("init_state")
+        if not st:
+            out.append(f"{r['key']}: started from the seeded weights, not the start state")
+        elif not st.get("all_loaded"):
+            out.append(f"{r['key']}: not every site logged loading {str(st.get('manifest_sha256'))[:12]}: {st.get('loaded')}")
+    return out
 
 
 def _noise_floor(p: Protocol, runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -126,13 +150,23 @@ def _pairs(p: Protocol, by: dict[tuple[str, str], dict[str, Any]], floor: dict[s
     return pairs
 
 
-def _gates(p: Protocol, evalpairs: list[dict[str, Any]], learning: dict[str, str]) -> list[dict[str, Any]]:
-    """Every registered gate decided over the evaluation split's pairs."""
+def _gates(p: Protocol, evalpairs: list[dict[str, Any]], learning: dict[str, str],
+           by: dict[tuple[str, str], dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Every registered gate decided over the evaluation split's pairs, or, for a gate on a named
+    contrast, over the evaluation split's blocks (studies/factorial.py)."""
+    from studies.factorial import block_values
+
+    blocks = [s.name for s in p.strata if s.split == p.evaluation_split]
     gates = []
     for g in p.gates:
         gd = {"name": g.name, "metric": g.metric, "kind": g.kind, "direction": g.direction, "margin": g.margin,
               "alpha": g.alpha, "test": g.test, "note": g.note, "relative": g.relative}
-        if g.relative:  # treatment / control - 1: the margin is a fraction of the control's value
+        if g.contrast:
+            c = p.contrast(g.contrast)
+            rows = block_values(c.weights, g.metric, blocks, by or {}, relative=g.relative)
+            diffs = [r["value"] for r in rows]  # a block missing an arm's value: the gate is `unknown`
+            gd.update(contrast=c.name, weights=dict(c.weights))
+        elif g.relative:  # treatment / control - 1: the margin is a fraction of the control's value
             diffs = [None if q["values"][g.metric]["ratio"] is None else q["values"][g.metric]["ratio"] - 1
                      for q in evalpairs]
         else:
@@ -156,7 +190,7 @@ def build_artifact(p: Protocol, entry: dict[str, Any], finished: dict[str, dict[
     pairs = _pairs(p, by, floor)
     evalpairs = [q for q in pairs if q["split"] == p.evaluation_split]
     learning = _learning([r for r in runs if not r["control"] and split_of[r["stratum"]].split == p.evaluation_split])
-    gates = _gates(p, evalpairs, learning)
+    gates = _gates(p, evalpairs, learning, by)
     intervals = {m: {**bootstrap_interval([q["values"][m]["difference"] for q in evalpairs
                                            if q["values"][m]["difference"] is not None]),
                      "what": f"{p.treatment} - {p.control}, mean over {p.evaluation_split} pairs (description only)"}
@@ -169,7 +203,7 @@ def build_artifact(p: Protocol, entry: dict[str, Any], finished: dict[str, dict[
     fired += [f"no-failure control {c['stratum']} {c['reason']}" for c in controls if c["status"] == "fail"]
     concl = conclusion(gates, p.claim, fired) if complete else {
         "status": "incomplete", "claim_stated": False,
-        "text": f"The study is incomplete: {len(finished)} of {len(keys)} runs finished; no decision yet."}
+        "text": f"The study is incomplete: {len(runs)} of {len(keys)} runs finished; no decision yet."}
     cfg0 = run_config_dict(p, p.strata[0], p.arm(p.control))
     from studies.families import family_tables
 
@@ -197,6 +231,9 @@ def build_artifact(p: Protocol, entry: dict[str, Any], finished: dict[str, dict[
         "conclusion": concl,
         "versions": earlier,
         "families": families,
+        **({"factorial": _factorial(p, by)} if p.contrasts else {}),
+        **({"energy_report": _energy_report(p, runs)} if any(m in p.metrics for m in ENERGY_METRICS[1:]) else {}),
+        **({"start_state": _start_state(p, finished)} if p.start_state else {}),
         "provenance": {"code_revisions": [json.loads(r) for r in sorted(revs)], "mixed_code_revisions": mixed,
                        "notes": list(notes or []), "example_run_config": cfg0,
                        "evidence_classes": {"measured": "read from the run's logs or counters",
@@ -204,6 +241,32 @@ def build_artifact(p: Protocol, entry: dict[str, Any], finished: dict[str, dict[
                                             "logical": "a count of logged events (opportunity ticks)",
                                             "unavailable": "not measured, with the reason"}},
     }
+
+
+def _factorial(p: Protocol, by: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
+    from studies.factorial import contrast_table
+
+    blocks = [s.name for s in p.strata if s.split == p.evaluation_split]
+    return {"blocks": blocks, "arms": [a.name for a in p.arms],
+            "contrasts": [{"name": c.name, "weights": dict(c.weights), "note": c.note} for c in p.contrasts],
+            "table": contrast_table(p.contrasts, p.metrics, blocks, by)}
+
+
+def _energy_report(p: Protocol, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    from studies.energy_report import energy_summary
+
+    inv = ((p.base_config.get("telemetry") or {}).get("invalidators") or {})
+    return energy_summary({"runs": runs}, p.treatment, [s.name for s in p.strata if s.split == p.evaluation_split],
+                          int(inv.get("counter_min_updates_per_phase", 3)))
+
+
+def _start_state(p: Protocol, finished: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    from studies.start_state import START_KEY, resolved
+
+    st = resolved(p, finished)
+    run = finished.get(START_KEY)
+    return {"declared": dict(p.start_state or {}), "resolved": st,
+            "run": None if run is None else {"run_dir": run["run_dir"], "hashes": run["hashes"]}}
 
 
 def validate(art: dict[str, Any]) -> None:

@@ -74,16 +74,25 @@ def wall_seconds(run_dir: Path) -> dict[str, Any]:
             "note": "wall clock of the launcher on a shared machine: not a speed measurement"}
 
 
+_ENERGY_CACHE: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+
+
+def _energy(run_dir: Path, summary: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(energy metrics, compact energy record) of a run (studies/energy.py), computed once per run."""
+    from studies.energy import energy_metrics
+
+    key = str(Path(run_dir).resolve())
+    if key not in _ENERGY_CACHE:
+        _ENERGY_CACHE[key] = energy_metrics(Path(run_dir), summary)
+    return _ENERGY_CACHE[key]
+
+
 def energy(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
-    """Device energy of the run: the energy meter's hook when installed, else what the summary
-    says (unavailable until the meter lands)."""
+    """Device energy of the run: the hook when installed (tests), else the sampler's trace through the
+    validity rules (measured only when the run's energy claim stands; else unavailable with the reason)."""
     if ENERGY_HOOK is not None:
         return ENERGY_HOOK(run_dir, summary)
-    e = summary.get("energy") or {}
-    if e.get("evidence") == "measured" and e.get("joules") is not None:
-        return {"value": float(e["joules"]), "unit": "J", "evidence": "measured"}
-    return {"value": None, "unit": "J", "evidence": "unavailable",
-            "reason": e.get("reason", "no device energy meter in this build")}
+    return _energy(run_dir, summary)[0]["energy_j"]
 
 
 def run_metrics(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
@@ -120,6 +129,9 @@ def run_metrics(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
     m["replayed_tokens"] = {"value": int(summary.get("replayed_tokens") or 0), "unit": "tokens",
                             "evidence": "measured", "lost_tokens": int(summary.get("lost_tokens") or 0)}
     m["energy_j"] = energy(run_dir, summary)
+    for name, q in _energy(run_dir, summary)[0].items():
+        if name != "energy_j":
+            m[name] = q
     return m
 
 
@@ -148,4 +160,22 @@ def run_record(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
         "baselines": summary.get("baselines"),
         "checkpoints": len(summary.get("checkpoint_tree") or []),
         "code_revision": start.get("code_revision"),
+        "init_state": init_state_of(run_dir, cfg),
+        "energy": _energy(run_dir, summary)[1],
     }
+
+
+def init_state_of(run_dir: Path, cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """The start state the run was configured with and what each site incarnation logged it loaded
+    (site_agent/init_state.py); None when the run started from the seeded weights."""
+    t = cfg.get("train") or {}
+    want = t.get("init_manifest_sha256") or None
+    if not want:
+        return None
+    loaded = {}
+    for s in cfg["cluster"]["sites"]:
+        for e in _events(run_dir, s):
+            if e.get("event") == "site_started":
+                loaded.setdefault(s, []).append((e.get("init_state") or {}).get("manifest_sha256"))
+    return {"manifest_sha256": want, "store_dir": t.get("init_store_dir"), "loaded": loaded,
+            "all_loaded": bool(loaded) and all(h == want for hs in loaded.values() for h in hs)}

@@ -24,6 +24,19 @@ File form (see studies/protocols/*.yaml for complete ones):
          margin: 0.05, alpha: 0.05, test: sign_flip_exact}
     controls: {arms: [sync-elastic, sync-stall], strata: [s0], expect: identical}
 
+A factorial study (studies/protocols/cadence-continuation.yaml) names more than two arms and its
+`contrasts`, each a +/-1 weight vector over arms (weights sum to 0), evaluated per block (stratum):
+
+    contrasts:
+      - {name: interaction, weights: {dense-replay: -1, dense-continue: 1, sparse-replay: 1, sparse-continue: -1}}
+    gates:
+      - {name: interaction, contrast: interaction, metric: energy_j, kind: superiority, direction: higher, ...}
+
+A gate without `contrast` is on the treatment - control pair. `start_state` makes every run start from
+one trained state: either `{store_dir, manifest_sha256}` (a durable checkpoint that exists) or
+`{target_useful_tokens, config}` (the study first trains it once, without faults, and every run then
+starts from that run's durable frontier; its manifest hash is recorded in every run).
+
 `faults` is a scenario file (path relative to the protocol file, then to the repository root),
 an inline scenario mapping (chaos/scenario.py's form), or absent/null (no faults).
 
@@ -46,18 +59,21 @@ from chaos.scenario import FieldPath, _Validator, _dotted, _tname
 ROOT = Path(__file__).resolve().parent.parent
 
 METRICS = ("final_heldout_nll", "progress_per_flop", "attempted_flops", "opportunity_ticks", "wall_s",
-           "inter_site_bytes", "replayed_tokens", "energy_j")
+           "inter_site_bytes", "replayed_tokens", "energy_j", "energy_checkpoint_j", "energy_replay_j")
+ENERGY_METRICS = ("energy_j", "energy_checkpoint_j", "energy_replay_j")
 INVALIDATORS = ("unclean_exit", "target_not_reached", "unequal_work", "work_unbalanced", "faults_never_fired",
-                "mixed_code_revisions", "eval_set_mismatch")
+                "mixed_code_revisions", "eval_set_mismatch", "energy_meter_invalid", "start_state_mismatch")
 POLICIES = ("stall", "restart", "elastic", "oracle")
 SPLITS = ("heldout", "calibration")
 GATE_KINDS = ("noninferiority", "superiority")
 TESTS = ("sign_flip_exact",)
 TOP_KEYS = ("name", "version", "question", "claim", "target_useful_tokens", "base_config", "arms", "contrast",
-            "strata", "metrics", "evaluation", "invalidators", "gates", "controls", "notes")
+            "strata", "metrics", "evaluation", "invalidators", "gates", "controls", "notes", "contrasts", "start_state")
 ARM_KEYS = ("name", "policy", "mode", "inner_steps_h", "config", "note")
 STRATUM_KEYS = ("name", "seed", "data_order", "faults", "link", "split", "family", "region")
-GATE_KEYS = ("name", "metric", "kind", "direction", "margin", "alpha", "test", "relative", "note")
+GATE_KEYS = ("name", "metric", "kind", "direction", "margin", "alpha", "test", "relative", "note", "contrast")
+CONTRAST_KEYS = ("name", "weights", "note")
+START_KEYS = ("store_dir", "manifest_sha256", "target_useful_tokens", "config")
 LINK_KEYS = ("latency_ms", "jitter_ms", "bandwidth_kbps")
 
 
@@ -107,6 +123,24 @@ class Gate:
     test: str = "sign_flip_exact"
     note: str = ""
     relative: bool = False  # the paired difference is treatment / control - 1 (margin as a fraction)
+    contrast: str = ""  # a named contrast of the protocol; "" = the treatment - control pair
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """A +/-1 weight vector over arms: per block, sum_a w_a * metric(a)."""
+
+    name: str
+    weights: Mapping[str, int] = field(default_factory=dict, hash=False)
+    note: str = ""
+
+    @property
+    def plus(self) -> list[str]:
+        return [a for a, w in self.weights.items() if w > 0]
+
+    @property
+    def minus(self) -> list[str]:
+        return [a for a, w in self.weights.items() if w < 0]
 
 
 @dataclass(frozen=True)
@@ -129,6 +163,11 @@ class Protocol:
     source: str
     lines: Mapping[FieldPath, int] = field(default_factory=dict, hash=False, compare=False, repr=False)
     notes: str = ""
+    contrasts: tuple[Contrast, ...] = ()
+    start_state: Mapping[str, Any] | None = field(default=None, hash=False)
+
+    def contrast(self, name: str) -> Contrast:
+        return next(c for c in self.contrasts if c.name == name)
 
     def arm(self, name: str) -> Arm:
         return next(a for a in self.arms if a.name == name)
@@ -147,9 +186,14 @@ class Protocol:
             "metrics": list(self.metrics), "evaluation": {"split": self.evaluation_split},
             "invalidators": list(self.invalidators),
             "gates": [{"name": g.name, "metric": g.metric, "kind": g.kind, "direction": g.direction,
-                       "margin": g.margin, "alpha": g.alpha, "test": g.test, "note": g.note, "relative": g.relative}
+                       "margin": g.margin, "alpha": g.alpha, "test": g.test, "note": g.note, "relative": g.relative,
+                       **({"contrast": g.contrast} if g.contrast else {})}
                       for g in self.gates],
             "controls": _plain(self.controls), "notes": self.notes,
+            # only when used: the canonical form (and so the hash) of a paired protocol is unchanged
+            **({"contrasts": [{"name": c.name, "weights": dict(c.weights), "note": c.note} for c in self.contrasts]}
+               if self.contrasts else {}),
+            **({"start_state": _plain(self.start_state)} if self.start_state else {}),
         }
 
 
@@ -319,8 +363,44 @@ class _V(_Validator):
         relative = d.get("relative", False)
         if not isinstance(relative, bool):
             raise self.err((*path, "relative"), f"expected true/false, got {_tname(relative)} {relative!r}")
+        contrast = self.text(d.get("contrast", ""), (*path, "contrast"), empty=True)
         return Gate(name, metric, kind, direction, margin, alpha, test,
-                    self.text(d.get("note", ""), (*path, "note"), empty=True), relative)
+                    self.text(d.get("note", ""), (*path, "note"), empty=True), relative, contrast)
+
+    def contrast(self, raw: Any, path: FieldPath, arms: list[str]) -> Contrast:
+        d = self.mapping(raw, path, "a contrast")
+        self.unknown(d, CONTRAST_KEYS, path)
+        name = self.text(self.required(d, "name", path), (*path, "name"))
+        w = self.mapping(self.required(d, "weights", path), (*path, "weights"), "weights over arms")
+        weights: dict[str, int] = {}
+        for a, v in w.items():
+            self.choice(a, (*path, "weights", a), arms)
+            if isinstance(v, bool) or v not in (-1, 1):
+                raise self.err((*path, "weights", a), f"a weight is +1 or -1 (leave an arm out for 0), got {v!r}")
+            weights[str(a)] = int(v)
+        if sum(weights.values()) != 0 or not weights:
+            raise self.err((*path, "weights"), f"the weights must sum to 0 (as many +1 as -1 arms), got "
+                                               f"{sum(weights.values()):+d} over {len(weights)} arms")
+        return Contrast(name, weights, self.text(d.get("note", ""), (*path, "note"), empty=True))
+
+    def start_state(self, raw: Any) -> dict[str, Any]:
+        from checkpoint_store.blobstore import is_sha256_hex
+
+        path: FieldPath = ("start_state",)
+        d = dict(self.mapping(raw, path, "the start state"))
+        self.unknown(d, START_KEYS, path)
+        if "manifest_sha256" in d or "store_dir" in d:
+            self.text(self.required(d, "store_dir", path), (*path, "store_dir"))
+            if not is_sha256_hex(self.required(d, "manifest_sha256", path)):
+                raise self.err((*path, "manifest_sha256"), f"expected a SHA-256 (64 lowercase hex), got "
+                                                           f"{d['manifest_sha256']!r}")
+            if "target_useful_tokens" in d or "config" in d:
+                raise self.err(path, "either an existing checkpoint (store_dir, manifest_sha256) or a run that "
+                                     "trains it (target_useful_tokens, config), not both")
+            return d
+        self.integer(self.required(d, "target_useful_tokens", path), (*path, "target_useful_tokens"), minimum=1)
+        d["config"] = dict(self.mapping(d.get("config", {}) or {}, (*path, "config"), "run-config overrides"))
+        return d
 
     def protocol(self, data: Any) -> Protocol:
         d = self.mapping(data, (), "a protocol")
@@ -353,18 +433,28 @@ class _V(_Validator):
             raise self.err(("evaluation", "split"), f"no stratum is in the {split!r} split")
         inval = tuple(self.choice(x, ("invalidators", i), INVALIDATORS) for i, x in
                       enumerate(self.seq(d.get("invalidators", list(INVALIDATORS)), ("invalidators",), "invalidators")))
+        contrasts = tuple(self.contrast(c, ("contrasts", i), names) for i, c in
+                          enumerate(self.seq(d.get("contrasts", []) or [], ("contrasts",), "contrasts")))
+        self._unique([c.name for c in contrasts], "contrasts")
         gates_raw = self.seq(self.required(d, "gates", ()), ("gates",), "gates", min_len=1)
         gates = tuple(self.gate(g, ("gates", i)) for i, g in enumerate(gates_raw))
         self._unique([g.name for g in gates], "gates")
         for i, g in enumerate(gates):
             if g.metric not in metrics:
                 raise self.err(("gates", i, "metric"), f"{g.metric!r} is not among the protocol's metrics {list(metrics)}")
+            if g.contrast:
+                c = self.choice(g.contrast, ("gates", i, "contrast"), [x.name for x in contrasts])
+                con = next(x for x in contrasts if x.name == c)
+                if g.relative and len(con.weights) != 2:
+                    raise self.err(("gates", i, "relative"), f"a relative gate needs a two-arm contrast (treatment / "
+                                                             f"control - 1); {c!r} has {len(con.weights)} arms")
+        start = self.start_state(d["start_state"]) if d.get("start_state") is not None else None
         controls = d.get("controls")
         if controls is not None:
             controls = self._controls(controls, names, [s.name for s in strata])
         notes = self.text(d.get("notes", ""), ("notes",), empty=True)
         return Protocol(name, version, question, claim, target, base, arms, treatment, control, strata, metrics,
-                        split, inval, gates, controls, self.source, self.lines, notes)
+                        split, inval, gates, controls, self.source, self.lines, notes, contrasts, start)
 
     def _controls(self, raw: Any, arms: list[str], strata: list[str]) -> dict[str, Any]:
         d = self.mapping(raw, ("controls",), "the no-failure controls")

@@ -52,7 +52,7 @@ function xdcLoadStudyTrace(btn) {
 
 UNITS = {"final_heldout_nll": "nats/token", "progress_per_flop": "nats/FLOP", "attempted_flops": "FLOP",
          "opportunity_ticks": "ticks", "wall_s": "s", "inter_site_bytes": "B", "replayed_tokens": "tokens",
-         "energy_j": "J"}
+         "energy_j": "J", "energy_checkpoint_j": "J", "energy_replay_j": "J"}
 
 
 def _e(v: Any) -> str:
@@ -317,8 +317,13 @@ def render(art: dict[str, Any]) -> str:
                f"stratum (seed, data order, fault schedule and link profile shared by every arm); difference = "
                f"<b>{_e(t)}</b> − <b>{_e(c)}</b>; gates decided on the {_e(st['evaluation_split'])} strata.</p>"
                f"<p>Learning check: {_e(art['learning']['text'])}</p></section>")
+    from studies.energy_report import energy_sections
+
     for section in (_medians_section, _trajectory_section, _intervals_section, _decision_section, _pairs_section,
-                    _runs_section, _families_section, _versions_section, _provenance_section):
+                    _runs_section, _families_section):
+        out += section(art)
+    out.append(energy_sections(art))  # the energy study's sections (only when the artifact has them)
+    for section in (_versions_section, _provenance_section):
         out += section(art)
     out.append("</body></html>")
     return "".join(out)
@@ -351,6 +356,9 @@ def write_traces(art: dict[str, Any], out_dir: Path) -> None:
 def write_report(art: dict[str, Any], out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     write_traces(art, out_dir)
+    from studies.energy_report import write_energy_trace
+
+    write_energy_trace(art, out_dir)
     path = out_dir / "index.html"
     path.write_text(render(art))
     return path

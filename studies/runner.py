@@ -46,7 +46,7 @@ def run_study(p: Protocol, entry: dict[str, Any], out: Path, *, timeout_s: float
               max_runs: int | None = None, say: Callable[[str], None] = print) -> dict[str, Any]:
     """Run what the ledger has not finished. Returns {"done", "ran", "skipped", "stopped", "notes"}."""
     from xdc.compare import check_scenario_fits, with_policy
-    from ground.config import load_config
+    from ground.config import load_config, merge
     from xdc.launcher import launch
     from ground.provenance import code_revision
 
@@ -80,24 +80,42 @@ def run_study(p: Protocol, entry: dict[str, Any], out: Path, *, timeout_s: float
     skipped: list[str] = []
     stopped: str | None = None
     keys = run_keys(p)
+    from studies.start_state import START_KEY, resolved, start_overrides
+
+    start = resolved(p, finished)
+    if start is not None:  # a start state named by hash (or made earlier) must be there, whole, before any run
+        from site_agent.init_state import check_init_config
+
+        check_init_config(start["store_dir"], start["manifest_sha256"])
+    if p.start_state and start is None:  # the shared trained state: made once, first, without faults
+        if max_runs is not None and max_runs < 1:
+            return {"done": False, "ran": [], "skipped": [], "stopped": "stopped before the start-state run", "notes": notes}
+        say(f"study {p.name}: the start state: one run of {p.start_state['target_useful_tokens']:,} useful tokens")
+        why = _run_start_state(p, ledger, out, rev, timeout_s=timeout_s, quiet=quiet)
+        if why:
+            return {"done": False, "ran": [], "skipped": [], "stopped": why, "notes": notes}
+        ran.append(START_KEY)
+        start = resolved(p, ledger.finished())
     for key, s, arm_name, with_faults in keys:
         if key in finished:
             skipped.append(key)
             continue
-        if max_runs is not None and len(ran) >= max_runs:
+        if max_runs is not None and len([k for k in ran if k != START_KEY]) >= max_runs:
             stopped = f"stopped after {max_runs} run(s) (--max-runs)"
             break
         arm = p.arm(arm_name)
         scenario = _scenario(s) if with_faults else None
         attempt = len(ledger.interrupted().get(key, [])) + 1
         run_id = key.replace("/", "--") + (f"-try{attempt}" if attempt > 1 else "")
-        cfg = load_config({**run_config_dict(p, s, arm), "runs_dir": str(out / "runs"), "run_id": run_id})
+        cfg = load_config(merge(run_config_dict(p, s, arm), {**start_overrides(start), "runs_dir": str(out / "runs"),
+                                                             "run_id": run_id}))
         if scenario is not None:
             check_scenario_fits(cfg, scenario)
         cfg = with_policy(cfg, arm.policy, scenario)
         run_dir = out / "runs" / run_id
         ledger.append({"type": "run_started", "key": key, "run_dir": str(run_dir), "code_revision": rev})
-        say(f"study {p.name}: run {len(finished) + len(ran) + 1}/{len(keys)}: {key}"
+        n_done = len([k for k in (*finished, *ran) if k != START_KEY])
+        say(f"study {p.name}: run {n_done + 1}/{len(keys)}: {key}"
             f"{' (no-failure control)' if not with_faults else ''}")
         run_dir_, summary = launch(cfg, quiet=quiet, scenario=scenario, timeout_s=timeout_s)
         if not summary or summary.get("interrupted"):
@@ -115,6 +133,33 @@ def run_study(p: Protocol, entry: dict[str, Any], out: Path, *, timeout_s: float
         ran.append(key)
     done = stopped is None and all(k in ledger.finished() for k, *_ in keys)
     return {"done": done, "ran": ran, "skipped": skipped, "stopped": stopped, "notes": notes}
+
+
+def _run_start_state(p: Protocol, ledger: Ledger, out: Path, rev: dict[str, Any], *, timeout_s: float,
+                     quiet: bool) -> str | None:
+    """Train the study's start state (studies/start_state.py); None on success, else why it stopped."""
+    from ground.config import load_config, merge
+    from studies.start_state import START_KEY, frontier_of, start_config_dict
+    from xdc.launcher import launch
+
+    attempt = len(ledger.interrupted().get(START_KEY, [])) + 1
+    run_id = "start-state" + (f"-try{attempt}" if attempt > 1 else "")
+    cfg = load_config(merge(start_config_dict(p), {"runs_dir": str(out / "runs"), "run_id": run_id}))
+    ledger.append({"type": "run_started", "key": START_KEY, "run_dir": str(out / "runs" / run_id), "code_revision": rev})
+    run_dir_, summary = launch(cfg, quiet=quiet, scenario=None, timeout_s=timeout_s)
+    if not summary or summary.get("interrupted") or not summary.get("clean_exit"):
+        ledger.append({"type": "run_stopped", "key": START_KEY, "run_dir": str(run_dir_),
+                       "why": "interrupted" if summary else "the run failed before it started"})
+        return f"the start-state run {'was interrupted or did not exit cleanly' if summary else 'failed to start'}"
+    rd = Path(run_dir_)
+    st = frontier_of(rd)
+    ledger.append({"type": "run_finished", "key": START_KEY, "stratum": "", "arm": "", "control": False,
+                   "run_dir": str(rd.resolve()), "code_revision": rev, "start_state": st,
+                   "hashes": {"config_sha256": file_sha256(rd / "config.json"),
+                              "summary_sha256": file_sha256(rd / "summary.json"), "logs_sha256": logs_sha256(rd)},
+                   "summary": {k: summary.get(k) for k in ("useful_tokens", "attempted_tokens", "final_heldout_nll",
+                                                           "frontier_hash")}})
+    return None
 
 
 def check_controls(p: Protocol, finished: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

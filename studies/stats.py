@@ -50,6 +50,8 @@ def sign_flip_p(x: Sequence[float]) -> dict[str, Any]:
     n = len(arr)
     if n == 0:
         return {"p": None, "n_patterns": 0, "exact": True}
+    if n == 1:  # scipy needs two observations; the two patterns are x and -x (a tie counts, as in scipy)
+        return {"p": 0.5 if arr[0] > 0 else 1.0, "n_patterns": 2, "exact": True}
     res = stats.permutation_test((arr,), _mean, permutation_type="samples", alternative="greater",
                                  n_resamples=np.inf, vectorized=True)
     n_null = int(np.size(res.null_distribution))

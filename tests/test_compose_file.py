@@ -58,7 +58,7 @@ def test_native_and_compose_link_maps_are_identical() -> None:
 
 def test_the_file_parses_and_has_every_service(doc: dict) -> None:
     svcs = doc["services"]
-    assert set(svcs) == {COMPOSE_TOXIPROXY, "init", "store", "coordinator", "site-a", "site-b", "site-c",
+    assert set(svcs) == {COMPOSE_TOXIPROXY, "init", "sampler", "store", "coordinator", "site-a", "site-b", "site-c",
                          "chaos", "summarize", "analyze"}
     # pinned upstream images by default; `make compose-setup` may name local stand-ins in compose/.env
     assert svcs[COMPOSE_TOXIPROXY]["image"] == f"${{XDC_TOXIPROXY_IMAGE:-{TOXIPROXY_IMAGE}}}"
@@ -68,7 +68,7 @@ def test_the_file_parses_and_has_every_service(doc: dict) -> None:
     assert args["XDC_DOCKER_CLI_IMAGE"] == f"${{XDC_DOCKER_CLI_IMAGE:-{DOCKER_CLI_IMAGE}}}"
     assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+", BASE_IMAGE) and re.fullmatch(r"docker:\d+\.\d+\.\d+-cli", DOCKER_CLI_IMAGE)
     assert "runs" in doc["volumes"]
-    for name in ("toxiproxy", "store", "coordinator", "site-a", "site-b", "site-c"):
+    for name in ("toxiproxy", "sampler", "store", "coordinator", "site-a", "site-b", "site-c"):
         assert "healthcheck" in svcs[name], name
     assert set(svcs["chaos"]["profiles"]) == {"chaos"} and set(svcs["summarize"]["profiles"]) == {"analyze"}
     assert set(svcs["analyze"]["profiles"]) == {"analyze"}
@@ -130,8 +130,14 @@ def test_images_environment_volumes_agree(doc: dict) -> None:
         assert any("/runs/${XDC_RUN_ID:-compose-run}" == a for a in svcs[n]["command"]), n
     # start order: init after toxiproxy is healthy; every process after init; sites after the services
     assert svcs["init"]["depends_on"][COMPOSE_TOXIPROXY]["condition"] == "service_healthy"
-    for n in ("store", "coordinator", "site-a", "site-b", "site-c"):
+    for n in ("sampler", "store", "coordinator", "site-a", "site-b", "site-c"):
         assert svcs[n]["depends_on"]["init"]["condition"] == "service_completed_successfully"
+    # the energy sampler first (its idle baseline before the run) and so, under `docker compose stop`, last
+    for n in ("store", "coordinator"):
+        assert svcs[n]["depends_on"]["sampler"]["condition"] == "service_healthy"
+    assert "sampler_ready" in " ".join(svcs["sampler"]["healthcheck"]["test"])
+    assert svcs["sampler"]["network_mode"] == "none" and "networks" not in svcs["sampler"]
+    assert svcs["sampler"]["pid"] == "host"  # it reads the CPU time of the other services' processes
     for s in SITES:
         dep = svcs[service_name(s)]["depends_on"]
         assert dep["coordinator"]["condition"] == dep["store"]["condition"] == "service_healthy"
@@ -161,14 +167,14 @@ def test_ports_agree_with_the_topology(doc: dict) -> None:
 def test_every_site_reaches_every_other_only_through_toxiproxy(doc: dict) -> None:
     svcs = doc["services"]
     topo = plan_topology(SITES, "compose")
-    nets = {n: set(s["networks"]) for n, s in svcs.items()}
+    nets = {n: set(s.get("networks", ())) for n, s in svcs.items()}
     procs = topo.processes()
     assert set(doc["networks"]) == {network_name(p) for p in procs} | {API_NETWORK}
     assert nets[COMPOSE_TOXIPROXY] == set(doc["networks"])
     # no route out of a process's network; the one network with a gateway carries only Toxiproxy's API
     for p in procs:
         assert doc["networks"][network_name(p)] == {"internal": True}
-    assert [n for n, s in svcs.items() if API_NETWORK in s["networks"]] == [COMPOSE_TOXIPROXY]
+    assert [n for n, s in svcs.items() if API_NETWORK in s.get("networks", ())] == [COMPOSE_TOXIPROXY]
     assert svcs[COMPOSE_TOXIPROXY]["networks"][-1] == API_NETWORK
     for p in procs:
         assert nets[service_name(p)] == {network_name(p)}
@@ -186,7 +192,7 @@ def test_every_site_reaches_every_other_only_through_toxiproxy(doc: dict) -> Non
 
 def test_gpu_override_reserves_the_gpu_for_every_site() -> None:
     gpu = yaml.safe_load((ROOT / "compose" / "docker-compose.gpu.yml").read_text())
-    assert set(gpu["services"]) == {service_name(s) for s in SITES}
+    assert set(gpu["services"]) == {service_name(s) for s in SITES} | {"sampler"}  # the sampler reads NVML
     for s in gpu["services"].values():
         (dev,) = s["deploy"]["resources"]["reservations"]["devices"]
         assert dev["capabilities"] == ["gpu"] and dev["driver"] == "nvidia"

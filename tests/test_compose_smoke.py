@@ -9,6 +9,7 @@ same frontier (its `same_frontier` checker passes).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -79,6 +80,20 @@ def test_compose_smoke_passes_and_matches_the_native_run(tmp_path: Path) -> None
     assert status.pop("same_frontier") in ("unknown", "pass")
     assert set(status.values()) == {"pass"}, status
     assert section["reconciliation"]["evidence"] == "measured" and section["reconciliation"]["proxy_total"] > 0
+    # the sampler service: its raw trace, whole, hashed in the artifact; no meter here, so the run's energy
+    # is `unavailable`, with the sensors' reasons (a GPU host would measure: then this part does not apply)
+    trace = run / "logs" / "telemetry" / "trace.jsonl"
+    assert trace.is_file(), sorted(p.name for p in (run / "logs").iterdir())
+    energy = section["energy"]
+    assert energy["sampler"]["ran"] and energy["trace"]["hash_matches"] and not energy["trace"]["truncated"], energy["trace"]
+    assert energy["trace"]["sha256"] == hashlib.sha256(trace.read_bytes()).hexdigest()
+    meters = {m["sensor"]: m for m in energy["meters"]}
+    if not any(m["quantity"] in ("gpu_energy", "cpu_energy") and m["support"] == "ok" for m in meters.values()):
+        m = section["metrics"]["energy"]
+        assert m["evidence"] == "unavailable" and m["value"] is None, m
+        assert "nvml0.energy" in m["reason"] and "rapl.energy" in m["reason"], m
+        assert energy["gate"]["status"] == "unknown"
+    assert {"a", "b", "c", "coord", "store"} <= set((energy.get("per_site") or {}).get("processes", {})), energy.get("per_site")
     chaos = [json.loads(l) for l in (run / "logs" / "chaos.jsonl").read_text().splitlines() if l.strip()]
     assert any(e.get("event") == "fault_injected" for e in chaos), [e.get("event") for e in chaos]
 

@@ -60,6 +60,34 @@ def test_each_artifact_failure_is_named() -> None:
     assert "not reconciled" in check.artifact_problems(unmeasured)[0]
 
 
+ENERGY = {"sampler": {"ran": True}, "trace": {"sha256": "ab" * 32, "hash_matches": True, "truncated": False,
+                                              "problems": []}}
+UNAVAILABLE = {"value": None, "unit": "J", "evidence": "unavailable",
+               "reason": "no energy meter readable: nvml0.energy: no_library; rapl.energy: no_device"}
+
+
+def test_the_sampler_service_energy_verdicts() -> None:
+    good = copy.deepcopy(ART)
+    good["runs"][0]["energy"] = ENERGY
+    good["runs"][0]["metrics"]["energy"] = UNAVAILABLE
+    assert check.energy_problems(good) == []
+    measured = copy.deepcopy(good)
+    measured["runs"][0]["metrics"]["energy"] = {"value": 1234.5, "unit": "J", "evidence": "measured"}
+    assert check.energy_problems(measured) == []
+    absent = copy.deepcopy(good)
+    absent["runs"][0]["energy"] = {"sampler": {"ran": False}, "reason": "no telemetry sampler ran in this run"}
+    assert "no energy sampler ran" in check.energy_problems(absent)[0]
+    torn = copy.deepcopy(good)
+    torn["runs"][0]["energy"]["trace"]["truncated"] = True
+    assert "trace is not whole" in check.energy_problems(torn)[0]
+    bare = copy.deepcopy(good)
+    bare["runs"][0]["metrics"]["energy"] = {"value": None, "unit": "J", "evidence": "unavailable", "reason": ""}
+    assert "without a reason" in check.energy_problems(bare)[0]
+    modeled = copy.deepcopy(good)
+    modeled["runs"][0]["metrics"]["energy"] = {"value": 99.0, "unit": "J", "evidence": "modeled"}
+    assert "neither measured nor unavailable" in check.energy_problems(modeled)[0]
+
+
 def test_each_probe_failure_is_named() -> None:
     reached = copy.deepcopy(PROBE)
     reached["ips"]["site-b"]["ok"] = True

@@ -70,7 +70,7 @@ def test_compose_services_are_the_tables_composable_processes() -> None:
     table = [service_name(n) for p in compose_processes() for n in p.names(SITES)]
     process_services = [n for n, s in services.items() if s.get("command", [None])[0] == "xdc"
                         and s["command"][1] in {p.cli for p in compose_processes()}]
-    assert process_services == table == ["store", "coordinator", "site-a", "site-b", "site-c"]
+    assert process_services == table == ["sampler", "store", "coordinator", "site-a", "site-b", "site-c"]
     for p in compose_processes():
         for n in p.names(SITES):
             assert services[service_name(n)]["command"][1:] == [p.cli, "--run-dir", services[service_name(n)]

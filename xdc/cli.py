@@ -406,16 +406,10 @@ def main(argv: list[str] | None = None) -> int:
         return 141
 
 
-def cmd_sampler(args: argparse.Namespace) -> int:
-    from telemetry.sampler import main as sampler_main
-
-    return sampler_main(["--run-dir", str(args.run_dir)])
-
-
 def _commands() -> dict[str, Callable[[argparse.Namespace], int]]:
     """Subcommand -> its function; one process command per process of the table an `xdc` command runs."""
     out: dict[str, Callable[[argparse.Namespace], int]] = {
-        "prepare": cmd_prepare, "sampler": cmd_sampler, "summarize": cmd_summarize, "compose": cmd_compose,
+        "prepare": cmd_prepare, "summarize": cmd_summarize, "compose": cmd_compose,
         "analyze": cmd_analyze, "sql": cmd_sql, "run": cmd_run, "demo": cmd_demo, "config": cmd_config,
         "chaos": cmd_chaos, "compare": cmd_compare}
     out.update({p.cli: cmd_process for p in compose_processes()})

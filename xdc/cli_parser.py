@@ -69,13 +69,11 @@ def _process_commands(sub: argparse._SubParsersAction) -> None:
     p_prep.add_argument("--sites", help="comma-separated site names (default: the config's cluster.sites)")
     p_prep.add_argument("--wait-s", type=float, default=30.0, help="how long to wait for Toxiproxy")
     for proc in compose_processes():  # one command per process of the table an `xdc` command runs
+        # `sampler` beside a hand-started cluster: start it first, stop it last with Ctrl-C
         p = sub.add_parser(proc.cli, help=f"run {'one' if proc.per_site else 'the'} {proc.role} in the foreground")
         p.add_argument("--run-dir", required=True, help="a prepared run directory")
         if proc.per_site:
             p.add_argument("--site", required=True)
-    p_smp = sub.add_parser("sampler", help="the energy/telemetry sampler of a run, in the foreground (for a "
-                                           "hand-started cluster: start it first, stop it last with Ctrl-C)")
-    p_smp.add_argument("--run-dir", required=True, help="a prepared run directory")
 
 
 def _analysis_commands(sub: argparse._SubParsersAction) -> None:

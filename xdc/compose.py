@@ -54,6 +54,13 @@ def _healthy_when_logging(process: str) -> dict:
             "interval": "2s", "timeout": "5s", "retries": 60, "start_period": "5s"}
 
 
+def _healthy_when_ready(process: str, event: str) -> dict:
+    """Healthy once the process logged `event` (the sampler's `sampler_ready`: its idle baseline is done)."""
+    log = f"{RUN_DIR_IN_CONTAINER}/logs/{process}.jsonl"
+    return {"test": ["CMD", "python", "-c", f"import sys; sys.exit('\"{event}\"' not in open('{log}').read())"],
+            "interval": "1s", "timeout": "5s", "retries": 120, "start_period": "5s"}
+
+
 def _toxiproxy_service(topo: Topology) -> dict:
     ports = sorted(int(l.proxy_listen.rsplit(":", 1)[1]) for l in topo.links.values())
     return {
@@ -98,9 +105,21 @@ def _process_services(topo: Topology) -> dict[str, dict]:
     for p in compose_processes():
         for name in p.names(topo.sites):
             after = {service_name(a): {"condition": "service_healthy"} for a in p.after}
-            out[service_name(name)] = _xdc_service(["xdc", p.cli, "--run-dir", RUN_DIR_IN_CONTAINER, *p.args(name)],
-                                                   [network_name(name)], depends_on={**ready, **after},
-                                                   healthcheck=_healthy_when_logging(name), pid="host")
+            cmd = ["xdc", p.cli, "--run-dir", RUN_DIR_IN_CONTAINER, *p.args(name)]
+            if p.binds:
+                out[service_name(name)] = _xdc_service(cmd, [network_name(name)], depends_on={**ready, **after},
+                                                       healthcheck=_healthy_when_logging(name), pid="host")
+                continue
+            # The energy sampler: no network at all (it reads /proc, /sys and the GPU driver, dials
+            # nobody); the host's PID namespace, so it sees the other services' processes (their CPU
+            # time, `proc.cpu_time`); healthy once its idle baseline before the run is done. The
+            # services wait for it, so `docker compose stop` stops it last (its idle baseline after).
+            svc = _xdc_service(cmd, [], depends_on={"init": ready["init"]},
+                               healthcheck=_healthy_when_ready(name, "sampler_ready"), pid="host")
+            svc.pop("networks")
+            svc["network_mode"] = "none"
+            svc["stop_grace_period"] = "20s"  # SIGTERM starts the idle baseline after the run, then it closes
+            out[service_name(name)] = svc
     return out
 
 
@@ -138,7 +157,10 @@ def compose_spec(sites: tuple[str, ...] | list[str] = ("a", "b", "c")) -> dict:
 
 
 def compose_gpu_spec(sites: tuple[str, ...] | list[str] = ("a", "b", "c")) -> dict:
-    """The override that shares the host's GPU(s) with every site (`-f docker-compose.gpu.yml`)."""
+    """The override that shares the host's GPU(s) with every site and with the energy sampler, which reads
+    their NVML counters (`-f docker-compose.gpu.yml`)."""
     gpu = {"resources": {"reservations": {"devices": [{"driver": "nvidia", "count": "all",
                                                        "capabilities": ["gpu"]}]}}}
-    return {"services": {service_name(s): {"deploy": gpu} for s in sites}}
+    from ground.processes import TELEMETRY
+
+    return {"services": {service_name(s): {"deploy": gpu} for s in (*sites, TELEMETRY)}}
