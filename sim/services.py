@@ -99,6 +99,7 @@ class Learning:
                  alpha: float = 0.5, h_penalty_per_doubling: float = 0.02) -> None:
         self.w, self.start, self.floor, self.scale, self.alpha = w, start_nll, floor_nll, scale_tokens, alpha
         self.h_penalty = h_penalty_per_doubling
+        self._last_loss: tuple[tuple[int, int] | None, float] = (None, 0.0)
 
     def to_json(self) -> dict[str, Any]:
         return {"evidence": "prior", "source": self.SOURCE, "start_nll": self.start, "floor_nll": self.floor,
@@ -109,7 +110,9 @@ class Learning:
         return self.floor + (self.start - self.floor) * (1.0 + eff / self.scale) ** -self.alpha
 
     def train_loss(self, cursor: int, h: int = 1) -> float:
-        return round(self.nll(cursor * self.w.cfg.model.seq_len, h), 6)
+        if self._last_loss[0] != (cursor, h):  # every member of a round asks for the same one
+            self._last_loss = ((cursor, h), round(self.nll(cursor * self.w.cfg.model.seq_len, h), 6))
+        return self._last_loss[1]
 
     def evaluate(self, s: SimSite, rnd: int, cursor: int) -> None:
         t0 = max(self.w.clock.now_ns, s.eval_until_ns)  # the evaluator thread: one evaluation at a time
