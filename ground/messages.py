@@ -77,6 +77,9 @@ def _get(kind: str, body: Mapping[str, Any], name: str, default: Any) -> tuple[b
 def get_int(kind: str, body: Mapping[str, Any], name: str, *, lo: int = 0, hi: int = MAX_COUNT,
             default: Any = _MISSING) -> Any:
     """An integer in [lo, hi] (bool is not an integer here); `default` when absent (if given)."""
+    v = body.get(name)
+    if type(v) is int and lo <= v <= hi:  # the common case first (every message has several)
+        return v
     present, v = _get(kind, body, name, default)
     if not present or (v is None and default is None):
         return v
