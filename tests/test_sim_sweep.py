@@ -41,7 +41,7 @@ def test_ranking_flips_are_found_and_ties_are_not_flips() -> None:
 
 
 def test_a_sweep_on_a_real_local_dask_cluster_equals_the_local_process_sweep(tmp_path: Path) -> None:
-    distributed = pytest.importorskip("distributed")  # a dependency (pyproject): installed by `make setup`
+    import distributed  # a dependency (pyproject), installed by `make setup`: missing is a failure, not a skip
     todo = sweep.cells(**TINY)
     local = sweep.run_local(todo, workers=2)
     assert any(r["faults"] for r in local) and all(r["useful_tokens"] > 0 for r in local)
