@@ -25,7 +25,7 @@ from bench.common import RESULTS, ROOT
 
 BENCHMARKS = ["wan_fidelity", "collective_efficiency", "collective_unshaped", "emulator_ceiling", "emulator_overhead",
               "cluster_throughput", "heartbeat_under_load", "recovery", "storm_goodput",
-              "analysis_speed", "sim_scale", "adaptive_collapse"]
+              "analysis_speed", "sim_scale", "sim_validate", "adaptive_collapse"]
 # A benchmark module that writes more than one result file.
 RESULT_NAMES = {"recovery": ["recovery_failover", "recovery_rejoin"]}
 

@@ -27,6 +27,24 @@ from ground.setting import ConsistencySetting
 # Members run at most about one round ahead of the commit record; a report further ahead is absurd.
 ROUND_WINDOW = 8
 
+# The message kinds and their handlers (method names), looked up once per message.
+HANDLERS = {"join": "_on_join", "heartbeat": "_on_heartbeat", "round_done": "_on_round_done",
+            "site_done": "_on_site_done", "telemetry": "_on_telemetry", "preempt_notice": "_on_preempt_notice",
+            "checkpoint_durable": "_on_checkpoint_durable", "peer_unreachable": "_on_peer_unreachable"}
+
+_MEMBER_SETS: dict[int, tuple[tuple[str, ...], frozenset[str]]] = {}
+
+
+def member_set(members: tuple[str, ...]) -> frozenset[str]:
+    """`members` as a set, memoised by the tuple's identity (the tuple is kept, so its id is never
+    reused while cached): `s in members` scans the tuple, O(N) per message at 1,000 sites."""
+    got = _MEMBER_SETS.get(id(members))
+    if got is None or got[0] is not members:
+        if len(_MEMBER_SETS) > 32:
+            _MEMBER_SETS.clear()
+        got = _MEMBER_SETS[id(members)] = (members, frozenset(members))
+    return got[1]
+
 
 class Rules:
     """A mutable working copy of one CoordState for one step: the rules act on it, appending to `out`;
@@ -45,7 +63,12 @@ class Rules:
         self.tip, self.committed_round, self.committed_cursor = s.tip, s.committed_round, s.committed_cursor
         self.frontier, self.unproven, self.settle_until_ns = s.frontier, set(s.unproven), s.settle_until_ns
         self.pending_frontiers = dict(s.pending_frontiers)
-        self.reports = {k: dict(v) for k, v in s.reports.items()}
+        # Copy on write: the outer map is copied here, a round's reports only when this step adds one
+        # (`_own_reports`: the keys whose inner map is this working copy's own), so a step costs O(1)
+        # in the number of members, not a copy of every report held (the simulator at 1,000 sites).
+        self.reports = dict(s.reports)
+        self._own_reports: set[tuple[int, int]] = set()
+        self._own_sites: dict[str, membership.SiteRecord] | None = None  # see _sites_for_write
         self.last_reason, self.last_recovery_reason = s.last_reason, s.last_recovery_reason
         self.shutdown_sent = s.shutdown_sent
         self.settings = s.settings.copy() if s.settings is not None else EpochSettings(cfg)
@@ -68,6 +91,14 @@ class Rules:
     @property
     def epoch_members(self) -> dict[int, tuple[str, ...]]:
         return self.recent.epoch_members
+
+    def _sites_for_write(self) -> dict[str, membership.SiteRecord]:
+        """The membership's site map, this working copy's own (copied once per step, then changed in
+        place): the membership functions copy it for every change, O(N) per heartbeat at scale."""
+        if self._own_sites is None or self._own_sites is not self.membership.sites:
+            self._own_sites = dict(self.membership.sites)
+            self.membership = replace(self.membership, sites=self._own_sites)
+        return self._own_sites
 
     # ------------------------------------------------------------------ journal
     def recover(self, records: list[dict[str, Any]], problem: str | None, now: int) -> None:
@@ -151,11 +182,7 @@ class Rules:
                               f"(current epoch {self.membership.epoch})")
             return
         typed = parse(msg.kind, msg.body)
-        handlers = {"join": self._on_join, "heartbeat": self._on_heartbeat, "round_done": self._on_round_done,
-                    "site_done": self._on_site_done, "telemetry": self._on_telemetry,
-                    "preempt_notice": self._on_preempt_notice, "checkpoint_durable": self._on_checkpoint_durable,
-                    "peer_unreachable": self._on_peer_unreachable}
-        handlers[msg.kind](msg, typed, now_ns)
+        getattr(self, HANDLERS[msg.kind])(msg, typed, now_ns)
 
     def _on_join(self, msg: Received, j: Join, now_ns: int) -> None:
         if (msg.src, msg.inc) in self.oracle_dropped:
@@ -206,16 +233,20 @@ class Rules:
         # they speak: learn it from the first heartbeat, or a drain would hold out incarnation 0 and
         # readmit the drained, still-live process. A known incarnation is changed only by a join.
         known = self.membership.sites.get(msg.src)
-        learned = msg.inc if known is not None and not known.incarnation else 0
-        self.membership = membership.on_heartbeat(self.membership, msg.src, now_ns, learned)
+        if known is None:
+            return  # membership.on_heartbeat ignores an unknown site
+        learned = msg.inc if not known.incarnation else 0
+        # membership.on_heartbeat's record, written into this step's own site map (O(1), not a copy).
+        site = replace(known, last_heartbeat_ns=now_ns, incarnation=learned or known.incarnation)
+        self._sites_for_write()[msg.src] = site
         # A member we removed is still alive (it hung, or was partitioned): tell it, so it rejoins.
-        site = self.membership.sites.get(msg.src)
-        if site is not None and self.membership.epoch > 0 and msg.src not in self.membership.members \
-                and hb.epoch not in (0, self.membership.epoch) and site.state == membership.SiteState.FAILED:
+        # (The cheap conditions first: every term is side-effect free.)
+        if hb.epoch not in (0, self.membership.epoch) and site.state == membership.SiteState.FAILED \
+                and self.membership.epoch > 0 and msg.src not in member_set(self.membership.members):
             self.send_plan([msg.src])
 
     def _on_site_done(self, msg: Received, d: SiteDone, _now_ns: int) -> None:
-        if msg.epoch == self.membership.epoch and msg.src in self.membership.members:
+        if msg.epoch == self.membership.epoch and msg.src in member_set(self.membership.members):
             self.membership = membership.on_done(self.membership, msg.src)
             self.emit("site_done", site=msg.src, round=d.round)
 
@@ -274,20 +305,25 @@ class Rules:
             return
         # The current epoch, or the previous one for the round it still had in flight when a
         # change was scheduled for the next boundary (nothing in flight is thrown away).
-        if self.plan is not None and msg.epoch == self.membership.epoch and msg.src in self.membership.members:
+        if self.plan is not None and msg.epoch == self.membership.epoch \
+                and msg.src in member_set(self.membership.members):
             epoch, members = self.membership.epoch, self.membership.members
-        elif (msg.epoch in self.epoch_members and msg.src in self.epoch_members[msg.epoch]
+        elif (msg.epoch in self.epoch_members and msg.src in member_set(self.epoch_members[msg.epoch])
               and self.plan is not None and rnd < self.plan.start_round and rnd == self.committed_round + 1):
             epoch, members = msg.epoch, self.epoch_members[msg.epoch]
         else:
             self._reject(msg, f"epoch {msg.epoch} is not current {self.membership.epoch} or not a member", round=rnd)
             return
         key = (epoch, rnd)
-        self.reports.setdefault(key, {})[msg.src] = r
+        got = self.reports.get(key)
+        if got is None or key not in self._own_reports:  # copy on write (see __init__)
+            got = self.reports[key] = dict(got) if got is not None else {}
+            self._own_reports.add(key)
+        got[msg.src] = r
         # The site's own timings of the cycle: the controller's evidence, never a condition of the commit.
         self.settings.on_cycle(epoch, rnd, msg.src, msg.body.get("cycle") if isinstance(msg.body, dict) else None)
-        got = self.reports[key]
-        if set(got) != set(members):
+        # The count first (O(1)); the sets only when it matches (once per round).
+        if len(got) != len(members) or set(got) != set(members):
             return
         del self.reports[key]
         self._try_commit(epoch, rnd, members, got)
@@ -364,7 +400,8 @@ class Rules:
                            frontier=self.frontier, target_samples=self.target, drop_before=self.oracle.ahead(),
                            round_samples=0 if paused else samples_per_round(self.settings.effective(),
                                                                             len(self.membership.members)),
-                           unproven=tuple(sorted(self.unproven & set(self.membership.members))), scheduled=scheduled)
+                           unproven=tuple(sorted(self.unproven & member_set(self.membership.members))),
+                           scheduled=scheduled)
 
     def new_epoch(self, plan: Plan, reason: str, setting: ConsistencySetting | None = None) -> None:
         old_members = set(self.membership.members)
@@ -450,19 +487,20 @@ class Rules:
                                     self.committed_cursor, Restore.NONE),
                                f"resync: every member resumes from the commit record at round {self.committed_round + 1}")
                 return
-        plan, why = decide_recovery(self.view(), self.policy)
+        v = self.view()
+        plan, why = decide_recovery(v, self.policy)
         if why != self.last_recovery_reason:
             self.emit("recovery_decision", policy=self.policy.value, reason=why, new_epoch=plan is not None)
             self.last_recovery_reason = why
         if plan is not None:
             self.new_epoch(plan, why)
             return
-        self.step_setting()
+        self.step_setting(v)
 
-    def step_setting(self) -> None:
+    def step_setting(self, v: ClusterView) -> None:
         """A due change of the consistency setting (coordinator/settings.py), when nothing else is
-        happening: same members, from their own snapshots, at the boundary after the round in flight."""
-        v = self.view()
+        happening: same members, from their own snapshots, at the boundary after the round in flight.
+        `v`: the view the recovery decision just read (nothing changed since; one O(N) view per tick)."""
         if v.paused or v.scheduled is not None or set(v.failed) & set(v.members) or v.joiners or not v.members \
                 or v.round_samples <= 0:
             return

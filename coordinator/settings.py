@@ -76,6 +76,7 @@ class EpochSettings:
         self.observations: list[Observation] = []
         self.decision: Decision | None = None
         self.cycles: dict[tuple[int, int], dict[str, SiteCycle]] = {}  # (epoch, round) -> member -> cycle
+        self._own_cycles: set[tuple[int, int]] = set()  # keys whose map this object may change in place
 
     def copy(self) -> EpochSettings:
         """A working copy for one step of the pure core (coordinator/core.py): containers copied, their
@@ -84,8 +85,9 @@ class EpochSettings:
         c.epochs, c.order = dict(self.epochs), list(self.order)
         c.committed_step, c.steps_by_commit = self.committed_step, dict(self.steps_by_commit)
         c.observations, c.decision = list(self.observations), self.decision
-        c.cycles = {k: dict(v) for k, v in self.cycles.items()}
+        c.cycles = dict(self.cycles)  # a round's map is copied when the copy first adds to it (on_cycle)
         c._last_members = self._last_members
+        c._effective = self._effective
         return c
 
     def _key(self) -> tuple[Any, ...]:
@@ -102,8 +104,12 @@ class EpochSettings:
         return self.epochs[self.order[-1]].setting if self.order else base_setting(self.cfg)
 
     def effective(self) -> RunConfig:
-        """The config the current epoch trains under (its round size, its mode)."""
-        return effective_config(self.cfg, self.current)
+        """The config the current epoch trains under (its round size, its mode); kept per setting
+        (two dataclass copies at every tick's view otherwise)."""
+        cur = self.current
+        if self._effective is None or self._effective[0] != cur:
+            self._effective = (cur, effective_config(self.cfg, cur))
+        return self._effective[1]
 
     def of(self, epoch: int) -> EpochSetting | None:
         return self.epochs.get(epoch)
@@ -154,9 +160,14 @@ class EpochSettings:
         if cycle is None:
             return
         try:
-            self.cycles.setdefault((epoch, rnd), {})[site] = SiteCycle.from_json(cycle)
+            got = SiteCycle.from_json(cycle)
         except ValueError:
             return  # a malformed measurement is no evidence; the commit does not depend on it
+        key = (epoch, rnd)
+        if key not in self._own_cycles or key not in self.cycles:  # copy on write: a copy shares its maps
+            self.cycles[key] = dict(self.cycles.get(key, {}))
+            self._own_cycles.add(key)
+        self.cycles[key][site] = got
 
     def after_commit(self, epoch: int, rnd: int, members: tuple[str, ...]) -> tuple[Observation | None,
                                                                                    Decision | None]:
@@ -176,3 +187,4 @@ class EpochSettings:
         return obs, self.decision
 
     _last_members: tuple[str, ...] | None = None
+    _effective: tuple[ConsistencySetting, RunConfig] | None = None  # a cache: never compared

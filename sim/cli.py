@@ -4,6 +4,9 @@
         [--calibration FILE] [--max-sim-s S] [--no-logs]
     calibrate RUNS... --out FILE
     report EMULATOR_DIR --out DIR [--calibration FILE]
+    sweep --sites 3,10 --gpus-per-site 0,1024,8192 | --rates 0,0.5 --bandwidths 0,1000
+        --policies stall,restart,elastic --modes local,sync --sim-s 600 [--repair-s 60] [--seed 0]
+        [--workers N | --scheduler tcp://HOST:PORT] --out DIR
 
 `run` writes one run directory (or, with --policy all, one per policy under DIR) in the
 emulator's layout, for `xdc analyze`. Sites are named a..z, then s0026, s0027, ...
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import replace
@@ -89,6 +93,39 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _csv(text: str, kind: type) -> list[Any]:
+    return [kind(x) for x in text.split(",") if x.strip()]
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from sim import sweep  # the sweep's plotting and cluster client only when sweeping
+
+    rates = _csv(args.rates, float) if args.rates else [sweep.prior_rate(g) for g in _csv(args.gpus_per_site, int)]
+    todo = sweep.cells(_csv(args.sites, int), rates, _csv(args.bandwidths, int), _csv(args.policies, str),
+                       _csv(args.modes, str), args.sim_s, args.repair_s, args.seed)
+    bad = sorted({c.policy for c in todo} - set(POLICIES)) + sorted({c.mode for c in todo} - {"sync", "local"})
+    if bad:
+        print(f"xdc sim sweep: unknown policy or mode {bad}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    where = f"Dask cluster at {args.scheduler}" if args.scheduler else f"{args.workers or os.cpu_count()} local processes"
+    print(f"{len(todo)} cells on {where}", flush=True)
+    results = sweep.run_dask(todo, args.scheduler) if args.scheduler else sweep.run_local(todo, args.workers)
+    doc = sweep.summarize(results)
+    doc["wall_s"], doc["where"] = time.perf_counter() - t0, where
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.json").write_text(json.dumps(doc, indent=2))
+    (out / "table.md").write_text(doc["table_md"] + "\n")
+    sweep.figure(doc["results"]).write_html(out / "goodput.html", include_plotlyjs=True)
+    print(doc["table_md"])
+    for f in doc["flips"]:
+        print(f"ranking flips along {f['along']}: {f['best_before']} at {f['from']:g} -> {f['best_after']} at "
+              f"{f['to']:g} ({', '.join(f'{k}={f[k]}' for k in ('sites', 'rate_per_site_h', 'bandwidth_kbps', 'mode') if k in f)})")
+    print(f"{len(todo)} cells in {doc['wall_s']:.1f} s -> {out / 'sweep.json'}, {out / 'goodput.html'}")
+    return 0
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     doc = write_calibration(args.runs, args.out)
     for k, p in sorted(doc["parameters"].items()):
@@ -117,6 +154,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("emulator_dir", help="a comparison directory from `xdc compare` (or one run directory)")
     p.add_argument("--out", required=True, help="writes DIR/index.html, DIR/artifact.json and DIR/sim/")
     p.add_argument("--calibration", help="a calibration file from `xdc sim calibrate`")
+    w = sub.add_parser("sweep", help="sites x failure rate x bandwidth x policy x mode, in parallel")
+    w.add_argument("--sites", default="3,10", help="site counts, comma-separated")
+    w.add_argument("--gpus-per-site", default="0,1024,8192,65536",
+                   help="failure rates from the fleet prior (Llama 3: 419 interruptions / 54 days / 16,384 GPUs)")
+    w.add_argument("--rates", default="", help="failures per site-hour instead (overrides --gpus-per-site)")
+    w.add_argument("--bandwidths", default="0", help="site-link KB/s, comma-separated (0: unshaped)")
+    w.add_argument("--policies", default="stall,restart,elastic")
+    w.add_argument("--modes", default="local")
+    w.add_argument("--sim-s", type=float, default=600.0, help="simulated seconds per cell")
+    w.add_argument("--repair-s", type=float, default=60.0, help="a crashed site is back after this (prior)")
+    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--workers", type=int, default=0, help="local processes (default: one per core)")
+    w.add_argument("--scheduler", default="", help="a Dask distributed scheduler's address (tcp://HOST:PORT)")
+    w.add_argument("--out", required=True)
     return ap
 
 
@@ -134,7 +185,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return {"run": cmd_run, "calibrate": cmd_calibrate, "report": cmd_report}[args.cmd](args)
+        return {"run": cmd_run, "calibrate": cmd_calibrate, "report": cmd_report, "sweep": cmd_sweep}[args.cmd](args)
     except (ConfigError, ScenarioError, UnsupportedFault) as e:
         print(f"xdc sim: {e}", file=sys.stderr)
         return 2

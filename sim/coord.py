@@ -38,11 +38,14 @@ class SimCoordinator:
         self.core_steps, self.core_ns = 0, 0  # the core's share of the simulator's time (the scale bench)
 
     def _step(self, event: core.Received | core.Tick, now: int) -> list[core.Output]:
+        return self._step_all([event], now)[0]
+
+    def _step_all(self, events: list[core.Received | core.Tick], now: int) -> list[list[core.Output]]:
         t0 = time.perf_counter_ns()
-        self.state, out = core.step(self.state, event, now, self.cfg)
+        self.state, outs = core.step_all(self.state, events, now, self.cfg)
         self.core_ns += time.perf_counter_ns() - t0
-        self.core_steps += 1
-        return out
+        self.core_steps += len(events)
+        return outs
 
     def start(self) -> None:
         self.log.emit("coordinator_started", expected_sites=list(self.mcfg.expected_sites),
@@ -51,16 +54,24 @@ class SimCoordinator:
 
     # ------------------------------------------------------------------ inputs
     def receive(self, src: str, inc: int, epoch: int, kind: str, body: Any) -> None:
+        self.receive_all([(src, inc, epoch, kind, body)])
+
+    def receive_all(self, msgs: list[tuple[str, int, int, str, Any]]) -> None:
+        """Messages of one instant (src, inc, epoch, kind, body), in arrival order: one core step for
+        all (core.step_all: the same as one step each), then each one's outputs carried out and the
+        input logged in that order, as one `receive` each would have (nothing the outputs do reaches
+        the core within the instant: sends and faults are scheduled on the clock)."""
         now = self.w.clock.now_ns
-        if src in self.lost:
-            del self.lost[src]  # heard again: the WAN endpoint clears the closed connection
-        out = self._step(core.Received(src, inc, epoch, kind, body), now)
-        rejected = any(isinstance(o, core.Emit) and o.event == "report_rejected" for o in out)
-        self._apply(out)
-        if self.log_inputs:
-            self.log.emit(INPUT_EVENT, input="message", now_ns=now, src=src, inc=inc, msg_epoch=epoch, kind=kind,
-                          **({"rejected": True} if rejected else {"body": body}))
-        self.request_tick()
+        for m in msgs:
+            self.lost.pop(m[0], None)  # heard again: the WAN endpoint clears the closed connection
+        outs = self._step_all([core.Received(*m) for m in msgs], now)
+        for (src, inc, epoch, kind, body), out in zip(msgs, outs):
+            self._apply(out)
+            if self.log_inputs:
+                rejected = any(isinstance(o, core.Emit) and o.event == "report_rejected" for o in out)
+                self.log.emit(INPUT_EVENT, input="message", now_ns=now, src=src, inc=inc, msg_epoch=epoch,
+                              kind=kind, **({"rejected": True} if rejected else {"body": body}))
+            self.request_tick()
 
     def connection_lost(self, site: str) -> None:
         """The site's process died: its connection to us closes (seen after the link's latency)."""

@@ -1,7 +1,10 @@
 """The virtual clock: an event heap of (time ns, sequence, action). No sleeping, no threads.
 
 `Clock.at(t_ns, fn, *args)` schedules; `Clock.run(until_ns)` pops in time order (ties in
-scheduling order, so a run is deterministic). `SimLog` is the emulator's event writer
+scheduling order, so a run is deterministic). A function registered with `Clock.batch(fn, many)`
+has its consecutive entries of one instant (the ones that would run one after the other) handed
+to `many` together, as a list of their argument tuples, in the same order: the coordinator then
+steps its core once for a thousand messages of one instant. `SimLog` is the emulator's event writer
 (ground/eventlog.EventLog) stamped with the virtual clock instead of the machine's.
 """
 
@@ -29,6 +32,12 @@ class Clock:
         self._heap: list[tuple[int, int, Callable[..., None], tuple[Any, ...]]] = []
         self._seq = itertools.count()
         self.events_run = 0
+        self._batched: dict[Callable[..., None], Callable[[list[tuple[Any, ...]]], None]] = {}
+
+    def batch(self, fn: Callable[..., None], many: Callable[[list[tuple[Any, ...]]], None]) -> None:
+        """Run `many(args_list)` for runs of consecutive same-instant entries of `fn` (see the module doc).
+        `fn` must be the object scheduled (a bound method kept in an attribute, not a fresh one)."""
+        self._batched[fn] = many
 
     def at(self, t_ns: int, fn: Callable[..., None], *args: Any) -> None:
         heapq.heappush(self._heap, (max(int(t_ns), self.now_ns), next(self._seq), fn, args))
@@ -37,15 +46,23 @@ class Clock:
         self.at(self.now_ns + ns(delay_s), fn, *args)
 
     def run(self, until_ns: int, stop: Callable[[], bool] = lambda: False) -> None:
-        heap = self._heap
+        heap, batched, pop = self._heap, self._batched, heapq.heappop
         while heap and not stop():
             t, _, fn, args = heap[0]
             if t > until_ns:
                 break
-            heapq.heappop(heap)
+            pop(heap)
             self.now_ns = t
             self.events_run += 1
-            fn(*args)
+            many = batched.get(fn) if batched else None
+            if many is None:
+                fn(*args)
+                continue
+            group = [args]
+            while heap and heap[0][0] == t and heap[0][2] is fn:
+                group.append(pop(heap)[3])
+            self.events_run += len(group) - 1
+            many(group)
 
     def pending(self) -> int:
         return len(self._heap)

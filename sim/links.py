@@ -19,14 +19,24 @@ class Links:
     def __init__(self, cfg: RunConfig, model: SimModel) -> None:
         self.cfg, self.model = cfg, model
         self.faults: dict[int, tuple[list[tuple[str, str]], int, int]] = {}  # fault -> (pairs, +ms, cap KB/s)
+        self._cache: dict[tuple[str, str, int], float] = {}  # one_way_s while the faults stay as they are
 
     def degrade(self, fault: int, pairs: list[tuple[str, str]], latency_ms: int, bandwidth_kbps: int) -> None:
         self.faults[fault] = (pairs, latency_ms, bandwidth_kbps)
+        self._cache.clear()
 
     def heal(self, fault: int) -> None:
         self.faults.pop(fault, None)
+        self._cache.clear()
 
     def one_way_s(self, src: str, dst: str, nbytes: int = 0) -> float:
+        key = (src, dst, nbytes)
+        got = self._cache.get(key)
+        if got is None:
+            got = self._cache[key] = self._one_way_s(src, dst, nbytes)
+        return got
+
+    def _one_way_s(self, src: str, dst: str, nbytes: int) -> float:
         base = link_one_way_s(self.cfg, src, dst, 0)
         bw = self.cfg.link_spec(f"{src}_to_{dst}").up.bandwidth_kbps
         for pairs, add_ms, cap in self.faults.values():

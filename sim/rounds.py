@@ -13,7 +13,7 @@ import math
 from typing import TYPE_CHECKING
 
 from ground.schedule import round_span, site_positions
-from ground.setting import effective_config, step_after_round
+from ground.setting import step_after_round
 from sim.engine import ns
 from sim.model import payload_bytes_sent
 from site_agent.epochs import interrupts
@@ -27,11 +27,12 @@ class Rounds:
     def __init__(self, w: World) -> None:
         self.w = w
         self.rendezvous: dict[tuple[int, int], dict[str, int]] = {}  # (epoch, round) -> member -> arrival ns
+        self._payload: dict[tuple[int, str], tuple[int, int]] = {}
 
     def start(self, s: SimSite, rnd: int) -> None:
         w, plan = self.w, s.plan
         assert plan is not None
-        cfg = effective_config(w.cfg, s.setting)
+        cfg = w.effective(s.setting)
         n = len(plan.members)
         cs, ce = round_span(cfg, n, plan.start_round, plan.start_cursor, rnd, w.target)
         if cs >= w.target:
@@ -55,14 +56,16 @@ class Rounds:
         """Log the inner steps 0..upto-1 as `work_attempted`; the site's sample ids of those steps."""
         assert s.plan is not None
         cfg, n, mine = self.w.cfg, len(s.plan.members), []
-        idx = list(s.plan.members).index(s.name)
+        idx = self.w.member_index(s.plan.members)[s.name]
+        logs = self.w.write_logs
         for h in range(upto):
-            ids = list(site_positions(cfg, n, cs, h, idx, ce))  # sample id = canonical position (no corpus)
+            ids = site_positions(cfg, n, cs, h, idx, ce)  # sample id = canonical position (no corpus)
             if not ids:
                 continue
-            tokens = len(ids) * cfg.model.seq_len
-            s.log.emit("work_attempted", round=rnd, inner_step=h, samples=ids, tokens=tokens,
-                       flops=tokens * self.w.flops_per_token)
+            if logs:
+                tokens = len(ids) * cfg.model.seq_len
+                s.log.emit("work_attempted", round=rnd, inner_step=h, samples=list(ids), tokens=tokens,
+                           flops=tokens * self.w.flops_per_token)
             mine += ids
         return mine
 
@@ -73,14 +76,16 @@ class Rounds:
         assert plan is not None
         s.cur = None
         mine = self.work(s, rnd, cs, ce, h_steps, h_steps)
-        s.log.span_at("compute", t0, w.clock.now_ns, round=rnd, loss=w.learning.train_loss(ce, h_steps),
-                      samples=len(mine), cpu_s=(w.clock.now_ns - t0) / 1e9)
+        if w.write_logs:
+            s.log.span_at("compute", t0, w.clock.now_ns, round=rnd, loss=w.learning.train_loss(ce, h_steps),
+                          samples=len(mine), cpu_s=(w.clock.now_ns - t0) / 1e9)
         key = (s.epoch, rnd)
         arrived = self.rendezvous.setdefault(key, {})
         arrived[s.name] = w.clock.now_ns
         s.mine = mine
         s.compute_s = (w.clock.now_ns - t0) / 1e9
-        if set(arrived) == set(plan.members):
+        # Every arrival is a member of the plan (the key's epoch): the count says when all are in.
+        if len(arrived) == len(plan.members) and set(arrived) == set(plan.members):
             del self.rendezvous[key]
             dur = w.links.collective_s(plan.members, w.n_params, s.setting.compression)
             for m in plan.members:
@@ -93,12 +98,11 @@ class Rounds:
             return
         w, plan = self.w, s.plan
         assert plan is not None
-        n = len(plan.members)
-        sent = payload_bytes_sent(n, w.n_params, s.setting.compression)
-        parts = 2 * (n - 1) * max(1, math.ceil(sent / max(1, 2 * (n - 1)) / w.cfg.wan.chunk_bytes)) if n > 1 else 0
+        sent, parts = self.payload(len(plan.members), s.setting.compression)
         comm_s = (w.clock.now_ns - t_arrive) / 1e9
-        s.log.span_at("collective", t_arrive, w.clock.now_ns, round=rnd, payload_values=w.n_params,
-                      payload_bytes_sent=sent, messages_sent=parts, rejected=0, cpu_s=w.model.collective_cpu_s)
+        if w.write_logs:
+            s.log.span_at("collective", t_arrive, w.clock.now_ns, round=rnd, payload_values=w.n_params,
+                          payload_bytes_sent=sent, messages_sent=parts, rejected=0, cpu_s=w.model.collective_cpu_s)
         s.phash = w.apply_round(s.phash, rnd, cs, ce)
         s.retained = ce
         s.next_round = rnd + 1
@@ -111,8 +115,9 @@ class Rounds:
         s.send("round_done", {"round": rnd, "step": step, "param_hash": s.phash, "cursor_start": cs,
                               "cursor_end": ce, "samples": s.mine, "tokens": tokens,
                               "flops": tokens * w.flops_per_token, "cycle": cycle})
-        s.log.emit("round_done", round=rnd, param_hash=s.phash, cursor_start=cs, cursor_end=ce,
-                   retained_samples=ce, samples_sha256=w.prefix_sha(ce))
+        if w.write_logs:
+            s.log.emit("round_done", round=rnd, param_hash=s.phash, cursor_start=cs, cursor_end=ce,
+                       retained_samples=ce, samples_sha256=w.prefix_sha(ce))
         last = ce >= w.target
         cfg = w.cfg.train
         if s.leader and ((rnd + 1) % cfg.eval_every_rounds == 0 or last):
@@ -122,6 +127,17 @@ class Rounds:
         if last:
             return self.finish(s)
         self.start(s, rnd + 1)
+
+    def payload(self, n: int, compression: str) -> tuple[int, int]:
+        """(bytes one member sends, message parts) of one all-reduce among n members (kept per n)."""
+        key = (n, compression)
+        got = self._payload.get(key)
+        if got is None:
+            w = self.w
+            sent = payload_bytes_sent(n, w.n_params, compression)
+            parts = 2 * (n - 1) * max(1, math.ceil(sent / max(1, 2 * (n - 1)) / w.cfg.wan.chunk_bytes)) if n > 1 else 0
+            got = self._payload[key] = (sent, parts)
+        return got
 
     def abandon(self, s: SimSite) -> None:
         """A newer epoch interrupts the compute: the inner steps begun so far were attempted (and lost)."""

@@ -93,6 +93,7 @@ class Learning:
         self.w = w
         self.curve = curve or LearningCurve.from_json(w.model.learning if w is not None else None)
         self.evidence, self.source = self.curve.evidence, self.curve.source
+        self._last_loss: tuple[tuple[int, int] | None, float] = (None, 0.0)
 
     def to_json(self) -> dict[str, Any]:
         return self.curve.to_json()
@@ -101,7 +102,9 @@ class Learning:
         return self.curve.nll(tokens, h)
 
     def train_loss(self, cursor: int, h: int = 1) -> float:
-        return round(self.nll(cursor * self.w.cfg.model.seq_len, h), 6)
+        if self._last_loss[0] != (cursor, h):  # every member of a round asks for the same one
+            self._last_loss = ((cursor, h), round(self.nll(cursor * self.w.cfg.model.seq_len, h), 6))
+        return self._last_loss[1]
 
     def evaluate(self, s: SimSite, rnd: int, cursor: int) -> None:
         t0 = max(self.w.clock.now_ns, s.eval_until_ns)  # the evaluator thread: one evaluation at a time

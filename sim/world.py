@@ -21,6 +21,7 @@ from chaos.scenario import Scenario
 from ground.config import RunConfig, save_config
 from ground.plans import EpochPlan
 from ground.schedule import target_samples
+from ground.setting import ConsistencySetting, effective_config
 from sim.coord import SimCoordinator
 from sim.engine import Clock, NullLog, SimLog, ns
 from sim.faults import SimChaos, check_supported
@@ -60,9 +61,13 @@ class World:
         self.transfers: dict[tuple[int, str], tuple[str, int, int]] = {}
         self.evaluated_initial = False
         self._plans: dict[tuple[int, int], tuple[dict[str, Any], EpochPlan]] = {}
+        self._effective: dict[ConsistencySetting, RunConfig] = {}
+        self._index: dict[int, tuple[tuple[str, ...], dict[str, int]]] = {}
         self.site_set = frozenset(cfg.cluster.sites)
         self.decisions: list[dict[str, Any]] = []
         self.links = Links(cfg, model)
+        self._deliver = self._deliver_coord  # one object: the clock batches its entries by identity
+        self.clock.batch(self._deliver, self._deliver_many)
         self.chaos = SimChaos(self, scenario)
         self.store = SimStore(self)
         self.heartbeats = Heartbeats(self)
@@ -85,12 +90,17 @@ class World:
         return self.links.one_way_s(site, service, nbytes)
 
     def to_coord(self, src: str, inc: int, epoch: int, kind: str, body: dict[str, Any]) -> None:
-        self.clock.after(self.latency_s(src, "coord"), self._deliver_coord, src, inc, epoch, kind, body)
+        self.clock.after(self.latency_s(src, "coord"), self._deliver, src, inc, epoch, kind, body)
 
     def _deliver_coord(self, src: str, inc: int, epoch: int, kind: str, body: dict[str, Any]) -> None:
-        site = self.sites[src]
-        if site.inc == inc and (site.alive or kind == "site_done"):
-            self.coord.receive(src, inc, epoch, kind, body)
+        self._deliver_many([(src, inc, epoch, kind, body)])
+
+    def _deliver_many(self, msgs: list[tuple[Any, ...]]) -> None:
+        """Messages reaching the coordinator at one instant, in order (a dead sender's are lost)."""
+        sites = self.sites
+        got = [m for m in msgs if (site := sites[m[0]]).inc == m[1] and (site.alive or m[3] == "site_done")]
+        if got:
+            self.coord.receive_all(got)
 
     def to_site(self, dst: str, kind: str, body: dict[str, Any], epoch: int) -> None:
         prof = self.cfg.link_spec(f"{dst}_to_coord").down  # the reply direction of the site's link
@@ -107,6 +117,22 @@ class World:
             j.receive_state(*state)
         else:
             self.transfers[(epoch, joiner)] = state
+
+    def effective(self, setting: ConsistencySetting) -> RunConfig:
+        """ground.setting.effective_config, once per setting (two dataclass copies per site-round otherwise)."""
+        got = self._effective.get(setting)
+        if got is None:
+            got = self._effective[setting] = effective_config(self.cfg, setting)
+        return got
+
+    def member_index(self, members: tuple[str, ...]) -> dict[str, int]:
+        """Each member's index in a plan's member order (a tuple's .index is O(N) per site)."""
+        got = self._index.get(id(members))
+        if got is None or got[0] is not members:
+            if len(self._index) > 64:
+                self._index.clear()
+            got = self._index[id(members)] = (members, {m: i for i, m in enumerate(members)})
+        return got[1]
 
     def parse_plan(self, body: dict[str, Any], msg_epoch: int) -> EpochPlan:
         """EpochPlan.from_body, as every site parses it; parsed once per sent body (the core sends the

@@ -169,3 +169,48 @@ def test_every_event_a_simulated_run_writes_is_in_the_registry(tmp_path: Path) -
     assert {"commit", "membership_epoch", "fault_injected", "coord_input", "round_done", "work_attempted",
             "checkpoint_durable", "preemption_announced"} <= seen
     assert not sorted(seen - set(EVENTS)), "events the registry (ground/events.py) lacks"
+
+
+def test_step_all_is_a_fold_of_step_on_a_simulated_runs_inputs(tmp_path: Path) -> None:
+    """coordinator.core.step_all (one working copy for one instant's messages, the simulator's batch)
+    gives the states and outputs that one core.step per input gives, on every instant of a 12-site
+    run with a crash, a restart and a preemption under elastic; and leaves its input state untouched."""
+    from coordinator import core
+    from ground.eventlog import read_events
+
+    sites = [f"s{i:02d}" for i in range(12)]
+    cfg = load_config(merge(COMPARE_CFG, {"run_id": "fold", "cluster": {"sites": sites},
+                                         "recovery": {"policy": "elastic"}}))
+    scen = Scenario.build("t", "").crash("s03", at_useful_tokens=36_864, restart_after_s=2) \
+        .preempt("s07", grace_s=1, return_after_s=2, at_useful_tokens=150_000)
+    simulate(cfg, scen, out=tmp_path / "run")
+    inputs = [e for e in read_events(tmp_path / "run" / "logs" / "coord.jsonl") if e["event"] == "coord_input"]
+    groups: list[list[dict]] = []
+    for e in inputs:  # runs of messages at one instant (as the simulator batches them); a tick alone
+        if groups and e["input"] == "message" and groups[-1][0]["input"] == "message" \
+                and groups[-1][0]["now_ns"] == e["now_ns"]:
+            groups[-1].append(e)
+        else:
+            groups.append([e])
+
+    def event_of(e: dict) -> core.Received | core.Tick:
+        if e["input"] == "tick":
+            return core.Tick(tuple(sorted((k, int(v)) for k, v in e["lost"].items())))
+        body = e.get("body", "rejected: body not logged")  # a rejected one is rejected again
+        return core.Received(e["src"], e["inc"], e["msg_epoch"], e["kind"], body)
+
+    folded = batched = core.initial_state(cfg)
+    sizes = []
+    for g in groups:
+        events, now = [event_of(e) for e in g], g[0]["now_ns"]
+        want = []
+        for ev in events:
+            folded, out = core.step(folded, ev, now, cfg)
+            want.append(out)
+        before = (batched.membership, dict(batched.reports), batched.commits, batched.settings.copy())
+        new, got = core.step_all(batched, events, now, cfg)
+        assert (batched.membership, dict(batched.reports), batched.commits, batched.settings) == before
+        assert got == want and new == folded, g[0]["id"]
+        batched = new
+        sizes.append(len(events))
+    assert max(sizes) >= 12 and folded.commits and len(inputs) > 500  # real batches: every member at once

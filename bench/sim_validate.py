@@ -1,0 +1,118 @@
+"""Benchmark: the simulator against held-out emulator runs (issue 15's validation table).
+
+Calibration: the fault-free noise-floor runs (`runs/noise-floor/noise-seed*`, `make noise-floor`),
+fitted by sim/calibrate.py; what they cannot show (restart time, the chaos driver's poll) stays
+`prior`. Held out: every four-policy comparison under `runs/compare-*` (`xdc compare`, `make demo`)
+whose scenario the simulator models; none of their scenarios is in the calibration set. Each of
+their runs is simulated from its own config.json and scenario.json and measured as the emulator's
+(sim/validate.py). Nothing is run on the emulator here (minutes per run): the run directories
+are reused, named in the result with their scenario, and the result says "not run" without them.
+When two comparisons share a scenario, their emulator-to-emulator difference is reported beside
+the errors (run-to-run variance: the noise an error cannot be smaller than).
+
+Result: ratio = the largest time-to-target error / 10 % (goal <= 1); passed = every claim survived.
+
+    python -m bench.sim_validate [--runs-root runs] [--out runs/sim-validate]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from bench.common import ROOT, env_info, write_result
+from sim import validate
+from sim.calibrate import calibrate
+from sim.faults import MODELED_KINDS
+from sim.model import SimModel
+
+
+def heldout_comparisons(root: Path) -> list[Path]:
+    out = []
+    for idx in sorted(root.glob("compare-*/index.json")):
+        doc = json.loads(idx.read_text())
+        kinds = {f["kind"] for f in (doc.get("scenario") or {}).get("faults", [])}
+        if doc.get("runs") and not doc.get("interrupted") and not doc.get("simulated") and kinds <= set(MODELED_KINDS):
+            out.append(idx.parent)
+    return out
+
+
+def run(runs_root: Path, out: Path) -> dict[str, Any]:
+    cal_runs = sorted(p for p in (runs_root / "noise-floor").glob("noise-seed*") if (p / "config.json").exists())
+    comps = heldout_comparisons(runs_root)
+    raw: dict[str, Any] = {"runs_root": str(runs_root), "calibration_runs": [p.name for p in cal_runs],
+                           "heldout": [p.name for p in comps]}
+    if not cal_runs or not comps:
+        raw["claims"] = validate.claims({})
+        raw["why_not_run"] = ("no calibration runs (make noise-floor)" if not cal_runs else
+                              "no held-out four-policy comparison (make demo / xdc compare)")
+        return raw
+    cal = calibrate(cal_runs)
+    cal_scenarios = {json.loads((p / "scenario.json").read_text()).get("name") for p in cal_runs
+                     if (p / "scenario.json").exists()}
+    model = SimModel.from_calibration(cal)
+    raw["calibration"] = {k: {"value": v["value"], "n": v["n"], "half_iqr": v["uncertainty"]["value"]}
+                          for k, v in cal["parameters"].items()}
+    raw["not_fitted"] = cal["not_fitted"]
+    comparisons: dict[str, list[dict[str, Any]]] = {}
+    for comp in comps:
+        index = json.loads((comp / "index.json").read_text())
+        scen = (index.get("scenario") or {}).get("name", "none")
+        assert scen not in cal_scenarios, f"{comp.name}: scenario {scen} was used in the calibration"
+        rows = []
+        for r in index["runs"]:
+            emu_dir = Path(r["run_dir"])
+            emu_dir = emu_dir if emu_dir.exists() else comp / emu_dir.name
+            sim_dir = validate.simulate_like(emu_dir, model, out / comp.name / emu_dir.name)
+            emu, sim = validate.measure(emu_dir), validate.measure(sim_dir)
+            rows.append({"scenario": scen, "comparison": comp.name, "policy": emu["policy"], "emulator": emu,
+                         "simulator": sim, "error": validate.compare(emu, sim),
+                         "progress_triggered": validate.progress_triggered(emu_dir)})
+        comparisons[f"{comp.name} ({scen})"] = rows
+    raw["comparisons"] = comparisons
+    raw["claims"] = validate.claims(comparisons)
+    raw["table_md"] = validate.table_md(comparisons)
+    raw["emulator_run_to_run"] = run_to_run(comparisons)
+    return raw
+
+
+def run_to_run(comparisons: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Two emulator comparisons of one scenario: their time-to-target difference per policy."""
+    by: dict[tuple[str, str], list[float]] = {}
+    for rs in comparisons.values():
+        for r in rs:
+            if r["emulator"]["time_to_target_s"]:
+                by.setdefault((r["scenario"], r["policy"]), []).append(r["emulator"]["time_to_target_s"])
+    return [{"scenario": s, "policy": p, "time_to_target_s": ts, "spread": (max(ts) - min(ts)) / min(ts)}
+            for (s, p), ts in sorted(by.items()) if len(ts) > 1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs-root", default=str(ROOT / "runs"))
+    ap.add_argument("--out", default=str(ROOT / "runs" / "sim-validate"))
+    args = ap.parse_args(argv)
+    raw = run(Path(args.runs_root), Path(args.out))
+    errs = [r["error"]["time_to_target"] for rs in raw.get("comparisons", {}).values() for r in rs
+            if r["error"]["time_to_target"] is not None]
+    ratio = max(errs) / validate.GOALS["time_to_target_s"] if errs else float("nan")
+    statuses = {c["claim"]: c["status"] for c in raw["claims"]}
+    passed = bool(errs) and all(s == "survived" for s in statuses.values())
+    if raw.get("table_md"):
+        print(raw["table_md"])
+    for c in raw["claims"]:
+        print(f"- {c['claim']}: {c['status']} ({c['runs']} run(s)){'; against: ' + '; '.join(c['against']) if c['against'] else ''}")
+    notes = (f"calibrated on {len(raw['calibration_runs'])} fault-free noise-floor run(s); held out: "
+             f"{', '.join(raw['heldout']) or 'none'}; claims: "
+             + "; ".join(f"{k}: {v}" for k, v in statuses.items())
+             + (f". Not run: {raw['why_not_run']}" if raw.get("why_not_run") else ""))
+    write_result("sim_validate", ratio=ratio, goal="<= 1 (time to target within 10 % on every held-out run)",
+                 passed=passed, raw=raw, env=env_info("not used (reads run directories)"), notes=notes,
+                 reference="fixed_goal", measures=["sim", "coordinator", "analysis", "ground", "control"])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,244 @@
+"""Sweeps of the simulator: sites x failure rate x bandwidth x policy x mode, in parallel.
+
+Each cell is one simulation (no logs written) of `sim_s` virtual seconds: N sites, the site links
+capped at a bandwidth (KB/s; 0 = the config's, unshaped), a consistency mode, a recovery policy, and
+site crashes drawn as a Poisson process at `rate` failures per site-hour, each site back
+`repair_s` later (a new incarnation that rejoins). The fault schedule of a cell depends on
+(seed, sites, rate, bandwidth, mode) and not on the policy, so the policies are compared on the
+same faults (paired). Goodput: useful tokens in the commit record per simulated second.
+
+Where the cells run: local worker processes (concurrent.futures, one per core by default), or an
+existing Dask distributed cluster given its scheduler address (`--scheduler tcp://HOST:PORT`).
+Dask rather than Ray: a cell is a pure function of a small picklable value, which is exactly
+`Client.map`; `dask-scheduler` / `dask-worker` are plain processes one can start on any host with
+this package installed, and `LocalCluster` lets the test suite start a real cluster in seconds.
+Both paths run the same `run_cell`, so their results are equal (tests/test_sim_sweep.py).
+
+Failure rates at scale are a `prior`: FLEET_PRIOR (Llama 3's 419 unexpected interruptions in 54
+days on 16,384 GPUs) as a per-GPU rate, times the GPUs behind one site. `oracle` sees only
+progress-triggered faults; a fleet's failures are time-triggered, so in a sweep it has no
+foresight and behaves as `elastic` (it is not in the default policies for that reason).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from itertools import product
+from typing import Any, Iterable
+
+import numpy as np
+
+from chaos.scenario import Scenario
+from ground.config import load_config
+from sim.model import SimModel
+from sim.world import simulate
+
+# Meta, "The Llama 3 Herd of Models" (arXiv:2407.21783, section 3.3.4): 419 unexpected
+# interruptions during a 54-day snapshot of pre-training on 16,384 H100 GPUs.
+FLEET_PRIOR = {"interruptions": 419, "days": 54, "gpus": 16_384, "evidence": "prior",
+               "source": "Meta, The Llama 3 Herd of Models, arXiv:2407.21783, sec. 3.3.4 (419 unexpected "
+                         "interruptions in 54 days on 16,384 GPUs)"}
+PER_GPU_HOUR = FLEET_PRIOR["interruptions"] / (FLEET_PRIOR["days"] * 24 * FLEET_PRIOR["gpus"])  # ~1.97e-5
+
+
+def prior_rate(gpus_per_site: int) -> float:
+    """Failures per site-hour of a site of `gpus_per_site` GPUs under the fleet prior (independent GPUs)."""
+    return PER_GPU_HOUR * gpus_per_site
+
+
+DEFAULT_GPUS_PER_SITE = (0, 1_024, 8_192, 65_536)  # rates 0, ~0.020, ~0.16, ~1.3 per site-hour
+
+
+@dataclass(frozen=True)
+class Cell:
+    sites: int
+    rate_per_site_h: float  # failures per site-hour (Poisson)
+    bandwidth_kbps: int  # site links' bandwidth, both directions (0: unshaped)
+    policy: str
+    mode: str  # "sync" or "local" (DiLoCo, H from the config)
+    sim_s: float
+    repair_s: float
+    seed: int
+
+    def fault_key(self) -> tuple[Any, ...]:
+        """What the fault schedule depends on (not the policy: the policies meet the same faults)."""
+        return (self.seed, self.sites, self.rate_per_site_h, self.bandwidth_kbps, self.mode, self.sim_s,
+                self.repair_s)
+
+
+def site_names(n: int) -> list[str]:
+    return [f"s{i:04d}" for i in range(n)]
+
+
+def fault_times(cell: Cell) -> list[tuple[float, str]]:
+    """(time s, site) of each crash: per site a Poisson process at the cell's rate; a site that is
+    down (crashed, not back yet) does not crash again. Seeded by the cell's fault key."""
+    if cell.rate_per_site_h <= 0:
+        return []
+    seed = int.from_bytes(hashlib.sha256(repr(cell.fault_key()).encode()).digest()[:8], "little")
+    rng = np.random.default_rng(seed)
+    mean_gap_s = 3600.0 / cell.rate_per_site_h
+    out = []
+    for name in site_names(cell.sites):
+        t = 0.0
+        while True:
+            t += float(rng.exponential(mean_gap_s))
+            if t >= cell.sim_s:
+                break
+            out.append((round(t, 3), name))
+            t += cell.repair_s
+    return sorted(out)
+
+
+def cell_inputs(cell: Cell) -> tuple[Any, Scenario, SimModel]:
+    names = site_names(cell.sites)
+    wan: dict[str, Any] = {}
+    if cell.bandwidth_kbps:
+        prof = {"bandwidth_kbps": cell.bandwidth_kbps}
+        wan = {"site_link": {"up": prof, "down": prof}}
+    cfg = load_config({"run_id": f"sweep-{cell.policy}", "cluster": {"sites": names},
+                       "train": {"target_useful_tokens": 10 ** 13, "mode": cell.mode},
+                       "recovery": {"policy": cell.policy}, "wan": wan})
+    scen = Scenario.build("sweep", f"Poisson crashes at {cell.rate_per_site_h:g} per site-hour (prior)")
+    for t, site in fault_times(cell):
+        scen = scen.crash(site, at_s=t, restart_after_s=cell.repair_s)
+    # Heartbeats coalesced to one per half timeout (the core keeps only the last; a live site is never late).
+    model = SimModel(heartbeat_period_ms=cfg.wan.heartbeat_timeout_ms // 2)
+    return cfg, scen, model
+
+
+def run_cell(cell: Cell) -> dict[str, Any]:
+    """One cell's simulation and its result (a plain dict: it travels back from a worker)."""
+    cfg, scen, model = cell_inputs(cell)
+    res = simulate(cfg, scen, model, max_sim_s=cell.sim_s)
+    return {**asdict(cell), "faults": len(scen.faults), "commits": res.commits, "epochs": res.epochs,
+            "useful_tokens": res.useful_tokens, "sim_s_reached": res.sim_s,
+            "goodput_tokens_per_s": res.useful_tokens / cell.sim_s, "evidence": "modeled"}
+
+
+def cells(sites: Iterable[int], rates: Iterable[float], bandwidths: Iterable[int], policies: Iterable[str],
+          modes: Iterable[str], sim_s: float, repair_s: float, seed: int) -> list[Cell]:
+    return [Cell(n, r, b, p, m, sim_s, repair_s, seed)
+            for n, r, b, m, p in product(sites, rates, bandwidths, modes, policies)]
+
+
+def run_local(todo: list[Cell], workers: int | None = None) -> list[dict[str, Any]]:
+    """The cells on local worker processes (one per core by default), results in the cells' order."""
+    workers = workers or os.cpu_count() or 1
+    if workers == 1:
+        return [run_cell(c) for c in todo]
+    with ProcessPoolExecutor(max_workers=workers) as ex:
+        return list(ex.map(run_cell, todo))
+
+
+def run_dask(todo: list[Cell], scheduler: str) -> list[dict[str, Any]]:
+    """The cells on an existing Dask distributed cluster (its scheduler's address), in the cells' order."""
+    from distributed import Client  # imported here: local sweeps do not need it
+
+    with Client(scheduler, timeout="30s") as client:
+        futures = client.map(run_cell, todo, pure=False)
+        return client.gather(futures)
+
+
+# ------------------------------------------------------------------------------ the summary
+def with_ratio(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each result with goodput_ratio: its goodput over the fault-free cell of the same sites,
+    bandwidth, mode and policy (None when the sweep has no rate-0 cell)."""
+    base = {(r["sites"], r["bandwidth_kbps"], r["mode"], r["policy"]): r["goodput_tokens_per_s"]
+            for r in results if r["rate_per_site_h"] == 0}
+    out = []
+    for r in results:
+        b = base.get((r["sites"], r["bandwidth_kbps"], r["mode"], r["policy"]))
+        out.append({**r, "goodput_ratio": (r["goodput_tokens_per_s"] / b) if b else None})
+    return out
+
+
+def rankings(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (sites, bandwidth, mode, rate): the policies from the highest goodput down (ties by name)."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in results:
+        groups.setdefault((r["sites"], r["bandwidth_kbps"], r["mode"], r["rate_per_site_h"]), []).append(r)
+    rows = []
+    for (n, bw, mode, rate), rs in sorted(groups.items()):
+        order = sorted(rs, key=lambda r: (-r["goodput_tokens_per_s"], r["policy"]))
+        top = order[0]["goodput_tokens_per_s"]
+        rows.append({"sites": n, "bandwidth_kbps": bw, "mode": mode, "rate_per_site_h": rate,
+                     "ranking": [r["policy"] for r in order],
+                     "best": [r["policy"] for r in order if r["goodput_tokens_per_s"] == top],  # ties: all
+                     "goodput": {r["policy"]: r["goodput_tokens_per_s"] for r in order}})
+    return rows
+
+
+def flips(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Where the best policy changes: along the failure rate (same sites, bandwidth, mode) and along
+    the site count (same rate, bandwidth, mode). A tie is no flip: the best sets must be disjoint."""
+    out = []
+    for axis, fixed in (("rate_per_site_h", ("sites", "bandwidth_kbps", "mode")),
+                        ("sites", ("rate_per_site_h", "bandwidth_kbps", "mode"))):
+        lines: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+        for r in ranks:
+            lines.setdefault(tuple(r[k] for k in fixed), []).append(r)
+        for key, rs in sorted(lines.items()):
+            rs = sorted(rs, key=lambda r: r[axis])
+            for a, b in zip(rs, rs[1:]):
+                if not set(a["best"]) & set(b["best"]):
+                    out.append({"along": axis, **dict(zip(fixed, key)), "from": a[axis], "to": b[axis],
+                                "best_before": "=".join(a["best"]), "best_after": "=".join(b["best"])})
+    return out
+
+
+def table_md(results: list[dict[str, Any]], ranks: list[dict[str, Any]]) -> str:
+    policies = sorted({r["policy"] for r in results})
+    head = ("| sites | KB/s | mode | failures/site-h (prior) | " + " | ".join(f"{p} tok/s (ratio)" for p in policies)
+            + " | best |")
+    lines = [head, "|" + "---|" * (5 + len(policies))]
+    by = {(r["sites"], r["bandwidth_kbps"], r["mode"], r["rate_per_site_h"], r["policy"]): r for r in results}
+    for k in ranks:
+        cells_ = []
+        for p in policies:
+            r = by.get((k["sites"], k["bandwidth_kbps"], k["mode"], k["rate_per_site_h"], p))
+            ratio = r.get("goodput_ratio") if r else None
+            cells_.append("-" if r is None else f"{r['goodput_tokens_per_s']:,.0f}"
+                          + (f" ({ratio:.3f})" if ratio is not None else ""))
+        lines.append(f"| {k['sites']} | {k['bandwidth_kbps'] or 'unshaped'} | {k['mode']} | "
+                     f"{k['rate_per_site_h']:.3g} | " + " | ".join(cells_) + f" | {' = '.join(k['best'])} |")
+    return "\n".join(lines)
+
+
+def figure(results: list[dict[str, Any]]) -> Any:
+    """Goodput (tokens/s, modeled) against the failure rate, one line per policy, one panel per
+    (sites, bandwidth, mode)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    panels = sorted({(r["sites"], r["bandwidth_kbps"], r["mode"]) for r in results})
+    cols = min(3, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[f"{n} sites, {bw or 'unshaped'} KB/s, {m}"
+                                                              for n, bw, m in panels])
+    policies = sorted({r["policy"] for r in results})
+    dashes = ["solid", "dash", "dot", "dashdot"]
+    for i, (n, bw, m) in enumerate(panels):
+        for j, p in enumerate(policies):
+            rs = sorted((r for r in results if (r["sites"], r["bandwidth_kbps"], r["mode"], r["policy"]) == (n, bw, m, p)),
+                        key=lambda r: r["rate_per_site_h"])
+            fig.add_trace(go.Scatter(x=[r["rate_per_site_h"] for r in rs], y=[r["goodput_tokens_per_s"] for r in rs],
+                                     name=p, legendgroup=p, showlegend=i == 0, mode="lines+markers",
+                                     line={"dash": dashes[j % len(dashes)]}, marker={"symbol": j}),
+                          row=i // cols + 1, col=i % cols + 1)
+    fig.update_xaxes(title_text="failures per site-hour (prior)")
+    fig.update_yaxes(title_text="goodput, useful tokens/s (modeled)")
+    fig.update_layout(title="Simulated goodput against the failure rate, per policy", height=320 * rows + 80)
+    return fig
+
+
+def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
+    results = with_ratio(results)
+    ranks = rankings(results)
+    return {"evidence": "modeled", "failure_prior": {**FLEET_PRIOR, "per_gpu_hour": PER_GPU_HOUR},
+            "goodput": "useful tokens in the commit record per simulated second", "results": results,
+            "rankings": ranks, "flips": flips(ranks), "table_md": table_md(results, ranks)}

@@ -1,0 +1,162 @@
+"""The simulator against held-out emulator runs: the same numbers from both, their errors, the claims.
+
+Held out: the timing model is fitted (sim/calibrate.py) on calibration runs whose scenarios are
+not the validated ones; each held-out emulator run is then simulated from its own config.json and
+scenario.json, and both run directories are measured by the same functions:
+
+  time_to_target_s   analysis' active_time (first epoch -> the target in the commit record)
+  idle_s             analysis' idle_time_all_sites
+  lost_tokens        analysis' lost_tokens (attempted, not in the commit record)
+  bytes per class    the sites' own logged payloads: collective spans' payload_bytes_sent, state_sent
+                     bytes, checkpoint_save bytes_uploaded (the simulator has no Toxiproxy counters,
+                     so the application's bytes are what both can be compared on)
+  recovery_s         the first injected fault -> the first commit of an epoch formed after it
+
+Claims (issue 15's goals), each with its falsifier and a status: survived (every held-out run
+within the goal), falsified (one is not: named), or not run (no held-out run could be simulated).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from analysis.artifact import build_artifact
+from chaos.scenario import Scenario
+from ground.config import config_from_json
+from ground.eventlog import process_events
+from sim.model import SimModel
+from sim.world import simulate
+
+BYTE_CLASSES = ("collective", "state_transfer", "checkpoint")
+GOALS = {"time_to_target_s": 0.10, "bytes": 0.02, "lost_tokens": 0.0}
+
+
+def measure(run_dir: Path) -> dict[str, Any]:
+    """The validated numbers of one run directory (emulated or simulated: the same code)."""
+    art = build_artifact([run_dir])
+    r = art["runs"][0]
+    m = {k: (v.get("value") if isinstance(v, dict) else v) for k, v in r["metrics"].items()}
+    cfg = config_from_json(run_dir / "config.json")
+    by_class = dict.fromkeys(BYTE_CLASSES, 0)
+    for site in cfg.cluster.sites:
+        for e in process_events(run_dir, site):
+            ev = e["event"]
+            if ev == "collective" and "error" not in e:
+                by_class["collective"] += int(e.get("payload_bytes_sent") or 0)
+            elif ev == "state_sent":
+                by_class["state_transfer"] += int(e.get("bytes") or 0)
+            elif ev == "checkpoint_save" and "error" not in e:
+                by_class["checkpoint"] += int(e.get("bytes_uploaded") or e.get("bytes") or 0)
+    return {"policy": r["policy"], "time_to_target_s": m.get("active_time"), "idle_s": m.get("idle_time_all_sites"),
+            "lost_tokens": m.get("lost_tokens"), "useful_tokens": m.get("useful_tokens"), "bytes": by_class,
+            "recovery_s": recovery_s(run_dir)}
+
+
+def recovery_s(run_dir: Path) -> float | None:
+    """First fault_injected -> the first commit of an epoch formed after it (None: no fault, or no such commit)."""
+    faults = [e for e in process_events(run_dir, "chaos") if e["event"] == "fault_injected" and not e.get("noop")]
+    if not faults:
+        return None
+    t = faults[0]["mono_ns"]
+    epoch_at, after = 0, None
+    for e in process_events(run_dir, "coord"):
+        if e["event"] == "membership_epoch" and e["mono_ns"] <= t:
+            epoch_at = e["epoch"]
+        elif e["event"] == "commit" and e["mono_ns"] > t and e["epoch"] > epoch_at:
+            after = e["mono_ns"]
+            break
+    return (after - t) / 1e9 if after is not None else None
+
+
+def simulate_like(emulated: Path, model: SimModel, out: Path) -> Path:
+    """The emulator run's config and scenario, simulated with `model`, into `out`."""
+    cfg = config_from_json(emulated / "config.json")
+    scen_path = emulated / "scenario.json"
+    scenario = Scenario.from_dict(json.loads(scen_path.read_text())) if scen_path.exists() else None
+    simulate(cfg, scenario, model, out=out)
+    return out
+
+
+def _rel(sim: float | None, emu: float | None) -> float | None:
+    if sim is None or emu is None:
+        return None
+    return abs(sim - emu) / abs(emu) if emu else (0.0 if sim == emu else float("inf"))
+
+
+def compare(emu: dict[str, Any], sim: dict[str, Any]) -> dict[str, Any]:
+    """Per-number errors (relative; lost tokens as the absolute difference)."""
+    return {"time_to_target": _rel(sim["time_to_target_s"], emu["time_to_target_s"]),
+            "idle": _rel(sim["idle_s"], emu["idle_s"]),
+            "lost_tokens_diff": (None if sim["lost_tokens"] is None or emu["lost_tokens"] is None
+                                 else sim["lost_tokens"] - emu["lost_tokens"]),
+            "bytes": {c: _rel(sim["bytes"][c], emu["bytes"][c]) for c in BYTE_CLASSES},
+            "recovery": _rel(sim["recovery_s"], emu["recovery_s"])}
+
+
+def ranking(rows: list[dict[str, Any]], side: str) -> list[str]:
+    """Policies from the fastest time to target (one comparison's rows)."""
+    return [r["policy"] for r in sorted(rows, key=lambda r: (r[side]["time_to_target_s"] or float("inf"),
+                                                            r["policy"]))]
+
+
+def claims(comparisons: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The four claims over every held-out row, each with its falsifier and status."""
+    rows = [r for rs in comparisons.values() for r in rs]
+
+    def status(bad: list[str], n: int) -> str:
+        return "not run" if n == 0 else ("falsified" if bad else "survived")
+
+    t_bad = [f"{r['scenario']}/{r['policy']}: {r['error']['time_to_target']:.1%}" for r in rows
+             if r["error"]["time_to_target"] is None or r["error"]["time_to_target"] > GOALS["time_to_target_s"]]
+    b_bad = [f"{r['scenario']}/{r['policy']} {c}: {e:.1%}" for r in rows for c, e in r["error"]["bytes"].items()
+             if e is not None and e > GOALS["bytes"]]
+    l_bad = [f"{r['scenario']}/{r['policy']}: {r['error']['lost_tokens_diff']:+,}" for r in rows
+             if r["progress_triggered"] and r["error"]["lost_tokens_diff"] != 0]
+    n_l = sum(1 for r in rows if r["progress_triggered"])
+    k_bad = [f"{name}: emulator {ranking(rs, 'emulator')} vs simulator {ranking(rs, 'simulator')}"
+             for name, rs in comparisons.items() if ranking(rs, "emulator") != ranking(rs, "simulator")]
+    return [
+        {"claim": "time to target within 10 % of the emulator's",
+         "falsifier": "a held-out emulator run whose active time differs from the simulated one by more than 10 %",
+         "status": status(t_bad, len(rows)), "against": t_bad, "runs": len(rows)},
+        {"claim": "bytes per class (collective, state transfer, checkpoint) within 2 %",
+         "falsifier": "a held-out run whose logged bytes of one class differ by more than 2 %",
+         "status": status(b_bad, len(rows)), "against": b_bad, "runs": len(rows)},
+        {"claim": "lost tokens exact for progress-triggered faults",
+         "falsifier": "a held-out run with only progress-triggered faults whose lost tokens differ at all",
+         "status": status(l_bad, n_l), "against": l_bad, "runs": n_l},
+        {"claim": "the ranking of the policies by time to target is preserved",
+         "falsifier": "a held-out comparison whose emulator ranking differs from the simulated one",
+         "status": status(k_bad, len(comparisons)), "against": k_bad, "runs": len(comparisons)},
+    ]
+
+
+def progress_triggered(emulated: Path) -> bool:
+    p = emulated / "scenario.json"
+    if not p.exists():
+        return False
+    faults = json.loads(p.read_text()).get("faults", [])
+    return bool(faults) and all("at_useful_tokens" in f or "at_step" in f for f in faults)
+
+
+def table_md(comparisons: dict[str, list[dict[str, Any]]]) -> str:
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{100 * x:.1f} %"
+
+    def num(x: Any, fmt: str = "{:.1f}") -> str:
+        return "-" if x is None else fmt.format(x)
+
+    head = ["| held-out | policy | time to target s emu / sim (err) | idle s emu / sim (err) | lost tokens emu / sim "
+            "| collective / state / checkpoint bytes err | recovery s emu / sim (err) |", "|---|---|---|---|---|---|---|"]
+    lines = []
+    for name, rs in comparisons.items():
+        for r in rs:
+            e, s, x = r["emulator"], r["simulator"], r["error"]
+            lines.append(f"| {name} | {r['policy']} | {num(e['time_to_target_s'])} / {num(s['time_to_target_s'])} "
+                         f"({pct(x['time_to_target'])}) | {num(e['idle_s'])} / {num(s['idle_s'])} ({pct(x['idle'])}) | "
+                         f"{num(e['lost_tokens'], '{:,}')} / {num(s['lost_tokens'], '{:,}')} | "
+                         + " / ".join(pct(x["bytes"][c]) for c in BYTE_CLASSES)
+                         + f" | {num(e['recovery_s'])} / {num(s['recovery_s'])} ({pct(x['recovery'])}) |")
+    return "\n".join(head + lines)

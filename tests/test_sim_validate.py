@@ -1,0 +1,57 @@
+"""The validation table's machinery (sim/validate.py, bench/sim_validate.py) on simulated stand-ins.
+
+A simulated run stands in for an emulated one here (pure logic, seconds): simulated again from its
+own config.json and scenario.json with the same model, every number must agree exactly (the
+simulator is deterministic) and every claim survive; with a different model the time claim must be
+falsified and name the run; with no runs at all every claim is "not run".
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from bench.sim_validate import run as validate_run
+from chaos.scenario import Scenario
+from ground.config import load_config, merge
+from sim import validate
+from sim.model import SimModel
+from sim.world import simulate
+from tests.conftest import COMPARE_CFG
+
+
+def _stand_in(tmp: Path, policy: str) -> Path:
+    cfg = load_config(merge(COMPARE_CFG, {"run_id": f"v-{policy}", "recovery": {"policy": policy}}))
+    scen = Scenario.build("crash-b", "").crash("b", at_useful_tokens=36_864, restart_after_s=2)
+    if policy == "oracle":
+        cfg = replace(cfg, recovery=replace(cfg.recovery, oracle_faults=(("b", 36_864),)))
+    out = tmp / policy
+    simulate(cfg, scen, SimModel(), out=out)
+    (out / "scenario.json").write_text(__import__("json").dumps(scen.to_dict()))
+    return out
+
+
+def test_a_run_simulated_again_with_its_own_model_has_no_error_and_every_claim_survives(tmp_path: Path) -> None:
+    rows = []
+    for policy in ("stall", "elastic"):
+        emu = _stand_in(tmp_path / "emu", policy)
+        sim = validate.simulate_like(emu, SimModel(), tmp_path / "sim" / policy)
+        e, s = validate.measure(emu), validate.measure(sim)
+        assert e == s and e["recovery_s"] and e["bytes"]["collective"] > 0 and e["time_to_target_s"] > 0
+        err = validate.compare(e, s)
+        assert err["time_to_target"] == 0 and err["lost_tokens_diff"] == 0 and set(err["bytes"].values()) <= {0.0, None}
+        rows.append({"scenario": "crash-b", "policy": policy, "emulator": e, "simulator": s, "error": err,
+                     "progress_triggered": validate.progress_triggered(emu)})
+    claims = validate.claims({"stand-in": rows})
+    assert [c["status"] for c in claims] == ["survived"] * 4
+    # a slower compute model: the time claim is falsified, and says where
+    slow = validate.measure(validate.simulate_like(tmp_path / "emu" / "stall", SimModel(compute_s_per_token=0.001),
+                                                   tmp_path / "slow"))
+    bad = [{**rows[0], "simulator": slow, "error": validate.compare(rows[0]["emulator"], slow)}, rows[1]]
+    c = validate.claims({"stand-in": bad})[0]
+    assert c["status"] == "falsified" and c["against"][0].startswith("crash-b/stall")
+
+
+def test_without_emulator_runs_every_claim_is_not_run(tmp_path: Path) -> None:
+    raw = validate_run(tmp_path / "no-runs", tmp_path / "out")
+    assert {c["status"] for c in raw["claims"]} == {"not run"} and "noise-floor" in raw["why_not_run"]
