@@ -27,6 +27,7 @@ timeout 2 s here) and the cold start (python + torch import) dominate; the numbe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -98,16 +99,23 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=None, help=f"runs (default {MIN_REPEATS})")
     ap.add_argument("repeats_positional", nargs="?", type=int, help=argparse.SUPPRESS)  # the old spelling
+    ap.add_argument("--keep", default=None, help="keep the run directories (their logs) here")
     args = ap.parse_args(argv)
     repeats = args.repeats or args.repeats_positional or MIN_REPEATS
     if repeats < MIN_REPEATS:
         print(f"note: {repeats} runs is below the {MIN_REPEATS} a p90 needs; the result says so", flush=True)
-    samples: list[dict[str, float]] = []
-    with tempfile.TemporaryDirectory(prefix="xdc-bench-recovery-") as tmp:
+    samples: list[dict[str, Any]] = []
+    unmeasured: list[str] = []
+    with (contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory(prefix="xdc-bench-recovery-")) as tmp:
         for i in range(repeats):
             cfg = load_config(merge(CFG, {"runs_dir": str(Path(tmp) / str(i))}))
             run_dir, s = launch(cfg, quiet=True, timeout_s=600, scenario=SCENARIO)
-            m = measure(run_dir)
+            try:
+                m = measure(run_dir)
+            except StopIteration:  # an event the measurement needs is missing: say so, keep the others
+                print(f"run {i}: not measurable (no kill, failure, failover commit or rejoin in {run_dir})", flush=True)
+                unmeasured.append(str(run_dir))
+                continue
             m["useful_tokens"] = s["useful_tokens"]
             m["loadavg_1m"] = os.getloadavg()[0]  # the 2 cores are shared: say how busy they were
             samples.append(m)
@@ -125,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
                  raw={"samples": samples, "runs": len(samples), "median_s": median(fo), "p90_s": fo_p90,
                       "goal_s": FAILOVER_GOAL_S, "heartbeat_timeout_ms": HEARTBEAT_TIMEOUT_MS,
                       "disconnect_grace_ms": cfg.recovery.disconnect_grace_ms,
-                      "detection_median_s": median(det), "detection_p90_s": percentile(det, 90), "failed_by": by},
+                      "detection_median_s": median(det), "detection_p90_s": percentile(det, 90), "failed_by": by,
+                      "unmeasured_runs": unmeasured},
                  env=env,
                  notes=f"elastic; kill (SIGKILL of site b) to the survivors' next commit over {len(samples)} runs: "
                        f"median {median(fo):.2f} s, p90 {fo_p90:.2f} s, over a goal of {FAILOVER_GOAL_S} s. b is "
