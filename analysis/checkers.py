@@ -212,7 +212,7 @@ def _ledger_agreement(h: RunHistory, viol: list[str]) -> None:
     retained_lists: list[list[int]] = []
     by_round_site: dict[tuple[int, int, str], int] = defaultdict(int)
     for site in expected_sites(h):
-        for e in h.events(site, "work_attempted"):
+        for e in h.attempts(site):
             members = kept.get((e["epoch"], e["round"]))
             if members is not None and site in members:
                 retained_lists.append(e["samples"])

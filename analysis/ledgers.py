@@ -39,6 +39,29 @@ def lineage(commits: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(reversed(chain))
 
 
+def credited_attempts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A site's `work_attempted` events, each under the epoch whose round used it last.
+
+    A survivor that takes a failed member's round over keeps the inner steps it already took in
+    it (site_agent/carry.py) and logs each as `work_carried` {from_epoch, round, inner_step} in the
+    new epoch: that attempt then counts under the new epoch, whose commit retains it (or not). No
+    attempt is added or removed, so attempted = retained + lost still holds. `events` is the site's
+    log in file order (its `work_attempted` and `work_carried` events at least)."""
+    out: list[dict[str, Any]] = []
+    where: dict[tuple[Any, ...], int] = {}  # (pid, epoch, round, inner step) -> index in out
+    for e in events:
+        kind = e["event"]
+        if kind == "work_attempted":
+            where[(e.get("pid", 0), e["epoch"], e["round"], e["inner_step"])] = len(out)
+            out.append(e)
+        elif kind == "work_carried":
+            i = where.get((e.get("pid", 0), e["from_epoch"], e["round"], e["inner_step"]))
+            if i is not None:
+                out[i] = {**out[i], "epoch": e["epoch"]}
+                where[(e.get("pid", 0), e["epoch"], e["round"], e["inner_step"])] = i
+    return out
+
+
 def work_ledger(logs: dict[str, list[dict[str, Any]]], sites: list[str], seq_len: int) -> dict[str, Any]:
     """The work ledger. Also returns `first_replays`: per (site, pid, epoch) the first attempt that
     redid samples an earlier attempt had lost (the timeline's replay marks)."""

@@ -64,6 +64,14 @@ class RunHistory:
             self._index[process] = idx
         return idx.get(name, [])
 
+    def attempts(self, site: str) -> list[dict[str, Any]]:
+        """The site's `work_attempted` events, each under the epoch that used it (a `work_carried`
+        moves one: analysis.ledgers.credited_attempts)."""
+        if not self.events(site, "work_carried"):
+            return self.events(site, "work_attempted")
+        from analysis.ledgers import credited_attempts
+        return credited_attempts([e for e in self.events(site) if e["event"] in ("work_attempted", "work_carried")])
+
     def n_events(self) -> int:
         return sum(len(v) for v in self.logs.values())
 

@@ -162,7 +162,7 @@ def _frontier_commit(h: RunHistory, chain: list[dict[str, Any]], durable: dict[s
 def retained_samples(h: RunHistory, chain: list[dict[str, Any]]) -> list[int]:
     """Every sample id the members of these commits trained in those rounds (a list: duplicates kept)."""
     kept = {(c["epoch"], c["round"]): frozenset(c.get("members", ())) for c in chain}
-    lists = [e["samples"] for site in expected_sites(h) for e in h.events(site, "work_attempted")
+    lists = [e["samples"] for site in expected_sites(h) for e in h.attempts(site)
              if site in kept.get((e["epoch"], e["round"]), ())]
     return list(itertools.chain.from_iterable(lists))
 

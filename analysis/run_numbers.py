@@ -85,7 +85,7 @@ def run_numbers(h: RunHistory, proxy_bytes: dict[str, Any] | None = None) -> Run
     sites = h.sites
     # The ledgers read only a few event kinds: hand them those (indexed once) rather than every event.
     commits = h.events("coord", "commit")
-    work = work_ledger({**{s: h.events(s, "work_attempted") for s in sites}, "coord": commits}, sites,
+    work = work_ledger({**{s: h.attempts(s) for s in sites}, "coord": commits}, sites,
                        int(h.config["model"]["seq_len"]))
     committed = {(c["epoch"], c["round"]) for c in lineage(commits)}
     pids = {p: {e.get("pid", 0) for e in evs} for p, evs in h.logs.items()}

@@ -81,6 +81,10 @@ class ClusterView:
     # (round, cursor) where the current epoch takes effect when that is beyond the round in flight
     # (a rejoin or a drain scheduled for the next boundary, not begun yet); None otherwise.
     scheduled: tuple[int, int] | None = None
+    # The members whose plain layout (ground.schedule.site_positions) the round in flight follows,
+    # when that is known; empty otherwise (a paused epoch, a round already carried, several workers
+    # per site). A failure's survivors then take that round over keeping their steps (Plan.carry).
+    in_flight_layout: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -151,8 +155,10 @@ def decide_recovery(v: ClusterView, policy: Policy) -> tuple[Plan | None, str]:
     if lost:
         if policy in (Policy.ELASTIC, Policy.ORACLE) and survivors:
             if not unproven:
-                return (Plan(survivors, False, start_round, start_cursor, Restore.NONE),
-                        f"{policy.value}: {list(lost)} failed; {list(survivors)} continue from round {start_round}")
+                carry = v.in_flight_layout if set(survivors) < set(v.in_flight_layout) else ()
+                return (Plan(survivors, False, start_round, start_cursor, Restore.NONE, carry=carry),
+                        f"{policy.value}: {list(lost)} failed; {list(survivors)} continue from round {start_round}"
+                        + ("; they keep the inner steps they took in it" if carry else ""))
             if proven and v.committed_round >= 0:
                 # A survivor still joining (its transfer may have been cut short) gets state again.
                 return (Plan(survivors, False, start_round, start_cursor, Restore.DONOR, donor=proven[0],

@@ -400,8 +400,16 @@ class Rules:
                            frontier=self.frontier, target_samples=self.target, drop_before=self.oracle.ahead(),
                            round_samples=0 if paused else samples_per_round(self.settings.effective(),
                                                                             len(self.membership.members)),
-                           unproven=tuple(sorted(self.unproven & member_set(self.membership.members))),
-                           scheduled=scheduled)
+                           unproven=tuple(sorted(self.unproven & member_set(self.membership.members))), scheduled=scheduled,
+                           in_flight_layout=self._in_flight_layout(paused, scheduled))
+
+    def _in_flight_layout(self, paused: bool, scheduled: tuple[int, int] | None) -> tuple[str, ...]:
+        """The members whose plain layout the round in flight follows (ClusterView.in_flight_layout)."""
+        p = self.plan
+        if p is None or paused or scheduled is not None or self.cfg.train.workers_per_site != 1 \
+                or (p.carry and p.start_round == self.committed_round + 1):
+            return ()
+        return self.membership.members
 
     def new_epoch(self, plan: Plan, reason: str, setting: ConsistencySetting | None = None) -> None:
         old_members = set(self.membership.members)

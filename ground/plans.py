@@ -48,12 +48,19 @@ class Plan:
     manifest_hash: str | None = None
     parent_commit: str | None = None  # the commit the next commit descends from (a branch point on restore)
     drain: Drain | None = None  # oracle only: this epoch drains a site ahead of the fault it anticipates
+    # The members whose layout the round at start_round was in flight under, when the survivors of a
+    # failure take that same round over (elastic/oracle): each keeps the inner steps it already took
+    # (ground.schedule.carried_steps). Empty: the round is laid out afresh for `members`.
+    carry: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The plan as journaled and as sent to the sites (`drain` is a map {site, at_cursor} or null)."""
         d = asdict(self)
         d["restore"] = self.restore.value
         d["members"], d["joiners"] = list(self.members), list(self.joiners)
+        d.pop("carry")
+        if self.carry:  # absent unless set: a journal without carries reads as before
+            d["carry"] = list(self.carry)
         return d
 
     @staticmethod
@@ -65,7 +72,8 @@ class Plan:
                     start_cursor=int(d["start_cursor"]), restore=Restore(d["restore"]), donor=d.get("donor"),
                     joiners=tuple(d.get("joiners", ())), manifest_hash=d.get("manifest_hash"),
                     parent_commit=d.get("parent_commit"),
-                    drain=Drain(str(drain["site"]), int(drain["at_cursor"])) if drain else None)
+                    drain=Drain(str(drain["site"]), int(drain["at_cursor"])) if drain else None,
+                    carry=tuple(d.get("carry", ())))
 
 
 @dataclass(frozen=True)
@@ -91,6 +99,7 @@ class EpochPlan:
     setting: ConsistencySetting | None = None
     start_step: int | None = None
     prev_mode: str | None = None
+    carry: tuple[str, ...] = ()  # Plan.carry
 
     @staticmethod
     def announce(epoch: int, plan: Plan, *, target_samples: int, frontier_manifest: str | None,
@@ -101,13 +110,16 @@ class EpochPlan:
                          joiners=plan.joiners, manifest_hash=plan.manifest_hash,
                          frontier_manifest=frontier_manifest, checkpoint_first=checkpoint_first,
                          parent_commit=plan.parent_commit, drain=plan.drain, target_samples=target_samples,
-                         setting=setting, start_step=start_step, prev_mode=prev_mode)
+                         setting=setting, start_step=start_step, prev_mode=prev_mode, carry=plan.carry)
 
     def to_body(self) -> dict[str, Any]:
         """The `membership` message body (what `from_body` reads back)."""
         d = asdict(self)
         d["restore"] = self.restore.value
         d["members"], d["joiners"] = list(self.members), list(self.joiners)
+        d.pop("carry")
+        if self.carry:  # absent unless set: a plan without it reads the same as before
+            d["carry"] = list(self.carry)
         for k in ("setting", "start_step", "prev_mode"):  # all or none: absent for a fixed-setting coordinator
             d.pop(k)
         if self.setting is not None:
@@ -137,12 +149,15 @@ class EpochPlan:
                          checkpoint_first=req_bool(b, "checkpoint_first", what, default=False),
                          parent_commit=opt_str(b, "parent_commit", what), drain=_drain(b.get("drain"), sites),
                          target_samples=None if target is None else req_int(b, "target_samples", what),
-                         **_setting_fields(b, what))
+                         carry=names(b, "carry", what, sites, required=False), **_setting_fields(b, what))
         plan.check()
         return plan
 
     def check(self) -> None:
         """The plan's fields agree with each other (Rejected "inconsistent_plan" otherwise)."""
+        if self.carry and (not set(self.members) <= set(self.carry) or self.restore != Restore.NONE or self.paused):
+            raise Rejected("inconsistent_plan", f"epoch {self.epoch}: a carried round needs members {list(self.members)} "
+                                                f"among the old members {list(self.carry)}, restore none, no pause")
         if not set(self.joiners) <= set(self.members):
             raise Rejected("inconsistent_plan", f"epoch {self.epoch}: joiners {list(self.joiners)} are not all "
                                                 f"members {list(self.members)}")

@@ -77,3 +77,57 @@ def target_samples(cfg: RunConfig) -> int:
 def target_tokens(cfg: RunConfig) -> int:
     """The useful-token target as the run reaches it: `target_samples` whole windows."""
     return tokens_of_samples(cfg, target_samples(cfg))
+
+
+# ---------------------------------------------------------------------------------------------
+# The carried layout: a survivor keeps the inner steps it already took in the round in flight.
+
+
+def carried_steps(cfg: RunConfig, old_members: tuple[str, ...], members: tuple[str, ...], cursor_start: int,
+                  cursor_end: int, target: int) -> dict[str, list[tuple[range, int]]]:
+    """Each member's inner steps of a round that was in flight under `old_members` when a new epoch
+    with `members` (a subset: the survivors) took it over at the same cursor: for every step, the
+    positions it trains on and the cluster frontier (sample positions) its lr is taken at.
+
+    A survivor keeps its positions of the old layout, in step order, up to the first that falls
+    outside the new round [cursor_start, cursor_end); those steps keep the old layout's frontier
+    too, so the steps it already took are exactly the steps this layout asks of it. The positions
+    nobody kept are then dealt out in ascending order, step by step, member by member (in sorted
+    order), at the new layout's frontier. Together the members cover [cursor_start, cursor_end)
+    exactly once, batch by batch, so the retained set stays the canonical prefix. A pure function
+    of the plan: every member computes the same layout. Local mode only (H inner steps)."""
+    b, steps = cfg.train.per_site_batch, steps_per_round(cfg)
+    n_old, n_new = len(old_members), len(members)
+    old_end = min(cursor_start + n_old * b * steps, target)
+    layout: dict[str, list[tuple[range, int]]] = {}
+    claimed: set[int] = set()
+    for s in members:
+        seq: list[tuple[range, int]] = []
+        if s in old_members:
+            i = old_members.index(s)
+            for h in range(steps):
+                lo = cursor_start + h * n_old * b + i * b
+                if lo + b > cursor_end:
+                    break
+                seq.append((range(lo, lo + b), min(cursor_start + h * n_old * b, old_end)))
+                claimed.add(lo)
+        layout[s] = seq
+    free = iter([lo for lo in range(cursor_start, cursor_end, b) if lo not in claimed])
+    for h in range(steps):
+        for s in members:
+            if h < len(layout[s]):
+                continue
+            lo = next(free, cursor_end)
+            layout[s].append((range(lo, min(lo + b, cursor_end)), min(cursor_start + h * n_new * b, cursor_end)))
+    return layout
+
+
+def kept_steps(cfg: RunConfig, n_members: int, site_index: int, cursor_start: int, cursor_end: int) -> int:
+    """How many of its inner steps a member keeps (`carried_steps`) if one other member of a round
+    laid out for `n_members` fails while it is in flight: where the site saves its mid-round state."""
+    b, steps = cfg.train.per_site_batch, steps_per_round(cfg)
+    end = min(cursor_end, cursor_start + (n_members - 1) * b * steps)
+    k = 0
+    while k < steps and cursor_start + k * n_members * b + site_index * b + b <= end:
+        k += 1
+    return k

@@ -15,6 +15,9 @@ from typing import Any
 from ground.fields import Rejected
 from ground.plans import EpochPlan, Restore
 from ground.topology import COORD
+from ground.schedule import ids_at, round_span
+from ground.setting import effective_config
+from site_agent.carry import Resume, reusable_steps
 from site_agent.consistency import plan_setting
 from site_agent.state import load_blobs, restore_snapshot, retained_of, samples_sha256, with_lineage
 from site_agent.state_transfer import StateTransferError, pack_state, receive_state, send_state, unpack_state
@@ -66,17 +69,53 @@ class EpochAdoption:
             elif plan.restore == Restore.DONOR and self.me in plan.joiners:
                 self.receive_from_donor(plan, sp)
             else:
-                self.rollback_to(start, sp)
+                carried = self.carry_over(plan, sp)
+                if not carried:
+                    self.rollback_to(start, sp)
                 if plan.restore == Restore.DONOR and plan.donor == self.me:
                     self.send_to_joiners(plan, sp)
             sp.update(retained_samples=int(self.retained.size), samples_sha256=samples_sha256(self.retained))
-        self.next_round = start
+        # Carried in: the trainer holds a mid-round state, so a later rollback must use the snapshot.
+        self.next_round = None if self.resume is not None else start
         self.snapshots = {k: v for k, v in self.snapshots.items() if k <= start}
         if self.pool is not None:
             self.pool.load_state(pack_state(self.trainer.state_tensors()))
         if plan.checkpoint_first and self.leader and start > 0:
             # The oracle drains a site just before its fault: make the committed state durable first.
             self.checkpoint(start - 1, plan.start_cursor)
+        return True
+
+    def carry_over(self, plan: EpochPlan, sp: dict[str, Any]) -> bool:
+        """Keep the inner steps already taken in the round this carried epoch takes over
+        (site_agent.carry): True if some were kept (then `self.resume` says where to go on)."""
+        prog, self.resume = self.progress, None
+        if not plan.carry or prog is None or self.pool is not None or self.next_round is not None \
+                or prog.round != plan.start_round or prog.cursor != plan.start_cursor:
+            return False
+        setting, _step, _prev = plan_setting(self.cfg, plan)
+        cfg = effective_config(self.cfg, setting)
+        if cfg.train.mode != "local" or prog.mode != "local" or prog.steps_h != cfg.train.inner_steps_h:
+            return False
+        n = len(plan.members)
+        cs, ce = round_span(cfg, n, plan.start_round, plan.start_cursor, plan.start_round, self.target)
+        wanted = [(tuple(ids_at(self.order, r)), f) for r, f in
+                  self.step_layout(cfg, plan.start_round, n, plan.members.index(self.me), cs, ce)]
+        k, from_copy = reusable_steps(prog, wanted)
+        if k == 0:
+            return False
+        if from_copy:
+            assert prog.mid is not None
+            prog.mid.restore(self.trainer)
+        dropped = len(prog.done) - k
+        for h in range(k):
+            ids = list(prog.done[h][0])
+            self.log.emit("work_carried", round=prog.round, inner_step=h, from_epoch=prog.epochs[h], samples=ids,
+                          tokens=len(ids) * cfg.model.seq_len)
+        del prog.done[k:], prog.losses[k:], prog.epochs[k:]
+        prog.mid = None
+        self.resume = Resume(prog.round, k, [i for ids, _f in prog.done for i in ids],
+                             [x for x in prog.losses if x is not None])
+        sp.update(rolled_back=False, carried_steps=k, from_mid_copy=from_copy, dropped_steps=dropped)
         return True
 
     def rollback_to(self, start: int, sp: dict[str, Any]) -> None:

@@ -54,6 +54,7 @@ from site_agent.collective import AllReduce, CollectiveAborted, CollectiveInterr
 from site_agent.data import eval_fields, eval_set, load_corpus, sample_order
 from site_agent.epochs import interrupts, next_plan
 from site_agent.background import OneAtATime
+from site_agent.carry import Resume, RoundProgress
 from site_agent.evaluator import BackgroundEval
 from ground.fields import Rejected
 from ground.plans import EpochPlan
@@ -206,6 +207,8 @@ class Site(EpochAdoption, RoundLoop, Checkpointing):
         self.leader = False
         self.inflight: int | None = None  # the round being computed / reduced now
         self.step_at_end: dict[int, int] = {}  # round -> inner steps taken once it is done (per its setting)
+        self.progress: RoundProgress | None = None  # the inner steps of the round in flight (site_agent.carry)
+        self.resume: Resume | None = None  # a carried epoch's first round resumes after its kept steps
 
     # ------------------------------------------------------------------ control
     def _poll_ctl(self) -> None:

@@ -16,9 +16,10 @@ import numpy as np
 
 from ground.config import RunConfig
 from ground.setting import ConsistencySetting, effective_config, step_after_round
-from ground.schedule import ids_at, round_span, site_positions
+from ground.schedule import carried_steps, ids_at, kept_steps, round_span, site_positions
 from ground.topology import COORD
 from site_agent.collective import CollectiveAborted
+from site_agent.carry import MidState, RoundProgress
 from site_agent.consistency import contribution_stats, enter_round, plan_setting
 from site_agent.data import batch_for
 from site_agent.lr_schedule import step_frontier_tokens
@@ -89,6 +90,10 @@ class RoundLoop:
         step = step_after_round(start_step, plan.start_round, rnd, setting)
         self.step_at_end[rnd] = step
         log.set_context(step=step)
+        if self.resume is not None and self.resume.round == rnd:
+            # Carried in mid-round (site_agent.carry): the round-start snapshot and setting are the
+            # ones taken when the round began; the trainer holds the state after the kept steps.
+            return step
         # The state at this round's start is the one whose hash the previous iteration logged.
         self.snapshots[rnd] = take_snapshot(self.trainer, rnd, self.retained, phash)
         self.snapshots = {k: v for k, v in self.snapshots.items() if k >= rnd - 3}
@@ -122,6 +127,7 @@ class RoundLoop:
             self.trainer.apply_outer(avg, frontier_tokens=cs * cfg.model.seq_len)
         self.retained = merge_retained(self.retained, round_ids)
         self.next_round = rnd + 1
+        self.progress = None  # the round is applied: nothing of it is in flight any more
         phash = self.trainer.params_hash()
         if self.pool is not None:
             self.pool.check(rnd, phash)
@@ -170,13 +176,34 @@ class RoundLoop:
         losses: list[float] = []
         payload: np.ndarray | None = None
         steps = 1 if cfg.train.mode == "sync" else cfg.train.inner_steps_h
+        layout = self.step_layout(cfg, rnd, n, idx, cs, ce)
+        first = 0
+        if self.resume is not None and self.resume.round == rnd:  # carried in: the kept steps are done
+            first, ids_round, losses = self.resume.steps, list(self.resume.ids), list(self.resume.losses)
+        else:
+            self.progress = RoundProgress(rnd, cs, cfg.train.mode, steps)
+        self.resume = None
+        prog = self.progress
+        # The mid-round copy: before the first step this site would not keep if one other member
+        # failed now (plain layout only: a carried round is not carried again).
+        keep = kept_steps(cfg, n, idx, cs, ce) if self.pool is None and cfg.train.mode == "local" \
+            and not self.carried_round(rnd) else 0
         with log.span("compute", round=rnd) as span:
             cpu0 = time.process_time()  # all of this process's threads (WAN I/O, an evaluation) included
-            for h in range(steps):
+            if first:
+                span.update(carried_steps=first)
+            for h in range(first, steps):
                 # Rank 0 alone may leave mid-round only without workers (they would wait in gloo).
                 if h > 0 and self.pool is None and self.newer_plan_waiting():
                     raise Interrupted(f"a newer epoch arrived after inner step {h} of round {rnd}")
-                ids = ids_at(self.order, site_positions(cfg, n, cs, h, idx, ce))
+                positions, frontier = layout[h]
+                ids = ids_at(self.order, positions)
+                if prog is not None:
+                    if h == keep and 0 < keep < steps and prog.mid is None:
+                        prog.mid = MidState.take(trainer, h)
+                    prog.done.append((tuple(ids), frontier))
+                    prog.losses.append(None)
+                    prog.epochs.append(self.epoch)
                 if not ids:
                     continue  # the cut last round: this site's batch for this step is empty
                 mine = rank_slice(ids, 0, world)  # W = 1: all of ids
@@ -184,7 +211,14 @@ class RoundLoop:
                 if cfg.train.mode == "sync":
                     loss, payload = trainer.compute_grads(x, y)
                 else:
-                    loss = trainer.inner_step(x, y, frontier_tokens=step_frontier_tokens(cfg, n, cs, h, ce))
+                    try:
+                        loss = trainer.inner_step(x, y, frontier_tokens=frontier)
+                    except BaseException:
+                        if prog is not None:  # not taken: the trainer's state is not past it
+                            del prog.done[-1], prog.losses[-1], prog.epochs[-1]
+                        raise
+                    if prog is not None:
+                        prog.losses[-1] = loss
                 losses.append(loss)
                 ids_round += ids
                 tokens = len(ids) * cfg.model.seq_len
@@ -202,6 +236,22 @@ class RoundLoop:
         if share != 1.0:
             payload = (payload * np.float32(share)).astype(np.float32)
         return payload, ids_round, losses
+
+
+    def carried_round(self, rnd: int) -> bool:
+        """Whether round `rnd` follows the carried layout (the first round of a carried epoch, local mode)."""
+        plan = self.plan
+        return bool(plan is not None and plan.carry and rnd == plan.start_round)
+
+    def step_layout(self, cfg: RunConfig, rnd: int, n: int, idx: int, cs: int, ce: int) -> list[tuple[range, int]]:
+        """This site's inner steps of round `rnd`: (sample positions, lr frontier in tokens) per step."""
+        steps = 1 if cfg.train.mode == "sync" else cfg.train.inner_steps_h
+        plan = self.plan
+        if cfg.train.mode == "local" and self.carried_round(rnd):
+            assert plan is not None
+            mine = carried_steps(cfg, plan.carry, plan.members, cs, ce, self.target)[self.me]
+            return [(r, f * cfg.model.seq_len) for r, f in mine]
+        return [(site_positions(cfg, n, cs, h, idx, ce), step_frontier_tokens(cfg, n, cs, h, ce)) for h in range(steps)]
 
 
 def _round_samples(stats: Any, members: list[str]) -> np.ndarray:

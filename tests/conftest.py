@@ -167,7 +167,16 @@ def independent_ledger(run_dir: Path) -> dict[str, tuple[int, int, int]]:
         cur = by_id.get(cur["parent"]) if cur["parent"] else None
     out = {}
     for site in json.loads((run_dir / "config.json").read_text())["cluster"]["sites"]:
-        work = [e for e in events(run_dir, site) if e["event"] == "work_attempted"]
+        work, where = [], {}
+        for e in events(run_dir, site):
+            if e["event"] == "work_attempted":
+                where[(e.get("pid"), e["epoch"], e["round"], e["inner_step"])] = len(work)
+                work.append(e)
+            elif e["event"] == "work_carried":  # a survivor kept this step: it counts under the new epoch
+                i = where.get((e.get("pid"), e["from_epoch"], e["round"], e["inner_step"]))
+                if i is not None:
+                    work[i] = {**work[i], "epoch": e["epoch"]}
+                    where[(e.get("pid"), e["epoch"], e["round"], e["inner_step"])] = i
         kept = {(c["epoch"], c["round"]) for c in chain if site in c["members"]}
         out[site] = (sum(e["tokens"] for e in work), sum(int(c["tokens"].get(site, 0)) for c in chain),
                      sum(e["tokens"] for e in work if (e["epoch"], e["round"]) not in kept))
