@@ -10,7 +10,6 @@ and a and c end at the target with exactly the canonical prefix retained."""
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
@@ -20,12 +19,8 @@ import torch
 from ground.config import load_config
 from ground.eventlog import read_events
 from ground.schedule import ids_at, samples_per_round, target_samples
-from site_agent.agent import Site
-from site_agent.data import load_corpus, sample_order
-from site_agent.model import pick_device
 from site_agent.state import samples_sha256
-from site_agent.trainer import SiteTrainer
-from tests.test_site_epoch_sequence import SEQ, SITES, _nodes, _plan, _wait
+from tests.test_site_epoch_sequence import SEQ, SITES, _plan, _wait, running_sites
 
 CFG = {"run_id": "carry-test", "cluster": {"sites": SITES},
        "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "seq_len": SEQ},
@@ -41,21 +36,9 @@ def _steps(path: Any, rnd: int) -> int:
 def test_survivors_keep_their_steps_of_the_round_in_flight_and_end_at_the_canonical_prefix(tmp_path):
     torch.set_num_threads(1)
     cfg = load_config(CFG)
-    corpus = load_corpus(cfg.data)
-    order = sample_order(corpus, SEQ, cfg.data.shuffle_seed)
-    nodes = _nodes(tmp_path, cfg)
-    coord = nodes["coord"]
-    joins, reports, done = coord.inbox("join"), coord.inbox("round_done"), coord.inbox("site_done")
-    coord.inbox("heartbeat", "telemetry", "peer_unreachable", "preempt_notice")
-    stopping = {s: {"flag": False} for s in SITES}
-    rcs: dict[str, Any] = {}
-    sites = {s: Site(cfg, s, nodes[s].log, nodes[s], SiteTrainer(cfg, torch.device("cpu")), corpus, order,
-                     pick_device("cpu"), stopping[s], None) for s in SITES}
-    threads = [threading.Thread(target=lambda s=s: rcs.update({s: sites[s].run()}), name=f"site-{s}") for s in SITES]
-    coord.start()
-    for t in threads:
-        t.start()
-    try:
+    with running_sites(tmp_path, cfg) as h:
+        coord, joins, reports, done = h["coord"], h["joins"], h["reports"], h["done"]
+        stopping, rcs, threads, order = h["stopping"], h["rcs"], h["threads"], h["order"]
         _wait(joins, lambda g: {m.src for m in g} >= set(SITES), 60, "joins")
         for s in SITES:
             coord.send(s, "membership", "control", _plan(1, SITES, 0, 0), epoch=1)
@@ -73,12 +56,6 @@ def test_survivors_keep_their_steps_of_the_round_in_flight_and_end_at_the_canoni
             coord.send(s, "shutdown", "control", {"reason": "test over"}, epoch=2)
         for t in threads:
             t.join(60)
-    finally:
-        for s in SITES:
-            stopping[s]["flag"] = True
-        for t in threads:
-            t.join(30)
-        coord.close()
     assert rcs["a"] == 0 and rcs["c"] == 0, rcs
     ev = {s: read_events(tmp_path / f"{s}.jsonl") for s in "ac"}
     kept = {s: [(e["from_epoch"], e["round"], e["inner_step"]) for e in ev[s] if e["event"] == "work_carried"]

@@ -16,10 +16,11 @@ canonical prefix of the samples.
 from __future__ import annotations
 
 import queue
+from contextlib import contextmanager
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -79,9 +80,12 @@ def _wait(q: queue.Queue, pred: Any, timeout_s: float, what: str) -> list[Any]:
     return got
 
 
-def test_back_to_back_epochs_reach_sites_mid_round_and_every_round_is_trained_in_its_epoch(tmp_path):
-    torch.set_num_threads(1)
-    cfg = load_config(CFG)
+@contextmanager
+def running_sites(tmp_path: Path, cfg: Any) -> Iterator[dict[str, Any]]:
+    """Three real Sites in threads and the scripted coordinator's node, started. Yields a dict: coord,
+    its inboxes joins / reports / done, each site's stop flag (stopping), the sites' exit codes (rcs),
+    the threads, and the canonical sample order. On leaving, every site is told to stop and joined,
+    and the coordinator's node is closed."""
     corpus = load_corpus(cfg.data)
     order = sample_order(corpus, SEQ, cfg.data.shuffle_seed)
     nodes = _nodes(tmp_path, cfg)
@@ -97,6 +101,22 @@ def test_back_to_back_epochs_reach_sites_mid_round_and_every_round_is_trained_in
     for t in threads:
         t.start()
     try:
+        yield {"coord": coord, "joins": joins, "reports": reports, "done": done, "stopping": stopping, "rcs": rcs,
+               "threads": threads, "order": order}
+    finally:
+        for s in SITES:
+            stopping[s]["flag"] = True
+        for t in threads:
+            t.join(30)
+        coord.close()
+
+
+def test_back_to_back_epochs_reach_sites_mid_round_and_every_round_is_trained_in_its_epoch(tmp_path):
+    torch.set_num_threads(1)
+    cfg = load_config(CFG)
+    with running_sites(tmp_path, cfg) as h:
+        coord, joins, reports, done = h["coord"], h["joins"], h["reports"], h["done"]
+        stopping, rcs, threads, order = h["stopping"], h["rcs"], h["threads"], h["order"]
         _wait(joins, lambda g: {m.src for m in g} >= set(SITES), 60, "joins")
         for s in SITES:
             coord.send(s, "membership", "control", _plan(1, SITES, 0, 0), epoch=1)
@@ -112,12 +132,6 @@ def test_back_to_back_epochs_reach_sites_mid_round_and_every_round_is_trained_in
             coord.send(s, "shutdown", "control", {"reason": "test over"}, epoch=3)
         for t in threads:
             t.join(60)
-    finally:
-        for s in SITES:
-            stopping[s]["flag"] = True
-        for t in threads:
-            t.join(30)
-        coord.close()
     assert rcs == {s: 0 for s in SITES}, rcs
     ev = {s: read_events(tmp_path / f"{s}.jsonl") for s in SITES}
     for s in SITES:
