@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT, BenchError, env_info, median, write_result
-from ground.eventlog import read_events
+from ground.eventlog import process_events
 
 NAME = "cluster_throughput"
 GOAL = 0.80
@@ -69,11 +69,6 @@ def _cfg_dict(rounds: int, runs_dir: str, extra: dict | None = None) -> dict:
 
 
 # ------------------------------------------------------------------------------ the round budget
-def _events(run_dir: Path, proc: str) -> list[dict[str, Any]]:
-    path = run_dir / "logs" / f"{proc}.jsonl"
-    return read_events(path)
-
-
 def round_budget(run_dir: Path, sites: list[str], tokens_per_round: int, skip: int = SKIP_ROUNDS) -> dict[str, Any]:
     """Throughput and where each site's time went, from the site logs of a fault-free run (one epoch).
 
@@ -83,7 +78,7 @@ def round_budget(run_dir: Path, sites: list[str], tokens_per_round: int, skip: i
     done: dict[str, dict[int, int]] = {}
     spans: dict[str, dict[str, dict[int, dict]]] = {}
     for s in sites:
-        ev = _events(run_dir, s)
+        ev = process_events(run_dir, s)
         done[s] = {e["round"]: e["mono_ns"] for e in ev if e["event"] == "round_done"}
         per: dict[str, dict[int, dict]] = {}
         for e in ev:

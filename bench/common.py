@@ -210,6 +210,7 @@ def env_info(toxiproxy_version: str) -> dict[str, Any]:
 # the others compare one measurement with a number computed from the configuration or fixed.
 REFERENCES = {
     "side_by_side": "two arms measured interleaved in the same run",
+    "sequential": "arms measured one after another in the same run (not interleaved: load drift between them is not cancelled)",
     "analytic_bound": "a measurement over an ideal computed from the configured link (latency, bandwidth)",
     "fixed_goal": "a measurement over a fixed goal (seconds or a threshold from the config)",
 }

@@ -38,6 +38,7 @@ from typing import Any
 from bench.common import env_info, median, percentile, write_result
 from chaos.scenario import Scenario
 from ground.config import load_config, merge
+from ground.eventlog import process_events
 from xdc.launcher import launch
 
 ROUND = 12_288
@@ -56,13 +57,9 @@ SCENARIO = Scenario.build("bench-recovery", "b killed after round 3, restarted 2
     "b", at_useful_tokens=4 * ROUND, restart_after_s=2)
 
 
-def _events(run_dir: Path, proc: str) -> list[dict[str, Any]]:
-    return [json.loads(l) for l in (run_dir / "logs" / f"{proc}.jsonl").read_text().splitlines() if l.strip()]
-
-
 def measure(run_dir: Path) -> dict[str, Any]:
-    kill = next(e for e in _events(run_dir, "chaos") if e["event"] == "fault_injected")
-    coord = _events(run_dir, "coord")
+    kill = next(e for e in process_events(run_dir, "chaos") if e["event"] == "fault_injected")
+    coord = process_events(run_dir, "coord")
     commits = [e for e in coord if e["event"] == "commit"]
     # The kill is the driver's SIGKILL (its span's start). b's connections close only when the kernel
     # has torn the process down (its memory first): `exit` is when b's connection to the coordinator
@@ -78,12 +75,12 @@ def measure(run_dir: Path) -> dict[str, Any]:
     # inner steps it kept from the round in flight (site_agent/carry.py) or dropped.
     adopt_s, kept, dropped = [], 0, 0
     for s in failover["members"]:
-        r = next((e for e in _events(run_dir, s) if e["event"] == "restore" and e["epoch"] == epoch["epoch"]), None)
+        r = next((e for e in process_events(run_dir, s) if e["event"] == "restore" and e["epoch"] == epoch["epoch"]), None)
         if r is not None:
             adopt_s.append((r["end_mono_ns"] - t_kill) / 1e9)
             kept += int(r.get("carried_steps", 0))
             dropped += int(r.get("dropped_steps", 0))
-    starts = [e for e in _events(run_dir, "launcher") if e["event"] == "process_started" and e["name"] == "b"]
+    starts = [e for e in process_events(run_dir, "launcher") if e["event"] == "process_started" and e["name"] == "b"]
     t_restart = starts[-1]["mono_ns"]
     rejoin = next(c for c in commits if c["mono_ns"] > t_restart and "b" in c["members"])
     return {"kill_to_survivor_commit_s": (failover["mono_ns"] - t_kill) / 1e9,
