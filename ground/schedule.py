@@ -122,6 +122,15 @@ def carried_steps(cfg: RunConfig, old_members: tuple[str, ...], members: tuple[s
     return layout
 
 
+def common_prefix(done: list[tuple[tuple[int, ...], int]], wanted: list[tuple[tuple[int, ...], int]]) -> int:
+    """How many leading steps taken are exactly the steps the new layout asks for (each step a
+    (sample ids or positions, lr frontier) pair)."""
+    p = 0
+    while p < len(done) and p < len(wanted) and done[p] == wanted[p]:
+        p += 1
+    return p
+
+
 def kept_steps(cfg: RunConfig, n_members: int, site_index: int, cursor_start: int, cursor_end: int) -> int:
     """How many of its inner steps a member keeps (`carried_steps`) if one other member of a round
     laid out for `n_members` fails while it is in flight: where the site saves its mid-round state."""

@@ -28,7 +28,7 @@ from ground.config import ConfigError, RunConfig, load_config, merge, parse_over
 from sim.calibrate import write_calibration
 from sim.faults import UnsupportedFault
 from sim.model import SimModel
-from sim.world import MANIFEST, simulate
+from sim.runs import index_entry, simulate_run, write_index
 
 POLICIES = ("stall", "restart", "elastic", "oracle")
 
@@ -69,27 +69,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         model = SimModel.from_calibration(json.loads(Path(args.calibration).read_text()))
     policies = POLICIES if args.policy == "all" else (args.policy,)
     out = Path(args.out)
-    index: dict[str, Any] = {"interrupted": False, "simulated": True, "runs": [],
-                             "scenario": scenario.to_dict() if scenario is not None else None}
+    runs: list[dict[str, Any]] = []
     for pol in policies:
         run_dir = out / pol if args.policy == "all" else out
         run_id = f"sim-{pol}-{time.strftime('%Y%m%d-%H%M%S')}"
         cfg = with_policy(load_config(merge(data, {"run_id": run_id, "runs_dir": str(out)})), pol, scenario)
         t0 = time.perf_counter()
-        res = simulate(cfg, scenario, model, None if args.no_logs else run_dir, max_sim_s=args.max_sim_s)
+        res = simulate_run(cfg, scenario, model, None if args.no_logs else run_dir, max_sim_s=args.max_sim_s)
         wall = time.perf_counter() - t0
-        if not args.no_logs:
-            doc = json.loads((run_dir / MANIFEST).read_text())
-            (run_dir / MANIFEST).write_text(json.dumps({**doc, "policy": pol, "result": {
-                "complete": res.complete, "sim_s": res.sim_s, "commits": res.commits, "epochs": res.epochs,
-                "useful_tokens": res.useful_tokens}}, indent=2))
-        index["runs"].append({"policy": pol, "run_dir": str(run_dir.resolve()), "useful_tokens": res.useful_tokens,
-                              "complete": res.complete})
+        runs.append(index_entry(pol, run_dir, res))
         print(f"{pol}: {len(cfg.cluster.sites)} sites, {res.sim_s:,.1f} simulated s in {wall:.2f} wall s; "
               f"{res.commits} commits, {res.epochs} epochs, {res.useful_tokens:,} useful tokens"
               f"{'' if res.complete else ' (not complete)'}" + ("" if args.no_logs else f" -> {run_dir}"))
     if args.policy == "all" and not args.no_logs:  # a comparison directory, as `xdc compare` writes: `xdc analyze DIR`
-        (out / "index.json").write_text(json.dumps(index, indent=2))
+        write_index(out, runs, scenario)
     return 0
 
 

@@ -5,22 +5,48 @@ samples are ground.schedule's; the collective completes when every member has ar
 the modeled collective time; the round's report (`round_done`, with the cycle timings the
 adaptive controller reads) goes to the coordinator; the leader evaluates and checkpoints on the
 config's cadence; after the last round the site says `site_done` once its background work ends.
+
+Carried rounds, as site_agent/carry.py: a site records the inner steps it takes in the round in
+flight (`Progress`); when a failure's survivors take that round over (`Plan.carry`), a survivor
+keeps the leading steps the new layout (ground.schedule.carried_steps) asks of it unchanged, logs
+them as `work_carried`, and computes only the rest. As the agent, it keeps all its matching steps
+when it took no others, else as many as its mid-round copy holds (ground.schedule.kept_steps). One
+difference in time, not in work: the agent notices a new epoch between inner steps, the simulated
+site at once, counting the step it had begun as taken (it was attempted either way).
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from ground.schedule import round_span, site_positions
+from ground.plans import EpochPlan, Restore
+from ground.schedule import carried_steps, common_prefix, kept_steps, round_span, site_positions
 from ground.setting import step_after_round
 from sim.engine import ns
 from sim.model import payload_bytes_sent
 from site_agent.epochs import interrupts
 
 if TYPE_CHECKING:
+    from ground.config import RunConfig
     from sim.site import SimSite
     from sim.world import World
+
+
+Step = tuple[tuple[int, ...], int]  # one inner step: (sample positions, lr frontier in samples)
+
+
+@dataclass
+class Progress:
+    """The inner steps a site took in the round in flight (site_agent.carry.RoundProgress)."""
+
+    round: int
+    cursor: int
+    steps_h: int
+    keep: int  # the step before which the agent takes its mid-round copy (0: none)
+    done: list[Step] = field(default_factory=list)
+    epochs: list[int] = field(default_factory=list)  # the epoch each step was taken in
 
 
 class Rounds:
@@ -48,22 +74,76 @@ class Rounds:
         s.snapshots = {k: v for k, v in s.snapshots.items() if k >= rnd - 3}
         s.next_round = None
         h_steps = cfg.train.inner_steps_h if cfg.train.mode != "sync" else 1
+        layout = self.layout(s, cfg, rnd, n, cs, ce, h_steps)
+        first = 0
+        if s.resume is not None and s.resume[0] == rnd and s.progress is not None:
+            first = s.resume[1]  # carried in: the kept steps are taken
+        else:
+            local = cfg.train.mode == "local" and cfg.train.workers_per_site == 1
+            keep = kept_steps(cfg, n, w.member_index(plan.members)[s.name], cs, ce) \
+                if local and not self.carried(s, rnd) else 0
+            s.progress = Progress(rnd, cs, h_steps, keep) if local else None
+        s.resume = None
         t_step = w.model.compute_s_per_token * cfg.train.per_site_batch * cfg.model.seq_len
-        s.cur = (rnd, cs, ce, h_steps, w.clock.now_ns, t_step)
-        w.clock.after(h_steps * t_step, self.computed, s, s.gen, rnd, cs, ce, w.clock.now_ns, h_steps, step)
+        s.cur = (rnd, cs, ce, h_steps, w.clock.now_ns, t_step, first, layout)
+        w.clock.after((h_steps - first) * t_step, self.computed, s, s.gen, rnd, cs, ce, w.clock.now_ns, h_steps, step)
 
-    def work(self, s: SimSite, rnd: int, cs: int, ce: int, h_steps: int, upto: int) -> list[int]:
-        """Log the inner steps 0..upto-1 as `work_attempted`; the site's sample ids of those steps."""
+    @staticmethod
+    def carried(s: SimSite, rnd: int) -> bool:
+        """Whether round `rnd` follows the carried layout (the first round of a carried epoch)."""
+        return bool(s.plan is not None and s.plan.carry and rnd == s.plan.start_round)
+
+    def layout(self, s: SimSite, cfg: RunConfig, rnd: int, n: int, cs: int, ce: int, h_steps: int) -> list[Step]:
+        """This site's inner steps of round `rnd` (site_agent.rounds' step_layout, positions for ids)."""
         assert s.plan is not None
-        cfg, n, mine = self.w.cfg, len(s.plan.members), []
-        idx = self.w.member_index(s.plan.members)[s.name]
-        logs = self.w.write_logs
-        for h in range(upto):
-            ids = site_positions(cfg, n, cs, h, idx, ce)  # sample id = canonical position (no corpus)
+        if cfg.train.mode == "local" and self.carried(s, rnd):
+            return [(tuple(r), f) for r, f in carried_steps(cfg, s.plan.carry, s.plan.members, cs, ce,
+                                                             self.w.target)[s.name]]
+        idx, b = self.w.member_index(s.plan.members)[s.name], cfg.train.per_site_batch
+        return [(tuple(site_positions(cfg, n, cs, h, idx, ce)), min(cs + h * n * b, ce)) for h in range(h_steps)]
+
+    def carry_over(self, s: SimSite, plan: EpochPlan, sp: dict[str, Any]) -> bool:
+        """Keep the inner steps already taken in the round a carried epoch takes over (the agent's
+        carry_over): True if some were kept; they are logged as `work_carried` in the new epoch."""
+        prog = s.progress
+        if not plan.carry or plan.restore != Restore.NONE or prog is None or s.next_round is not None \
+                or prog.round != plan.start_round or prog.cursor != plan.start_cursor:
+            return False
+        cfg = self.w.effective(s.setting)
+        if cfg.train.mode != "local" or prog.steps_h != cfg.train.inner_steps_h:
+            return False
+        n = len(plan.members)
+        cs, ce = round_span(cfg, n, plan.start_round, plan.start_cursor, plan.start_round, self.w.target)
+        p = common_prefix(prog.done, self.layout(s, cfg, plan.start_round, n, cs, ce, prog.steps_h))
+        k = p if p == len(prog.done) else (prog.keep if 0 < prog.keep <= p else 0)
+        if k == 0:
+            return False
+        dropped, from_copy = len(prog.done) - k, p != len(prog.done)
+        seq = self.w.cfg.model.seq_len
+        for h in range(k):
+            ids = list(prog.done[h][0])
+            s.log.emit("work_carried", round=prog.round, inner_step=h, from_epoch=prog.epochs[h], samples=ids,
+                       tokens=len(ids) * seq)
+        del prog.done[k:], prog.epochs[k:]
+        s.resume = (prog.round, k)
+        sp.update(rolled_back=False, carried_steps=k, from_mid_copy=from_copy, dropped_steps=dropped)
+        return True
+
+    def work(self, s: SimSite, rnd: int, layout: list[Step], lo: int, hi: int) -> list[int]:
+        """Log the inner steps lo..hi-1 of `layout` as `work_attempted` (and record them as taken);
+        the site's sample ids of those steps."""
+        mine: list[int] = []
+        logs, seq = self.w.write_logs, self.w.cfg.model.seq_len
+        prog = s.progress if s.progress is not None and s.progress.round == rnd else None
+        for h in range(lo, hi):
+            ids = layout[h][0]
+            if prog is not None:
+                prog.done.append(layout[h])
+                prog.epochs.append(s.epoch)
             if not ids:
                 continue
             if logs:
-                tokens = len(ids) * cfg.model.seq_len
+                tokens = len(ids) * seq
                 s.log.emit("work_attempted", round=rnd, inner_step=h, samples=list(ids), tokens=tokens,
                            flops=tokens * self.w.flops_per_token)
             mine += ids
@@ -74,8 +154,10 @@ class Rounds:
             return
         w, plan = self.w, s.plan
         assert plan is not None
+        first, layout = s.cur[6], s.cur[7]
         s.cur = None
-        mine = self.work(s, rnd, cs, ce, h_steps, h_steps)
+        kept = [i for ids, _f in layout[:first] for i in ids]  # carried in: taken in an earlier epoch
+        mine = kept + self.work(s, rnd, layout, first, h_steps)
         if w.write_logs:
             s.log.span_at("compute", t0, w.clock.now_ns, round=rnd, loss=w.learning.train_loss(ce, h_steps),
                           samples=len(mine), cpu_s=(w.clock.now_ns - t0) / 1e9)
@@ -107,6 +189,7 @@ class Rounds:
         s.retained = ce
         s.next_round = rnd + 1
         s.inflight = None
+        s.progress = None  # the round is applied: nothing of it is in flight any more
         tokens = len(s.mine) * w.cfg.model.seq_len
         loss = w.learning.train_loss(ce, h_steps)
         cyc = w.model.update_cosine
@@ -143,10 +226,10 @@ class Rounds:
         """A newer epoch interrupts the compute: the inner steps begun so far were attempted (and lost)."""
         if s.cur is None:
             return
-        rnd, cs, ce, h_steps, t0, t_step = s.cur
+        rnd, _cs, _ce, h_steps, t0, t_step, first, layout = s.cur
         s.cur = None
-        done = min(h_steps, math.ceil((self.w.clock.now_ns - t0) / max(1, ns(t_step))))
-        self.work(s, rnd, cs, ce, h_steps, done)
+        done = min(h_steps, first + math.ceil((self.w.clock.now_ns - t0) / max(1, ns(t_step))))
+        self.work(s, rnd, layout, first, done)
 
     def finish(self, s: SimSite) -> None:
         """The target is reached: after the evaluation and upload in flight, say so."""

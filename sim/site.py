@@ -20,6 +20,7 @@ from sim.model import state_bytes
 from site_agent.epochs import interrupts, next_plan
 
 if TYPE_CHECKING:
+    from sim.rounds import Progress, Step
     from sim.world import World
 
 INITIAL = "initial weights"
@@ -50,7 +51,10 @@ class SimSite:
         self.waiting_state: tuple[int, int] | None = None  # (gen, start ns) while a donor's state is due
         self.setting = base_setting(self.w.cfg)
         self.start_step = 0
-        self.cur: tuple[int, int, int, int, int, float] | None = None  # the compute in flight
+        # The compute in flight: (round, cursor start, end, H, start ns, s per step, first step, layout).
+        self.cur: tuple[int, int, int, int, int, float, int, list[Step]] | None = None
+        self.progress: Progress | None = None  # the inner steps taken in the round in flight
+        self.resume: tuple[int, int] | None = None  # carried in: (round, steps kept)
         self.mine: list[int] = []
         self.compute_s = 0.0
 
@@ -186,7 +190,7 @@ class SimSite:
             if got is not None:
                 self.receive_state(*got)
             return
-        if not self._rollback(start, sp):
+        if not self.w.rounds.carry_over(self, plan, sp) and not self._rollback(start, sp):
             log.span_at("restore", t0, t0, kind=plan.restore.value, start_round=start, **sp)
             log.emit("restore_failed", epoch=self.epoch, error=f"RuntimeError: {sp.get('error_detail')}")
             self.plan = None

@@ -27,7 +27,7 @@ from chaos.scenario import Scenario
 from ground.config import config_from_json
 from ground.eventlog import process_events
 from sim.model import SimModel
-from sim.world import simulate
+from sim.runs import simulate_run
 
 BYTE_CLASSES = ("collective", "state_transfer", "checkpoint")
 GOALS = {"time_to_target_s": 0.10, "bytes": 0.02, "lost_tokens": 0.0}
@@ -75,7 +75,7 @@ def simulate_like(emulated: Path, model: SimModel, out: Path) -> Path:
     cfg = config_from_json(emulated / "config.json")
     scen_path = emulated / "scenario.json"
     scenario = Scenario.from_dict(json.loads(scen_path.read_text())) if scen_path.exists() else None
-    simulate(cfg, scenario, model, out=out)
+    simulate_run(cfg, scenario, model, out, extra={"emulator_run": str(emulated)})
     return out
 
 

@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from ground.schedule import common_prefix
+
 
 @dataclass
 class MidState:
@@ -75,14 +77,6 @@ class Resume:
     steps: int
     ids: list[int]
     losses: list[float]
-
-
-def common_prefix(done: list[tuple[tuple[int, ...], int]], wanted: list[tuple[tuple[int, ...], int]]) -> int:
-    """How many leading steps taken are exactly the steps the new layout asks for."""
-    p = 0
-    while p < len(done) and p < len(wanted) and done[p] == wanted[p]:
-        p += 1
-    return p
 
 
 def reusable_steps(progress: RoundProgress, wanted: list[tuple[tuple[int, ...], int]]) -> tuple[int, bool]:

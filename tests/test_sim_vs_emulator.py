@@ -91,11 +91,14 @@ def test_sim_report_puts_the_simulation_beside_the_emulators_comparison(comparis
     assert sims == ["elastic", "oracle", "restart", "stall"]
     claims = doc["claims"]
     assert {c["status"] for c in claims} <= {"survived", "falsified", "not run"}
-    for pol in sims:  # time, lost tokens and bytes per policy, each with its falsifier
+    for pol in sims:  # time, lost tokens, application and WAN bytes per policy, each with its falsifier
         mine = [c for c in claims if c["claim"].startswith(f"{pol}:")]
-        assert len(mine) == 3 and all(c["falsifier"] for c in mine)
-        bytes_claim = next(c for c in mine if "bytes" in c["claim"])
-        assert bytes_claim["status"] == "not run"  # no WAN byte counters in a simulation: never survived
+        assert len(mine) == 4 and all(c["falsifier"] for c in mine)
+        wan_claim = next(c for c in mine if "through the WAN" in c["claim"])
+        assert wan_claim["status"] == "not run"  # no WAN byte counters in a simulation: never survived
+        app_claim = next(c for c in mine if "application bytes" in c["claim"])
+        assert app_claim["status"] in ("survived", "falsified"), app_claim  # both sides log their payloads
+        assert app_claim["emulator"]["collective"] > 0 and app_claim["simulator"]["collective"] > 0
         time_claim = next(c for c in mine if "time to target" in c["claim"])
         assert time_claim["status"] in ("survived", "falsified") and time_claim["emulator"] > 0
     assert any("ranking" in c["claim"] for c in claims)
