@@ -124,6 +124,35 @@ def _run_entries(keys: list[tuple[str, Stratum, str, bool]], finished: dict[str,
     return runs
 
 
+def choose_control(p: Protocol, runs: list[dict[str, Any]]) -> tuple[Protocol, dict[str, Any] | None]:
+    """Apply the protocol's comparator rule (studies/protocol.py `Comparator`) to the finished runs:
+    the candidate with the best median metric over the rule's split (runs with faults only), ties to
+    the earlier candidate. Returns the protocol with that control, and the record of the choice
+    (None when the control is named). Undecided (a candidate lacks runs or values on that split):
+    the first candidate stays, and the record says why; the study then states no claim."""
+    cmp = p.comparator
+    if cmp is None:
+        return p, None
+    from dataclasses import replace
+
+    n_strata = sum(1 for s in p.strata if s.split == cmp.split)
+    vals = {a: [_val(r["metrics"], cmp.metric) for r in runs
+                if r["arm"] == a and not r["control"] and r["split"] == cmp.split] for a in cmp.choose_from}
+    med = {a: _median(v) for a, v in vals.items()}
+    short = [a for a in cmp.choose_from if len(vals[a]) < n_strata or any(x is None for x in vals[a])]
+    rec: dict[str, Any] = {"rule": cmp.to_dict(), "medians": med, "runs": {a: len(v) for a, v in vals.items()},
+                           "strata": n_strata}
+    if short:
+        return p, {**rec, "status": "undecided", "chosen": None,
+                   "reason": f"{', '.join(short)} {'lacks' if len(short) == 1 else 'lack'} a {cmp.metric} value for "
+                             f"some of the {n_strata} {cmp.split} strata"}
+    sign = 1.0 if cmp.direction == "lower" else -1.0
+    chosen = min(cmp.choose_from, key=lambda a: (sign * med[a], cmp.choose_from.index(a)))  # type: ignore[operator]
+    why = (f"the {cmp.direction} median {cmp.metric} over the {n_strata} {cmp.split} strata: "
+           + ", ".join(f"{a} {med[a]:.4g}" for a in cmp.choose_from))
+    return replace(p, control=chosen), {**rec, "status": "chosen", "chosen": chosen, "reason": why}
+
+
 def _pairs(p: Protocol, by: dict[tuple[str, str], dict[str, Any]], floor: dict[str, Any]) -> list[dict[str, Any]]:
     """One exact pair (treatment vs control) per stratum where both arms finished, with every metric's
     difference and ratio and the NLL difference against the noise floor."""
@@ -185,6 +214,7 @@ def build_artifact(p: Protocol, entry: dict[str, Any], finished: dict[str, dict[
     revs = {json.dumps(r["code_revision"], sort_keys=True) for r in runs}
     mixed = len(revs) > 1
     complete = all(k in finished for k, *_ in keys)
+    p, comparator = choose_control(p, runs)
     by = {(r["stratum"], r["arm"]): r for r in runs if not r["control"]}
     floor = _noise_floor(p, runs)
     pairs = _pairs(p, by, floor)
@@ -201,6 +231,8 @@ def build_artifact(p: Protocol, entry: dict[str, Any], finished: dict[str, dict[
     controls = check_controls(p, finished)
     fired = [f"{i['name']}: {', '.join(map(str, i['evidence'][:2]))}" for i in inval if i["fired"]]
     fired += [f"no-failure control {c['stratum']} {c['reason']}" for c in controls if c["status"] == "fail"]
+    if comparator is not None and comparator["status"] != "chosen":
+        fired.append(f"the comparator is undecided: {comparator['reason']}")
     concl = conclusion(gates, p.claim, fired) if complete else {
         "status": "incomplete", "claim_stated": False,
         "text": f"The study is incomplete: {len(runs)} of {len(keys)} runs finished; no decision yet."}
@@ -216,7 +248,8 @@ def build_artifact(p: Protocol, entry: dict[str, Any], finished: dict[str, dict[
                   "registered_code_revision": entry.get("code_revision"), "protocol_file": entry.get("file"),
                   "treatment": p.treatment, "control": p.control, "evaluation_split": p.evaluation_split,
                   "target_useful_tokens": p.target_useful_tokens, "directory": str(Path(study_dir).resolve()),
-                  "complete": complete, "n_runs_planned": len(keys), "n_runs_finished": len(runs)},
+                  "complete": complete, "n_runs_planned": len(keys), "n_runs_finished": len(runs),
+                  **({"comparator": comparator} if comparator is not None else {})},
         "protocol": p.to_dict(),
         "runs": runs,
         "pairs": pairs,

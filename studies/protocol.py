@@ -32,6 +32,14 @@ A factorial study (studies/protocols/cadence-continuation.yaml) names more than 
     gates:
       - {name: interaction, contrast: interaction, metric: energy_j, kind: superiority, direction: higher, ...}
 
+The control may be chosen by a frozen rule instead of named: the comparator is the candidate arm
+with the best median of one metric over one split's strata (their runs with faults), decided from
+those runs alone, so a held-out result cannot choose it:
+
+    contrast: {treatment: adaptive,
+               control: {choose_from: [fixed-local, sync], split: calibration, metric: opportunity_ticks,
+                         direction: lower}}
+
 A gate without `contrast` is on the treatment - control pair. `start_state` makes every run start from
 one trained state: either `{store_dir, manifest_sha256}` (a durable checkpoint that exists) or
 `{target_useful_tokens, config}` (the study first trains it once, without faults, and every run then
@@ -73,6 +81,7 @@ ARM_KEYS = ("name", "policy", "mode", "inner_steps_h", "config", "note")
 STRATUM_KEYS = ("name", "seed", "data_order", "faults", "link", "split", "family", "region")
 GATE_KEYS = ("name", "metric", "kind", "direction", "margin", "alpha", "test", "relative", "note", "contrast")
 CONTRAST_KEYS = ("name", "weights", "note")
+COMPARATOR_KEYS = ("choose_from", "split", "metric", "direction")
 START_KEYS = ("store_dir", "manifest_sha256", "target_useful_tokens", "config")
 LINK_KEYS = ("latency_ms", "jitter_ms", "bandwidth_kbps")
 
@@ -127,6 +136,21 @@ class Gate:
 
 
 @dataclass(frozen=True)
+class Comparator:
+    """The rule that chooses the control: the candidate with the best median `metric` (`direction`:
+    which is better) over the `split` strata's runs with faults (studies/artifact.py `choose_control`)."""
+
+    choose_from: tuple[str, ...]
+    split: str
+    metric: str
+    direction: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"choose_from": list(self.choose_from), "split": self.split, "metric": self.metric,
+                "direction": self.direction}
+
+
+@dataclass(frozen=True)
 class Contrast:
     """A +/-1 weight vector over arms: per block, sum_a w_a * metric(a)."""
 
@@ -165,6 +189,9 @@ class Protocol:
     notes: str = ""
     contrasts: tuple[Contrast, ...] = ()
     start_state: Mapping[str, Any] | None = field(default=None, hash=False)
+    # The rule that chooses `control` (None: the control is named). Until it is decided, `control` is
+    # the first candidate; studies/artifact.py decides it from the runs and replaces `control`.
+    comparator: Comparator | None = None
 
     def contrast(self, name: str) -> Contrast:
         return next(c for c in self.contrasts if c.name == name)
@@ -179,7 +206,8 @@ class Protocol:
             "target_useful_tokens": self.target_useful_tokens, "base_config": _plain(self.base_config),
             "arms": [{"name": a.name, "policy": a.policy, "mode": a.mode, "inner_steps_h": a.inner_steps_h,
                       "config": _plain(a.config), "note": a.note} for a in self.arms],
-            "contrast": {"treatment": self.treatment, "control": self.control},
+            "contrast": {"treatment": self.treatment,
+                         "control": self.comparator.to_dict() if self.comparator else self.control},
             "strata": [{"name": s.name, "seed": s.seed, "data_order": s.data_order, "faults": _plain(s.faults),
                         "faults_source": s.faults_source, "link": _plain(s.link), "split": s.split,
                         "family": s.family, "region": _plain(s.region)} for s in self.strata],
@@ -418,19 +446,28 @@ class _V(_Validator):
         c = self.mapping(self.required(d, "contrast", ()), ("contrast",), "the contrast")
         self.unknown(c, ("treatment", "control"), ("contrast",))
         treatment = self.choice(self.required(c, "treatment", ("contrast",)), ("contrast", "treatment"), names)
-        control = self.choice(self.required(c, "control", ("contrast",)), ("contrast", "control"), names)
-        if treatment == control:
-            raise self.err(("contrast", "control"), "the control must be another arm than the treatment")
         strata_raw = self.seq(self.required(d, "strata", ()), ("strata",), "strata", min_len=1)
         strata = tuple(self.stratum(s, ("strata", i), target) for i, s in enumerate(strata_raw))
         self._unique([s.name for s in strata], "strata")
         metrics = tuple(self.choice(m, ("metrics", i), METRICS)
                         for i, m in enumerate(self.seq(d.get("metrics", list(METRICS)), ("metrics",), "metrics")))
+        raw_control = self.required(c, "control", ("contrast",))
+        comparator = None
+        if isinstance(raw_control, Mapping):
+            comparator = self.comparator(raw_control, names, treatment, strata, metrics)
+            control = comparator.choose_from[0]
+        else:
+            control = self.choice(raw_control, ("contrast", "control"), names)
+            if treatment == control:
+                raise self.err(("contrast", "control"), "the control must be another arm than the treatment")
         ev = self.mapping(d.get("evaluation", {}) or {}, ("evaluation",), "the evaluation")
         self.unknown(ev, ("split",), ("evaluation",))
         split = self.choice(ev.get("split", "heldout"), ("evaluation", "split"), SPLITS)
         if not any(s.split == split for s in strata):
             raise self.err(("evaluation", "split"), f"no stratum is in the {split!r} split")
+        if comparator is not None and comparator.split == split:
+            raise self.err(("contrast", "control", "split"), f"the comparator must be chosen on another split than "
+                                                             f"the one the gates are decided on ({split!r})")
         inval = tuple(self.choice(x, ("invalidators", i), INVALIDATORS) for i, x in
                       enumerate(self.seq(d.get("invalidators", list(INVALIDATORS)), ("invalidators",), "invalidators")))
         contrasts = tuple(self.contrast(c, ("contrasts", i), names) for i, c in
@@ -454,7 +491,25 @@ class _V(_Validator):
             controls = self._controls(controls, names, [s.name for s in strata])
         notes = self.text(d.get("notes", ""), ("notes",), empty=True)
         return Protocol(name, version, question, claim, target, base, arms, treatment, control, strata, metrics,
-                        split, inval, gates, controls, self.source, self.lines, notes, contrasts, start)
+                        split, inval, gates, controls, self.source, self.lines, notes, contrasts, start, comparator)
+
+    def comparator(self, d: Mapping[str, Any], arms: list[str], treatment: str, strata: tuple[Stratum, ...],
+                   metrics: tuple[str, ...]) -> Comparator:
+        path: FieldPath = ("contrast", "control")
+        self.unknown(d, COMPARATOR_KEYS, path)
+        cands = [self.choice(x, (*path, "choose_from", i), arms) for i, x in
+                 enumerate(self.seq(self.required(d, "choose_from", path), (*path, "choose_from"), "candidate arms", 1))]
+        if treatment in cands:
+            raise self.err((*path, "choose_from"), f"the treatment {treatment!r} cannot be its own comparator")
+        for i, x in enumerate(cands):
+            if x in cands[:i]:
+                raise self.err((*path, "choose_from", i), f"{x!r} is named twice")
+        split = self.choice(self.required(d, "split", path), (*path, "split"), SPLITS)
+        if not any(s.split == split for s in strata):
+            raise self.err((*path, "split"), f"no stratum is in the {split!r} split to choose the comparator on")
+        metric = self.choice(self.required(d, "metric", path), (*path, "metric"), metrics)
+        direction = self.choice(self.required(d, "direction", path), (*path, "direction"), ("lower", "higher"))
+        return Comparator(tuple(cands), split, metric, direction)
 
     def _controls(self, raw: Any, arms: list[str], strata: list[str]) -> dict[str, Any]:
         d = self.mapping(raw, ("controls",), "the no-failure controls")

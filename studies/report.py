@@ -188,6 +188,15 @@ def _decision_section(art: dict[str, Any]) -> list[str]:
                f"registered protocol sha256 <span class='mono'>{_e(st['sha256'])}</span>).</p>"
                + _table(["Gate", "Metric", "Kind", "Margin", "Alpha", "Pairs", "p", "Status", "Reason", "Flags"],
                         rows, "gates"))
+    cmp = st.get("comparator")
+    if cmp is not None:  # the control was chosen by the frozen rule, from the rule's split only
+        rule = cmp["rule"]
+        out.append("<h3 id='comparator'>The fixed comparator, chosen from " + _e(rule["split"]) + " data only</h3>"
+                   f"<p>Rule (registered): of {_e(', '.join(rule['choose_from']))}, the arm with the "
+                   f"{_e(rule['direction'])} median {_e(rule['metric'])} over the {cmp['strata']} {_e(rule['split'])} "
+                   f"strata. <b>{_e(cmp['status'])}</b>: "
+                   + (f"{_e(cmp['chosen'])}, by {_e(cmp['reason'])}." if cmp["status"] == "chosen"
+                      else f"{_e(cmp['reason'])}; no claim is stated until it is chosen.") + "</p>")
     rows = [[_e(i["name"]), "fired" if i["fired"] else "did not fire", _e("; ".join(map(str, i["evidence"])))]
             for i in art["invalidators"]]
     out.append("<h3>Invalidators</h3>" + _table(["Invalidator", "State", "Evidence"], rows))

@@ -89,3 +89,53 @@ def test_families_rank_when_the_noise_floor_is_known():
     assert fam["partition"]["ranking"] == "t wins"
     assert fam["squeeze"]["ranking"] == "abstains"  # +0.02 inside the floor in one region
     assert fam["calm"]["ranking"] == "abstains"
+
+
+def _with_rule(metric: str = "final_heldout_nll", direction: str = "lower", split: str = "calibration") -> str:
+    return PROTO.replace("contrast: {treatment: t, control: c}",
+                         "contrast: {treatment: t, control: {choose_from: [c, s], split: " + split
+                         + f", metric: {metric}, direction: {direction}}}}}")
+
+
+def test_the_comparator_is_chosen_by_the_frozen_rule_from_calibration_runs_only():
+    """The control named by a rule: c has the lower NLL on the one calibration stratum (2.5 vs 2.6),
+    although s wins a held-out region (q-mild): the held-out runs cannot choose it. The choice and its
+    reason are in the artifact and on the page, and every pair is against c."""
+    p = parse_protocol(_with_rule(), "fam.yaml")
+    assert p.control == "c" and p.comparator is not None
+    entry = {"version": 1, "sha256": "a" * 64, "registered_utc": "now", "code_revision": {"commit": "x"}}
+    fin = _finished(p)
+    art = build_artifact(p, entry, fin, [], __import__("pathlib").Path("/tmp"))
+    validate(art)
+    cmp = art["study"]["comparator"]
+    assert (cmp["status"], cmp["chosen"], cmp["medians"], cmp["strata"]) == ("chosen", "c", {"c": 2.5, "s": 2.6}, 1)
+    assert art["study"]["control"] == "c"
+    assert "lower median final_heldout_nll over the 1 calibration strata: c 2.5, s 2.6" in cmp["reason"]
+    assert "id='comparator'" in render(art)
+    # The same rule with `higher` picks s, and then every pair is t against s.
+    p2 = parse_protocol(_with_rule(direction="higher"), "fam.yaml")
+    art2 = build_artifact(p2, entry, _finished(p2), [], __import__("pathlib").Path("/tmp"))
+    assert art2["study"]["comparator"]["chosen"] == "s" and art2["study"]["control"] == "s"
+    q = next(x for x in art2["pairs"] if x["stratum"] == "q-mild")
+    assert q["values"]["final_heldout_nll"]["control"] == 2.45
+    # A candidate without its calibration run: undecided, and the study states no claim.
+    fin3 = {k: v for k, v in _finished(p).items() if k != "cal/s"}
+    art3 = build_artifact(p, entry, fin3, [], __import__("pathlib").Path("/tmp"))
+    assert art3["study"]["comparator"]["status"] == "undecided" and not art3["conclusion"]["claim_stated"]
+
+
+def test_a_comparator_rule_is_checked_like_every_other_field():
+    import pytest
+
+    from studies.protocol import ProtocolError
+
+    with pytest.raises(ProtocolError, match=r"contrast\.control\.split: the comparator must be chosen on another split"):
+        parse_protocol(_with_rule(split="heldout"), "fam.yaml")
+    with pytest.raises(ProtocolError, match=r"contrast\.control\.metric: 'wall_s' is not one of"):
+        parse_protocol(_with_rule(metric="wall_s"), "fam.yaml")
+    with pytest.raises(ProtocolError, match=r"contrast\.control\.choose_from: the treatment 't' cannot be"):
+        parse_protocol(PROTO.replace("contrast: {treatment: t, control: c}", "contrast: {treatment: t, control: "
+                                     "{choose_from: [c, t], split: calibration, metric: final_heldout_nll, "
+                                     "direction: lower}}"), "fam.yaml")
+    named = parse_protocol(PROTO, "fam.yaml")
+    assert named.comparator is None and named.to_dict()["contrast"] == {"treatment": "t", "control": "c"}
