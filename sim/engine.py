@@ -33,6 +33,46 @@ class Clock:
         self._seq = itertools.count()
         self.events_run = 0
         self._batched: dict[Callable[..., None], Callable[[list[tuple[Any, ...]]], None]] = {}
+        # Suspended owners (a SIGSTOPped process): owner -> (since ns, its entries pulled from the heap,
+        # the entries that fell due while it was stopped). See `suspend`.
+        self._suspended: dict[int, tuple[Any, int, list[tuple[int, int, Callable[..., None], tuple[Any, ...]]],
+                                         list[tuple[Callable[..., None], tuple[Any, ...]]]]] = {}
+
+    @staticmethod
+    def _owned(owner: Any, fn: Callable[..., None], args: tuple[Any, ...]) -> bool:
+        """An entry belongs to `owner` when it is one of its methods or takes it as first argument."""
+        return getattr(fn, "__self__", None) is owner or (bool(args) and args[0] is owner)
+
+    def suspend(self, owner: Any) -> None:
+        """Stop `owner` (SIGSTOP): its pending entries wait, and any of its entries that fall due
+        while it is stopped (a message to it) wait too, until `resume`."""
+        if id(owner) in self._suspended:
+            return
+        mine = [e for e in self._heap if self._owned(owner, e[2], e[3])]
+        if mine:
+            self._heap[:] = [e for e in self._heap if not self._owned(owner, e[2], e[3])]  # in place: run() holds it
+            heapq.heapify(self._heap)
+        self._suspended[id(owner)] = (owner, self.now_ns, mine, [])
+
+    def resume(self, owner: Any) -> None:
+        """SIGCONT: what fell due while `owner` was stopped runs now, in order; what was pending
+        runs later by the time it was stopped (its compute, timers: the process lost that time)."""
+        got = self._suspended.pop(id(owner), None)
+        if got is None:
+            return
+        _owner, since, pulled, due = got
+        for fn, args in due:
+            self.at(self.now_ns, fn, *args)
+        stopped = self.now_ns - since
+        for t, _seq, fn, args in pulled:
+            self.at(t + stopped, fn, *args)
+
+    def _held(self, fn: Callable[..., None], args: tuple[Any, ...]) -> bool:
+        for owner, _since, _pulled, due in self._suspended.values():
+            if self._owned(owner, fn, args):
+                due.append((fn, args))
+                return True
+        return False
 
     def batch(self, fn: Callable[..., None], many: Callable[[list[tuple[Any, ...]]], None]) -> None:
         """Run `many(args_list)` for runs of consecutive same-instant entries of `fn` (see the module doc).
@@ -54,6 +94,8 @@ class Clock:
             pop(heap)
             self.now_ns = t
             self.events_run += 1
+            if self._suspended and self._held(fn, args):
+                continue
             many = batched.get(fn) if batched else None
             if many is None:
                 fn(*args)

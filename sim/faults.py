@@ -10,12 +10,17 @@ the driver polls the coordinator's log); or `duration_s` after the injection. Ki
   site_preempt  SIGTERM: the site announces its preemption (`preempt_notice`) and exits
                 (`preempt_exit_s` + a round trip, well within any grace_s); with `restart`, it
                 starts again at the heal
+  site_hang     SIGSTOP: the site does nothing until the heal (SIGCONT): no heartbeats, its compute
+                and timers wait (they run later by the time it was stopped), messages to it wait
+                and are handled at the heal, in order; its connections stay up, so only the
+                heartbeat timeout can fail it (sim/engine.py `Clock.suspend`). A crash, restart or
+                preemption of a stopped site first continues it (a SIGKILL ends it either way).
   link_degrade  `latency_ms` added and `bandwidth_kbps` capped on the link's directions (the
                 collective, state transfers and control messages see them) until the heal;
                 jitter is taken at its mean (0)
   noop          nothing
 
-Any other kind or parameter (timeouts, resets, slicing, hangs, partitions, store and
+Any other kind or parameter (timeouts, resets, slicing, blackholes, partitions, store and
 coordinator faults) is refused before the run, never silently ignored.
 """
 
@@ -28,7 +33,7 @@ from chaos.scenario import Fault, Scenario, Trigger, parse_link_target
 if TYPE_CHECKING:
     from sim.world import World
 
-MODELED_KINDS = ("site_crash", "site_restart", "site_preempt", "link_degrade", "noop")
+MODELED_KINDS = ("site_crash", "site_restart", "site_preempt", "site_hang", "link_degrade", "noop")
 DEGRADE_PARAMS = ("latency_ms", "jitter_ms", "bandwidth_kbps", "toxicity")
 
 
@@ -99,6 +104,8 @@ class SimChaos:
     def inject(self, i: int, f: Fault, progress: dict[str, Any]) -> None:
         assert self.log is not None and self.scenario is not None
         result: dict[str, Any] = {}
+        if f.kind in ("site_crash", "site_restart", "site_preempt"):
+            self.w.clock.resume(self.w.sites[f.target])  # a stopped site: the signal ends the stop first
         if f.kind in ("site_crash", "site_restart"):
             site = self.w.sites[f.target]
             result = {"process": f.target, "pid": site.pid, "signal": "SIGKILL", "exited": True}
@@ -107,6 +114,10 @@ class SimChaos:
             site = self.w.sites[f.target]
             result = {"process": f.target, "pid": site.pid, "signal": "SIGTERM", "grace_s": f.params.get("grace_s")}
             site.terminate()
+        elif f.kind == "site_hang":
+            site = self.w.sites[f.target]
+            result = {"process": f.target, "pid": site.pid, "signal": "SIGSTOP"}
+            self.w.clock.suspend(site)
         elif f.kind == "link_degrade":
             pairs = self._pairs(f)
             lat, bw = int(f.params.get("latency_ms") or 0), int(f.params.get("bandwidth_kbps") or 0)
@@ -140,6 +151,11 @@ class SimChaos:
         if f.kind == "site_restart" or restart:
             self.w.sites[f.target].start(self.w.model.restart_s)
             result = {"process": f.target, "restarted": True}
+        elif f.kind == "site_hang":
+            site = self.w.sites[f.target]
+            self.w.clock.resume(site)
+            result = {"process": f.target, "signal": "SIGCONT", "pid": site.pid} if site.alive else \
+                {"process": f.target, "signal": None, "skipped": "not running"}
         elif f.kind == "link_degrade":
             self.w.links.heal(i)
             result = {"removed": True}

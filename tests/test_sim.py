@@ -240,3 +240,34 @@ def test_survivors_keep_their_steps_of_the_round_in_flight_as_the_emulators_site
     assert art["runs"][0]["metrics"]["lost_tokens"]["value"] == (4 + 1 + 2) * 8 * 128
     status = {c["name"]: c["status"] for c in art["checks"]}
     assert status["work_ledger"] == "pass" and status["lineage"] == "pass", status
+
+
+def test_a_hang_shorter_than_the_heartbeat_timeout_only_delays_and_a_longer_one_fails_the_site(tmp_path: Path) -> None:
+    """site_hang (SIGSTOP, heal SIGCONT) on the virtual clock: b stops 5 s after the first epoch.
+    For 1 s (under the 2 s heartbeat timeout) nobody fails and the run ends exactly 1 s later than
+    without the fault: b's compute, timers and heartbeats waited, the others waited for b in the
+    collective. For 6 s the coordinator fails b 2 s after its last heartbeat; when it continues, b
+    finds it is no longer a member and rejoins; the ledger balances."""
+    from ground.eventlog import process_events
+
+    base = simulate(cfg_for("elastic"), None, out=tmp_path / "none")
+    short = simulate(cfg_for("elastic"), Scenario.build("t", "").hang("b", at_s=5.0, duration_s=1.0),
+                     out=tmp_path / "short")
+    assert short.complete and short.epochs == 1 and short.sim_s == pytest.approx(base.sim_s + 1.0, abs=1e-6)
+    long = simulate(cfg_for("elastic"), Scenario.build("t", "").hang("b", at_s=5.0, duration_s=6.0),
+                    out=tmp_path / "long")
+    assert long.complete and long.epochs == 3
+    coord = process_events(tmp_path / "long", "coord")
+    stop = next(e for e in process_events(tmp_path / "long", "chaos") if e["event"] == "fault_injected")
+    assert stop["result"]["signal"] == "SIGSTOP"
+    beats = [e["mono_ns"] for e in coord if e["event"] == "coord_input" and e.get("kind") == "heartbeat"
+             and e.get("src") == "b" and e["mono_ns"] <= stop["mono_ns"]]
+    failed = next(e for e in coord if e["event"] == "site_failed")
+    assert failed["site"] == "b" and "no heartbeat after 2000 ms" in failed["reason"]
+    assert 2.0 <= (failed["mono_ns"] - max(beats)) / 1e9 <= 2.1
+    b = process_events(tmp_path / "long", "b")
+    back = next(e for e in b if e["event"] == "not_a_member")
+    assert back["mono_ns"] == stop["mono_ns"] + 6 * 10**9  # it learns of epoch 2 only when it continues
+    assert [e["members"] for e in b if e["event"] == "membership"][-1] == ["a", "b", "c"]
+    status = {c["name"]: c["status"] for c in build_artifact([tmp_path / "long"])["checks"]}
+    assert status["work_ledger"] == "pass" and status["lineage"] == "pass" and status["fencing"] == "pass", status
