@@ -15,13 +15,22 @@ the driver polls the coordinator's log); or `duration_s` after the injection. Ki
                 and are handled at the heal, in order; its connections stay up, so only the
                 heartbeat timeout can fail it (sim/engine.py `Clock.suspend`). A crash, restart or
                 preemption of a stopped site first continues it (a SIGKILL ends it either way).
+  link_blackhole / link_reset
+                the link's proxies pass nothing until the heal (sim/links.py `cut`): a message that
+                would cross one waits in its sender's queue and is delivered after the heal, once
+                the connection is back (`reconnect_s`); a collective whose members cannot all hear
+                each other does not complete, and a member that hears nothing from a peer for
+                `wan.collective_stall_ms` reports it (`peer_unreachable`); an upload to the store
+                waits. A reset also closes the site's connection to the coordinator at once (the
+                coordinator's disconnect grace runs); a blackhole leaves it up (only the heartbeat
+                timeout notices).
   link_degrade  `latency_ms` added and `bandwidth_kbps` capped on the link's directions (the
                 collective, state transfers and control messages see them) until the heal;
                 jitter is taken at its mean (0)
   noop          nothing
 
-Any other kind or parameter (timeouts, resets, slicing, blackholes, partitions, store and
-coordinator faults) is refused before the run, never silently ignored.
+Any other kind or parameter (link_degrade's timeouts, resets and slicing, store and coordinator
+faults) is refused before the run, never silently ignored.
 """
 
 from __future__ import annotations
@@ -33,7 +42,8 @@ from chaos.scenario import Fault, Scenario, Trigger, parse_link_target
 if TYPE_CHECKING:
     from sim.world import World
 
-MODELED_KINDS = ("site_crash", "site_restart", "site_preempt", "site_hang", "link_degrade", "noop")
+MODELED_KINDS = ("site_crash", "site_restart", "site_preempt", "site_hang", "link_blackhole", "link_reset",
+                 "link_degrade", "noop")
 DEGRADE_PARAMS = ("latency_ms", "jitter_ms", "bandwidth_kbps", "toxicity")
 
 
@@ -118,6 +128,19 @@ class SimChaos:
             site = self.w.sites[f.target]
             result = {"process": f.target, "pid": site.pid, "signal": "SIGSTOP"}
             self.w.clock.suspend(site)
+        elif f.kind in ("link_blackhole", "link_reset"):
+            pairs = self._pairs(f)
+            self.w.links.cut(i, pairs, f.kind)
+            names = [f"{a}_to_{b}" for a, b in pairs]
+            if f.kind == "link_reset":
+                for a, b in pairs:  # the coordinator's end of each site's own connection closes now
+                    if b == "coord" and self.w.sites[a].alive:
+                        self.w.coord.connection_lost(a)
+                result = {"link": f.target, "disabled": names}
+            else:
+                result = {"link": f.target, "types": ["timeout"], "toxics": [
+                    {"proxy": n, "stream": st, "name": f"chaos_blackhole_f{i}_{st[:2]}"}
+                    for n in names for st in ("upstream", "downstream")]}
         elif f.kind == "link_degrade":
             pairs = self._pairs(f)
             lat, bw = int(f.params.get("latency_ms") or 0), int(f.params.get("bandwidth_kbps") or 0)
@@ -156,6 +179,12 @@ class SimChaos:
             self.w.clock.resume(site)
             result = {"process": f.target, "signal": "SIGCONT", "pid": site.pid} if site.alive else \
                 {"process": f.target, "signal": None, "skipped": "not running"}
+        elif f.kind in ("link_blackhole", "link_reset"):
+            self.w.links.uncut(i)
+            self.w.release()
+            self.w.rounds.on_heal()
+            result = {"link": f.target, **({"enabled": [f"{a}_to_{b}" for a, b in self._pairs(f)]}
+                                           if f.kind == "link_reset" else {"removed": True})}
         elif f.kind == "link_degrade":
             self.w.links.heal(i)
             result = {"removed": True}

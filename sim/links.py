@@ -5,6 +5,10 @@ the configured profile, until it heals. The collective's time (sim/model.py) is 
 directed link among the members: with no degradation every pair is the same, so one pair is
 computed (that keeps a 1,000-site collective O(1)); with degradations, the degraded pairs among
 the members are computed too.
+
+A `link_blackhole` or `link_reset` cuts proxies until it heals (`cut`, `is_cut`): the world holds
+the messages that would cross one and delivers them after the heal (sim/world.py), and a
+collective whose members cannot all hear each other does not complete (sim/rounds.py).
 """
 
 from __future__ import annotations
@@ -20,6 +24,34 @@ class Links:
         self.cfg, self.model = cfg, model
         self.faults: dict[int, tuple[list[tuple[str, str]], int, int]] = {}  # fault -> (pairs, +ms, cap KB/s)
         self._cache: dict[tuple[str, str, int], float] = {}  # one_way_s while the faults stay as they are
+        # Cut proxies (link_blackhole, link_reset): fault -> (the (src, dst) proxies, kind). A proxy
+        # carries both streams of the src -> dst connection: src's messages and dst's replies.
+        self.cuts: dict[int, tuple[list[tuple[str, str]], str]] = {}
+
+    def cut(self, fault: int, pairs: list[tuple[str, str]], kind: str) -> None:
+        self.cuts[fault] = (pairs, kind)
+
+    def uncut(self, fault: int) -> None:
+        self.cuts.pop(fault, None)
+
+    def is_cut(self, src: str, dst: str) -> str | None:
+        """The kind of the cut on proxy src -> dst (None: it passes data)."""
+        for pairs, kind in self.cuts.values():
+            if (src, dst) in pairs:
+                return kind
+        return None
+
+    def cut_into(self, members: tuple[str, ...]) -> dict[str, list[str]]:
+        """Per member, the members whose data cannot reach it (a cut proxy from them to it)."""
+        out: dict[str, list[str]] = {}
+        if not self.cuts:
+            return out
+        mset = set(members)
+        for pairs, _kind in self.cuts.values():
+            for a, b in pairs:
+                if a in mset and b in mset and a != b:
+                    out.setdefault(b, []).append(a)
+        return {k: sorted(set(v)) for k, v in out.items()}
 
     def degrade(self, fault: int, pairs: list[tuple[str, str]], latency_ms: int, bandwidth_kbps: int) -> None:
         self.faults[fault] = (pairs, latency_ms, bandwidth_kbps)

@@ -60,6 +60,9 @@ class SimModel:
     preempt_exit_s: float = 0.2
     # Chaos driver: how long after the triggering commit a progress-triggered fault fires.
     fault_poll_s: float = 0.5
+    # After a cut link heals: ZeroMQ reconnects (RECONNECT_IVL 40 ms) and the CurveZMQ handshake
+    # runs before the WAN endpoint resends what was not acknowledged.
+    reconnect_s: float = 0.05
     # The pseudo-gradient agreement the adaptive controller reads (cosine with the mean).
     update_cosine: float = 0.9
     evidence: Mapping[str, str] = field(default_factory=dict, compare=False)

@@ -53,6 +53,7 @@ class Rounds:
     def __init__(self, w: World) -> None:
         self.w = w
         self.rendezvous: dict[tuple[int, int], dict[str, int]] = {}  # (epoch, round) -> member -> arrival ns
+        self.cut_colls: dict[tuple[int, int], tuple[Any, ...]] = {}  # collectives waiting on a cut proxy
         self._payload: dict[tuple[int, str], tuple[int, int]] = {}
 
     def start(self, s: SimSite, rnd: int) -> None:
@@ -169,10 +170,50 @@ class Rounds:
         # Every arrival is a member of the plan (the key's epoch): the count says when all are in.
         if len(arrived) == len(plan.members) and set(arrived) == set(plan.members):
             del self.rendezvous[key]
-            dur = w.links.collective_s(plan.members, w.n_params, s.setting.compression)
-            for m in plan.members:
+            call = (plan.members, s.setting.compression, arrived, rnd, cs, ce, h_steps, step,
+                    {m: w.sites[m].gen for m in plan.members})
+            blocked = w.links.cut_into(plan.members)
+            if not blocked:
+                return self.reduce(call)
+            # A cut proxy among the members: nobody completes the all-gather while it lasts. A member
+            # that hears nothing from a peer for the stall timeout reports it (site_agent's
+            # PeerUnreachable); a heal before that lets the collective finish (`on_heal`).
+            self.cut_colls[key] = call
+            for m, peers in blocked.items():
                 site = w.sites[m]
-                w.clock.after(dur, self.reduced, site, site.gen, rnd, cs, ce, arrived[m], h_steps, step)
+                w.clock.after(w.cfg.wan.collective_stall_ms / 1000, self.stalled, site, site.gen, key, peers[0])
+
+    def reduce(self, call: tuple[Any, ...], extra_s: float = 0.0) -> None:
+        """The all-reduce of a round every member arrived at: each member's `reduced` after it."""
+        w = self.w
+        members, compression, arrived, rnd, cs, ce, h_steps, step, _gens = call
+        dur = extra_s + w.links.collective_s(members, w.n_params, compression)
+        for m in members:
+            site = w.sites[m]
+            w.clock.after(dur, self.reduced, site, site.gen, rnd, cs, ce, arrived[m], h_steps, step)
+
+    def on_heal(self) -> None:
+        """A cut healed: every collective waiting only on cut proxies that pass data again finishes."""
+        for key, call in list(self.cut_colls.items()):
+            if self.w.links.cut_into(call[0]):
+                continue
+            del self.cut_colls[key]
+            # Only if every member is still in it: one that reported a peer or moved to a newer epoch
+            # left it, and the others wait for their newer plan (or their own stall timeout).
+            if all(self.w.sites[m].gen == g and self.w.sites[m].alive for m, g in call[-1].items()):
+                self.reduce(call, self.w.model.reconnect_s)
+
+    def stalled(self, s: SimSite, gen: int, key: tuple[int, int], peer: str) -> None:
+        """Nothing from `peer` for the stall timeout: report it and wait for a newer epoch (the agent's
+        `peer_unreachable`, then wait_for_newer_epoch)."""
+        if gen != s.gen or key not in self.cut_colls or not s.alive:
+            return
+        stall_s = self.w.cfg.wan.collective_stall_ms / 1000
+        detail = f"round {key[1]} phase rs: nothing from [{peer!r}] for {stall_s:.1f} s"
+        s.log.emit("peer_unreachable", peer=peer, detail=detail)
+        s.send("peer_unreachable", {"peer": peer, "detail": detail})
+        s.gen += 1  # what this round had in flight is void; a newer plan is adopted when it comes
+        s.busy, s.inflight = False, None
 
     def reduced(self, s: SimSite, gen: int, rnd: int, cs: int, ce: int, t_arrive: int, h_steps: int,
                 step: int) -> None:
@@ -234,7 +275,10 @@ class Rounds:
     def finish(self, s: SimSite) -> None:
         """The target is reached: after the evaluation and upload in flight, say so."""
         s.busy, s.inflight = False, None
-        self.w.clock.at(max(self.w.clock.now_ns, s.eval_until_ns, s.upload_until_ns), self._done, s, s.gen)
+        if s.eval_until_ns > s.upload_until_ns:
+            self.w.clock.at(max(self.w.clock.now_ns, s.eval_until_ns), self._done, s, s.gen)
+        else:
+            s.after_upload(self._done, s, s.gen)
 
     def _done(self, s: SimSite, gen: int) -> None:
         if gen != s.gen:

@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from sim.world import World
 
 
+UPLOAD_BLOCKED_NS = 2**62  # an upload waiting for a cut link to the store: it ends when the link heals
+
+
 class SimStore:
     def __init__(self, w: World) -> None:
         self.w = w
@@ -35,11 +38,24 @@ class SimStore:
 
     def write(self, s: SimSite, rnd: int, cursor: int) -> None:
         w, m = self.w, self.w.model
+        if w.links.cuts and w.links.is_cut(s.name, "store"):
+            # The upload waits for the link (the uploader blocks; an epoch change waits for it).
+            s.upload_until_ns = UPLOAD_BLOCKED_NS
+            return w.hold((s.name, "store"), self._write_after_cut, (s, s.inc, rnd, cursor))
         nbytes = state_bytes(w.cfg.model, cursor)
         t0 = max(w.clock.now_ns, s.upload_until_ns)  # one upload at a time, as site_agent's uploader
         t1 = t0 + ns(m.checkpoint_fixed_s + nbytes / m.checkpoint_write_bytes_per_s)
         s.upload_until_ns = t1
         w.clock.at(t1, self._durable, s, s.inc, s.epoch, rnd, cursor, s.phash, nbytes, t0)
+
+    def _write_after_cut(self, s: SimSite, inc: int, rnd: int, cursor: int) -> None:
+        if inc != s.inc or not s.alive:
+            return
+        s.upload_until_ns = self.w.clock.now_ns
+        self.write(s, rnd, cursor)
+        waiting, s.upload_waiters = s.upload_waiters, []
+        for fn, args in waiting:
+            s.after_upload(fn, *args)
 
     def _durable(self, s: SimSite, inc: int, epoch: int, rnd: int, cursor: int, phash: str, nbytes: int,
                  t0: int) -> None:

@@ -17,6 +17,7 @@ from ground.plans import EpochPlan, Restore
 from ground.setting import base_setting
 from sim.engine import ns
 from sim.model import state_bytes
+from sim.services import UPLOAD_BLOCKED_NS
 from site_agent.epochs import interrupts, next_plan
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ class SimSite:
         self.leader, self.done_epoch, self.round = False, -1, -1
         self.eval_until_ns = 0  # the evaluation in flight (the evaluator thread) ends then
         self.upload_until_ns = 0  # the checkpoint upload in flight ends then
+        self.upload_waiters: list[tuple[Any, tuple[Any, ...]]] = []  # what waits for a blocked upload
         self.waiting_state: tuple[int, int] | None = None  # (gen, start ns) while a donor's state is due
         self.setting = base_setting(self.w.cfg)
         self.start_step = 0
@@ -137,7 +139,7 @@ class SimSite:
     def next_control(self) -> None:
         if self.upload_until_ns > self.w.clock.now_ns:
             # As the agent's adopt(): the checkpoint in flight belongs to the epoch we leave; it ends first.
-            self.w.clock.at(self.upload_until_ns, self._control_later, self.inc)
+            self.after_upload(self._control_later, self.inc)
             return
         plan, waiting, skipped = next_plan(self.pending, self.epoch, self.name, self.plan)
         self.pending = list(waiting)
@@ -145,6 +147,14 @@ class SimSite:
             self.log.emit("membership_skipped", skipped_epoch=p.epoch, start_round=p.start_round, reason=why)
         if plan is not None:
             self.adopt(plan)
+
+    def after_upload(self, fn: Any, *args: Any) -> None:
+        """Run fn(*args) once the checkpoint upload in flight has ended (one blocked by a cut link to
+        the store ends only after the heal: sim/services.py runs what waited then)."""
+        if self.upload_until_ns >= UPLOAD_BLOCKED_NS:
+            self.upload_waiters.append((fn, args))
+        else:
+            self.w.clock.at(max(self.w.clock.now_ns, self.upload_until_ns), fn, *args)
 
     def _control_later(self, inc: int) -> None:
         if inc == self.inc and self.alive and not self.busy:

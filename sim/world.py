@@ -66,6 +66,7 @@ class World:
         self.site_set = frozenset(cfg.cluster.sites)
         self.decisions: list[dict[str, Any]] = []
         self.links = Links(cfg, model)
+        self.held: list[tuple[tuple[str, str], Any, tuple[Any, ...]]] = []  # messages waiting for a cut proxy
         self._deliver = self._deliver_coord  # one object: the clock batches its entries by identity
         self.clock.batch(self._deliver, self._deliver_many)
         self.chaos = SimChaos(self, scenario)
@@ -90,7 +91,25 @@ class World:
         return self.links.one_way_s(site, service, nbytes)
 
     def to_coord(self, src: str, inc: int, epoch: int, kind: str, body: dict[str, Any]) -> None:
+        if self.links.cuts and self.links.is_cut(src, "coord"):
+            return self.hold((src, "coord"), self._deliver, (src, inc, epoch, kind, body))
         self.clock.after(self.latency_s(src, "coord"), self._deliver, src, inc, epoch, kind, body)
+
+    def hold(self, proxy: tuple[str, str], fn: Any, args: tuple[Any, ...]) -> None:
+        """A message that would cross a cut proxy waits in its sender's queue (the DEALER keeps it;
+        the WAN endpoint resends what was not acknowledged) until the proxy passes data again."""
+        self.held.append((proxy, fn, args))
+
+    def release(self) -> None:
+        """After a heal: every held message whose proxy passes data again is delivered, in the order
+        it was sent, once the connection is back (`reconnect_s`) and across the link."""
+        keep = []
+        for proxy, fn, args in self.held:
+            if self.links.is_cut(*proxy):
+                keep.append((proxy, fn, args))
+                continue
+            self.clock.after(self.model.reconnect_s + self.links.one_way_s(*proxy), fn, *args)
+        self.held = keep
 
     def _deliver_coord(self, src: str, inc: int, epoch: int, kind: str, body: dict[str, Any]) -> None:
         self._deliver_many([(src, inc, epoch, kind, body)])
@@ -103,13 +122,20 @@ class World:
             self.coord.receive_all(got)
 
     def to_site(self, dst: str, kind: str, body: dict[str, Any], epoch: int) -> None:
+        if self.links.cuts and self.links.is_cut(dst, "coord"):  # the reply stream of the site's own proxy
+            return self.hold((dst, "coord"), self.sites[dst].on_control, (kind, body, epoch))
         prof = self.cfg.link_spec(f"{dst}_to_coord").down  # the reply direction of the site's link
         add_s = self.links.one_way_s("coord", dst) - link_one_way_s(self.cfg, "coord", dst)  # a degradation's
         self.clock.after(prof.latency_ms / 1000.0 + add_s, self.sites[dst].on_control, kind, body, epoch)
 
     def send_state(self, donor: str, joiner: str, epoch: int, state: tuple[str, int, int]) -> None:
         delay = self.model.state_transfer_fixed_s + self.links.one_way_s(donor, joiner, state[2])
+        if self.links.cuts and self.links.is_cut(donor, joiner):
+            return self.hold((donor, joiner), self._state_after, (delay, joiner, epoch, state, self.sites[donor].gen))
         self.clock.after(delay, self._state_arrives, joiner, epoch, state, self.sites[donor].gen)
+
+    def _state_after(self, delay: float, *args: Any) -> None:
+        self.clock.after(delay, self._state_arrives, *args)
 
     def _state_arrives(self, joiner: str, epoch: int, state: tuple[str, int, int], donor_gen: int) -> None:
         j = self.sites[joiner]
@@ -168,7 +194,8 @@ def write_manifest(run_dir: Path, cfg: RunConfig, scenario: Scenario | None, mod
         "sample_ids": "canonical positions (the simulator has no corpus)",
         "model": model.to_json(), "learning": LearningCurve.from_json(model.learning).to_json(),
         "not_modeled": ["WAN byte counters (no wan_counters events; byte reconciliation is unknown)",
-                        "link faults, store outages, coordinator crashes (refused)"],
+                        "link_degrade's timeout, reset_peer and slicer toxics, store outages, coordinator "
+                        "crashes (refused)"],
     }, indent=2))
 
 

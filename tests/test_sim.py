@@ -99,8 +99,39 @@ def test_a_scenario_file_under_four_policies_passes_every_applicable_checker(tmp
 
 
 def test_faults_the_simulator_does_not_model_are_refused_not_ignored() -> None:
-    with pytest.raises(UnsupportedFault, match="link_blackhole"):
-        simulate(cfg_for(), load_scenario(ROOT / "scenarios" / "partition.yaml"))
+    with pytest.raises(UnsupportedFault, match="coord_crash"):
+        simulate(cfg_for(), load_scenario(ROOT / "scenarios" / "fault-storm.yaml"))
+
+
+@pytest.mark.parametrize("policy", ["stall", "restart", "elastic", "oracle"])
+def test_a_partition_is_reported_by_the_site_that_hears_nothing_and_every_checker_passes(tmp_path: Path,
+                                                                                         policy: str) -> None:
+    """a<->c blackholed for 30 s (as scenarios/partition.yaml, twice as long), both still reach the
+    coordinator: the round in flight cannot complete; after wan.collective_stall_ms (15 s) a member
+    reports the peer it hears nothing from (site_agent's PeerUnreachable), the coordinator fails
+    that peer, and the run completes with a balanced ledger. The 15 s partition of the scenario
+    file heals before anyone's stall timeout: it only delays the run, nobody fails."""
+    from ground.eventlog import process_events
+
+    cfg = cfg_for(policy, train={"target_useful_tokens": 393_216})
+    if policy == "oracle":
+        cfg = replace(cfg, recovery=replace(cfg.recovery, oracle_faults=()))  # a partition: no site fault to see
+    scen = Scenario.build("partition-30s", "").blackhole("a<->c", at_useful_tokens=65_000, duration_s=30)
+    out = tmp_path / policy
+    res = simulate(cfg, scen, out=out)
+    assert res.complete and res.epochs >= 2
+    reports = [(s, e["peer"]) for s in "abc" for e in process_events(out, s) if e["event"] == "peer_unreachable"]
+    assert reports and all({s, p} == {"a", "c"} for s, p in reports), reports
+    cut = next(e for e in process_events(out, "chaos") if e["event"] == "fault_injected")
+    failed = next(e for e in process_events(out, "coord") if e["event"] == "site_failed")
+    assert any(failed["site"] == peer and f"{src} cannot reach {peer}" in failed["reason"] for src, peer in reports)
+    assert (failed["mono_ns"] - cut["mono_ns"]) / 1e9 >= cfg.wan.collective_stall_ms / 1000
+    status = {c["name"]: c["status"] for c in build_artifact([out])["checks"]}
+    assert status.pop("byte_classes") == "unknown" and status.pop("same_frontier") == "unknown"
+    assert set(status.values()) == {"pass"}, status
+    short = simulate(cfg, load_scenario(ROOT / "scenarios" / "partition.yaml"), out=tmp_path / "short")
+    base = simulate(cfg, None)
+    assert short.complete and short.epochs == 1 and short.sim_s > base.sim_s
 
 
 def test_a_small_scale_run_is_consistent() -> None:
