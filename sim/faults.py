@@ -24,13 +24,17 @@ the driver polls the coordinator's log); or `duration_s` after the injection. Ki
                 waits. A reset also closes the site's connection to the coordinator at once (the
                 coordinator's disconnect grace runs); a blackhole leaves it up (only the heartbeat
                 timeout notices).
+  store_outage  the store stops (mode stop: SIGSTOP) or dies (mode kill) until the heal: uploads
+                and restore reads in flight or begun meanwhile finish only after it (the writer
+                waits, as the real uploader does); a killed store starts again at the heal with its
+                manifests (they are on disk), after `store_restart_s`
   link_degrade  `latency_ms` added and `bandwidth_kbps` capped on the link's directions (the
                 collective, state transfers and control messages see them) until the heal;
                 jitter is taken at its mean (0)
   noop          nothing
 
-Any other kind or parameter (link_degrade's timeouts, resets and slicing, store and coordinator
-faults) is refused before the run, never silently ignored.
+Any other kind or parameter (link_degrade's timeouts, resets and slicing, coordinator crashes) is
+refused before the run, never silently ignored.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ if TYPE_CHECKING:
     from sim.world import World
 
 MODELED_KINDS = ("site_crash", "site_restart", "site_preempt", "site_hang", "link_blackhole", "link_reset",
-                 "link_degrade", "noop")
+                 "link_degrade", "store_outage", "noop")
 DEGRADE_PARAMS = ("latency_ms", "jitter_ms", "bandwidth_kbps", "toxicity")
 
 
@@ -141,6 +145,11 @@ class SimChaos:
                 result = {"link": f.target, "types": ["timeout"], "toxics": [
                     {"proxy": n, "stream": st, "name": f"chaos_blackhole_f{i}_{st[:2]}"}
                     for n in names for st in ("upstream", "downstream")]}
+        elif f.kind == "store_outage":
+            mode = str(f.params.get("mode", "stop"))
+            self.w.store.stop()
+            result = {"mode": mode, "process": "store", "pid": 12,
+                      "signal": "SIGSTOP" if mode == "stop" else "SIGKILL", **({"exited": True} if mode == "kill" else {})}
         elif f.kind == "link_degrade":
             pairs = self._pairs(f)
             lat, bw = int(f.params.get("latency_ms") or 0), int(f.params.get("bandwidth_kbps") or 0)
@@ -157,6 +166,9 @@ class SimChaos:
             self.w.clock.after(heal_s, self._fire, "heal", i, {})
         elif f.heal is not None:
             self._arm(f.heal, "heal", i, {})
+
+    def _store_started(self) -> None:
+        self.w.store.cont(True)  # scheduled here, not as the store's own event (that would wait for itself)
 
     def _pairs(self, f: Fault) -> list[tuple[str, str]]:
         sites = list(self.w.sites)
@@ -185,6 +197,14 @@ class SimChaos:
             self.w.rounds.on_heal()
             result = {"link": f.target, **({"enabled": [f"{a}_to_{b}" for a, b in self._pairs(f)]}
                                            if f.kind == "link_reset" else {"removed": True})}
+        elif f.kind == "store_outage":
+            mode = str(f.params.get("mode", "stop"))
+            if mode == "kill":
+                self.w.clock.after(self.w.model.store_restart_s, self._store_started)
+                result = {"mode": mode, "process": "store", "restarted": True}
+            else:
+                self.w.store.cont(False)
+                result = {"mode": mode, "process": "store", "signal": "SIGCONT", "pid": 12}
         elif f.kind == "link_degrade":
             self.w.links.heal(i)
             result = {"removed": True}

@@ -63,6 +63,8 @@ class SimModel:
     # After a cut link heals: ZeroMQ reconnects (RECONNECT_IVL 40 ms) and the CurveZMQ handshake
     # runs before the WAN endpoint resends what was not acknowledged.
     reconnect_s: float = 0.05
+    # A killed checkpoint store started again: interpreter start and reading its manifests back.
+    store_restart_s: float = 1.0
     # The pseudo-gradient agreement the adaptive controller reads (cosine with the mean).
     update_cosine: float = 0.9
     evidence: Mapping[str, str] = field(default_factory=dict, compare=False)

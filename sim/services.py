@@ -2,7 +2,8 @@
 
 Store: a leader's background upload takes the modeled write time; then the store logs
 `checkpoint_durable` (raising its fence to the writer's epoch first, as checkpoint_store does)
-and the site tells the coordinator. Heartbeats: every live site sends one every
+and the site tells the coordinator. Completing an upload or a restore's read is the store's event:
+while the store is out (store_outage: stopped, or killed until it starts again) they wait. Heartbeats: every live site sends one every
 `heartbeat_period_ms` (the config's interval unless the model coalesces them at scale).
 Learning: a prior curve of held-out NLL over useful tokens and H (`prior`, not fitted).
 """
@@ -47,6 +48,22 @@ class SimStore:
         t1 = t0 + ns(m.checkpoint_fixed_s + nbytes / m.checkpoint_write_bytes_per_s)
         s.upload_until_ns = t1
         w.clock.at(t1, self._durable, s, s.inc, s.epoch, rnd, cursor, s.phash, nbytes, t0)
+
+    def read_done(self, s: SimSite, gen: int, plan: Any, sp: dict[str, Any], t0: int) -> None:
+        """A restore's checkpoint read finished (an event of the store's: it waits while the store is stopped)."""
+        if gen == s.gen:
+            s._restored(plan, sp, t0, self.w.clock.now_ns)
+
+    def stop(self) -> None:
+        """store_outage: the store process stops (SIGSTOP) or dies (SIGKILL: its manifests are on disk)."""
+        self.w.clock.suspend(self)
+
+    def cont(self, restarted: bool) -> None:
+        """The heal: SIGCONT, or (killed) the store started again, reading its manifests back."""
+        if restarted:
+            self.log.emit("store_started", removed=[], frontier=self.last_durable, frontier_error=None,
+                          fence_epoch=self.fence, bind="sim", root="sim")
+        self.w.clock.resume(self)
 
     def _write_after_cut(self, s: SimSite, inc: int, rnd: int, cursor: int) -> None:
         if inc != s.inc or not s.alive:

@@ -193,7 +193,10 @@ class SimSite:
         if plan.restore == Restore.STORE:
             if not self._from_store(plan, sp, t0):
                 return
-            return self._restored(plan, sp, t0, w.clock.now_ns + ns(sp.pop("_s", 0.0)))
+            # The read is the store's work: a stopped store (store_outage) holds it until it continues.
+            w.clock.at(w.clock.now_ns + ns(sp.pop("_s", 0.0)), w.store.read_done, self, self.gen, plan, sp, t0)
+            self.busy = True
+            return
         if plan.restore == Restore.DONOR and self.name in plan.joiners:
             self.busy, self.waiting_state = True, (self.gen, t0)
             got = w.transfers.pop((self.epoch, self.name), None)

@@ -302,3 +302,31 @@ def test_a_hang_shorter_than_the_heartbeat_timeout_only_delays_and_a_longer_one_
     assert [e["members"] for e in b if e["event"] == "membership"][-1] == ["a", "b", "c"]
     status = {c["name"]: c["status"] for c in build_artifact([tmp_path / "long"])["checks"]}
     assert status["work_ledger"] == "pass" and status["lineage"] == "pass" and status["fencing"] == "pass", status
+
+
+@pytest.mark.parametrize("mode", ["stop", "kill"])
+def test_a_store_outage_holds_uploads_and_restores_until_the_store_is_back(tmp_path: Path, mode: str) -> None:
+    """store_outage from 4 s to 14 s after the first epoch, and b crashes at 6 s (restart policy: the
+    cluster restores from the store). No upload becomes durable and no restore reads while the
+    store is out; after it is back (at once for a stop, `store_restart_s` later for a kill) they
+    finish and the run completes with every checker passing."""
+    from ground.eventlog import process_events
+
+    sc = Scenario.build("t", "").store_outage(at_s=4.0, duration_s=10.0, mode=mode).crash("b", at_s=6.0,
+                                                                                            restart_after_s=2)
+    out = tmp_path / mode
+    res = simulate(cfg_for("restart"), sc, out=out)
+    assert res.complete
+    chaos = {e["event"]: e for e in process_events(out, "chaos") if e["event"] in ("fault_injected", "fault_healed")
+             and e["kind"] == "store_outage"}
+    back = chaos["fault_healed"]["mono_ns"] + (10**9 if mode == "kill" else 0)  # SimModel.store_restart_s = 1.0
+    durable = [e["mono_ns"] for e in process_events(out, "store") if e["event"] == "checkpoint_durable"]
+    assert durable and not [t for t in durable if chaos["fault_injected"]["mono_ns"] < t < back]
+    loads = [e for s in "abc" for e in process_events(out, s) if e["event"] == "checkpoint_load"]
+    restores = [e for s in "abc" for e in process_events(out, s) if e["event"] == "restore" and e.get("source") == "store"]
+    assert loads and restores and all(e["mono_ns"] >= back for e in restores)
+    if mode == "kill":
+        assert len([e for e in process_events(out, "store") if e["event"] == "store_started"]) == 2
+    status = {c["name"]: c["status"] for c in build_artifact([out])["checks"]}
+    assert status.pop("byte_classes") == "unknown" and status.pop("same_frontier") == "unknown"
+    assert set(status.values()) == {"pass"}, status
