@@ -36,6 +36,9 @@ class SimCoordinator:
         self.mcfg = core.membership_config(self.cfg)
         self.log_inputs = w.write_logs
         self.core_steps, self.core_ns = 0, 0  # the core's share of the simulator's time (the scale bench)
+        self.records: list[dict[str, Any]] = []  # the journal's records (what a restart recovers from)
+        self.down = False  # killed (coord_crash) until it starts again
+        self.gen = 0  # its scheduled ticks belong to one incarnation
 
     def _step(self, event: core.Received | core.Tick, now: int) -> list[core.Output]:
         return self._step_all([event], now)[0]
@@ -50,6 +53,27 @@ class SimCoordinator:
     def start(self) -> None:
         self.log.emit("coordinator_started", expected_sites=list(self.mcfg.expected_sites),
                       policy=self.cfg.recovery.policy, journal_commits=0, target_samples=self.w.target)
+        self.request_tick()
+
+    def crash(self) -> None:
+        """coord_crash: SIGKILL. Its timers die with it; what the sites send meanwhile waits in their
+        queues (sim/world.py holds it) and reaches the next incarnation."""
+        self.down, self.gen = True, self.gen + 1
+        self.tick_due, self.deadline_ns, self.lost = False, -1, {}  # (a SIGKILLed process logs nothing)
+
+    def restart(self) -> None:
+        """Started again: the state is rebuilt from the journal by the core's own `recover`, the
+        current epoch is announced again (as coordinator/service.py does), and what waited arrives."""
+        now = self.w.clock.now_ns
+        self.down, self.gen = False, self.gen + 1
+        self.state, outs = core.recover(list(self.records), None, now, self.cfg)
+        self.log.emit("coordinator_started", expected_sites=list(self.mcfg.expected_sites),
+                      policy=self.cfg.recovery.policy, journal_commits=len(self.state.commits),
+                      target_samples=self.w.target)
+        self._apply(outs, journal=False)
+        if self.state.membership.epoch > 0:
+            self._apply(core.announce_current(self.state, self.cfg))
+        self.w.release()
         self.request_tick()
 
     # ------------------------------------------------------------------ inputs
@@ -75,18 +99,24 @@ class SimCoordinator:
 
     def connection_lost(self, site: str) -> None:
         """The site's process died: its connection to us closes (seen after the link's latency)."""
+        gen = self.gen
+
         def closed() -> None:
+            if gen != self.gen or self.down:
+                return  # the coordinator died meanwhile: its next incarnation never had that connection
             self.lost[site] = self.w.clock.now_ns
             self.log.emit("peer_disconnected", peer=site, link=f"{site}_to_coord", fd=-1)
             self.request_tick()
         self.w.clock.after(self.w.latency_s(site, "coord"), closed)
 
     def request_tick(self) -> None:
-        if not self.tick_due:
+        if not self.tick_due and not self.down:
             self.tick_due = True
-            self.w.clock.at(self.w.clock.now_ns, self._tick)
+            self.w.clock.at(self.w.clock.now_ns, self._tick, self.gen)
 
-    def _tick(self) -> None:
+    def _tick(self, gen: int) -> None:
+        if gen != self.gen:
+            return
         self.tick_due = False
         now = self.w.clock.now_ns
         before = self.state
@@ -121,17 +151,22 @@ class SimCoordinator:
                     best = t
         if best is not None and (self.deadline_ns <= now or best < self.deadline_ns):
             self.deadline_ns = best
-            self.w.clock.at(best, self._deadline_tick, best)
+            self.w.clock.at(best, self._deadline_tick, best, self.gen)
 
-    def _deadline_tick(self, t: int) -> None:
+    def _deadline_tick(self, t: int, gen: int) -> None:
+        if gen != self.gen:
+            return
         if t == self.deadline_ns:
             self.deadline_ns = -1
         self.request_tick()
 
     # ------------------------------------------------------------------ outputs
-    def _apply(self, outputs: list[core.Output]) -> None:
+    def _apply(self, outputs: list[core.Output], journal: bool = True) -> None:
         for o in outputs:
             if isinstance(o, core.Journal):
+                if not journal:
+                    continue
+                self.records.append(o.record)
                 if self.journal is not None:
                     self.journal.append(o.record)
             elif isinstance(o, core.Emit):

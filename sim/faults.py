@@ -28,13 +28,17 @@ the driver polls the coordinator's log); or `duration_s` after the injection. Ki
                 and restore reads in flight or begun meanwhile finish only after it (the writer
                 waits, as the real uploader does); a killed store starts again at the heal with its
                 manifests (they are on disk), after `store_restart_s`
+  coord_crash   SIGKILL the coordinator: its timers die with it, what the sites send waits in
+                their queues; at the heal (plus `coord_restart_s`) it starts again with the state
+                the core's own `recover` rebuilds from its journal, announces the current epoch
+                again, and receives what waited (coordinator/service.py's restart)
   link_degrade  `latency_ms` added and `bandwidth_kbps` capped on the link's directions (the
                 collective, state transfers and control messages see them) until the heal;
                 jitter is taken at its mean (0)
   noop          nothing
 
-Any other kind or parameter (link_degrade's timeouts, resets and slicing, coordinator crashes) is
-refused before the run, never silently ignored.
+Any other kind or parameter (link_degrade's timeouts, resets and slicing) is refused before the
+run, never silently ignored.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ if TYPE_CHECKING:
     from sim.world import World
 
 MODELED_KINDS = ("site_crash", "site_restart", "site_preempt", "site_hang", "link_blackhole", "link_reset",
-                 "link_degrade", "store_outage", "noop")
+                 "link_degrade", "store_outage", "coord_crash", "noop")
 DEGRADE_PARAMS = ("latency_ms", "jitter_ms", "bandwidth_kbps", "toxicity")
 
 
@@ -150,6 +154,9 @@ class SimChaos:
             self.w.store.stop()
             result = {"mode": mode, "process": "store", "pid": 12,
                       "signal": "SIGSTOP" if mode == "stop" else "SIGKILL", **({"exited": True} if mode == "kill" else {})}
+        elif f.kind == "coord_crash":
+            result = {"process": "coord", "pid": 11, "signal": "SIGKILL", "exited": True}
+            self.w.coord.crash()
         elif f.kind == "link_degrade":
             pairs = self._pairs(f)
             lat, bw = int(f.params.get("latency_ms") or 0), int(f.params.get("bandwidth_kbps") or 0)
@@ -205,6 +212,12 @@ class SimChaos:
             else:
                 self.w.store.cont(False)
                 result = {"mode": mode, "process": "store", "signal": "SIGCONT", "pid": 12}
+        elif f.kind == "coord_crash":
+            if f.params.get("restart", True):
+                self.w.clock.after(self.w.model.coord_restart_s, self.w.coord.restart)
+                result = {"process": "coord", "restarted": True}
+            else:
+                result = {"process": "coord", "restarted": False, "skipped": "restart: false"}
         elif f.kind == "link_degrade":
             self.w.links.heal(i)
             result = {"removed": True}

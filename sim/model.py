@@ -65,6 +65,8 @@ class SimModel:
     reconnect_s: float = 0.05
     # A killed checkpoint store started again: interpreter start and reading its manifests back.
     store_restart_s: float = 1.0
+    # A killed coordinator started again: interpreter start (no torch) and reading its journal.
+    coord_restart_s: float = 1.5
     # The pseudo-gradient agreement the adaptive controller reads (cosine with the mean).
     update_cosine: float = 0.9
     evidence: Mapping[str, str] = field(default_factory=dict, compare=False)

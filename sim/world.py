@@ -91,7 +91,7 @@ class World:
         return self.links.one_way_s(site, service, nbytes)
 
     def to_coord(self, src: str, inc: int, epoch: int, kind: str, body: dict[str, Any]) -> None:
-        if self.links.cuts and self.links.is_cut(src, "coord"):
+        if self.coord.down or (self.links.cuts and self.links.is_cut(src, "coord")):
             return self.hold((src, "coord"), self._deliver, (src, inc, epoch, kind, body))
         self.clock.after(self.latency_s(src, "coord"), self._deliver, src, inc, epoch, kind, body)
 
@@ -105,7 +105,7 @@ class World:
         it was sent, once the connection is back (`reconnect_s`) and across the link."""
         keep = []
         for proxy, fn, args in self.held:
-            if self.links.is_cut(*proxy):
+            if self.links.is_cut(*proxy) or (proxy[1] == "coord" and self.coord.down):
                 keep.append((proxy, fn, args))
                 continue
             self.clock.after(self.model.reconnect_s + self.links.one_way_s(*proxy), fn, *args)
@@ -116,6 +116,10 @@ class World:
 
     def _deliver_many(self, msgs: list[tuple[Any, ...]]) -> None:
         """Messages reaching the coordinator at one instant, in order (a dead sender's are lost)."""
+        if self.coord.down:  # in flight when it died: the sender resends it to the next incarnation
+            for m in msgs:
+                self.hold((m[0], "coord"), self._deliver, m)
+            return
         sites = self.sites
         got = [m for m in msgs if (site := sites[m[0]]).inc == m[1] and (site.alive or m[3] == "site_done")]
         if got:
@@ -194,7 +198,7 @@ def write_manifest(run_dir: Path, cfg: RunConfig, scenario: Scenario | None, mod
         "sample_ids": "canonical positions (the simulator has no corpus)",
         "model": model.to_json(), "learning": LearningCurve.from_json(model.learning).to_json(),
         "not_modeled": ["WAN byte counters (no wan_counters events; byte reconciliation is unknown)",
-                        "link_degrade's timeout, reset_peer and slicer toxics, coordinator crashes (refused)"],
+                        "link_degrade's timeout, reset_peer and slicer toxics (refused)"],
     }, indent=2))
 
 
