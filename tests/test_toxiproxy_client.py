@@ -261,3 +261,14 @@ def test_find_binary_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
         find_toxiproxy_binary()
     monkeypatch.delenv("XDC_TOXIPROXY")
     assert Path(find_toxiproxy_binary()).name == "toxiproxy-server"
+
+
+def test_free_ports_are_chosen_below_the_kernels_ephemeral_range():
+    """An outgoing connection can never take a port chosen there between the choice and the bind."""
+    from wan.toxiproxy_server import _ephemeral_low
+
+    low = _ephemeral_low()
+    ports = [free_port() for _ in range(20)]
+    if low > 11_000:
+        assert all(max(10_000, low - 20_000) <= p < low for p in ports), (low, ports)
+    assert len(set(ports)) > 1, "the choice is not random"

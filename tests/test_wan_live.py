@@ -141,3 +141,26 @@ def test_three_site_allreduce_over_toxiproxy_agrees_on_every_site(tmp_path, toxi
     finally:
         for n in nodes.values():
             n.close()
+
+
+def test_a_node_whose_port_is_taken_fails_to_start_and_closes_at_once(tmp_path):
+    """A failed bind is reported by start(), and close() does not wait on the sockets opened before it."""
+    import socket
+
+    import zmq
+
+    generate_cluster_keys(tmp_path / "keys", ["a", "b"])
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        log = EventLog(tmp_path / "b.jsonl", "r1", "b")
+        b = WanNode(name="b", run_id="r1", wan=WanConfig(), log=log, bind=f"tcp://127.0.0.1:{port}",
+                    routes=[Route("a", "b_to_a", f"tcp://127.0.0.1:{free_port()}")],
+                    server_links={"a": "a_to_b"}, members=["a"], keys_dir=str(tmp_path / "keys"))
+        with pytest.raises(zmq.ZMQError, match="Address already in use"):
+            b.start()
+        t0 = time.monotonic()
+        b.close()
+        assert time.monotonic() - t0 < 5.0, "close() waited on sockets of the failed start"
+        log.close()

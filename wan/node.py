@@ -275,7 +275,7 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
             self._thread.join(timeout_s)
         if self._auth is not None:
             self._auth.stop()
-        if self._thread is None or not self._thread.is_alive():
+        if (self._thread is None or not self._thread.is_alive()) and not self._ctx.closed:
             self._ctx.term()
 
     # ---------------------------------------------------------------- I/O thread
@@ -360,6 +360,12 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
         try:
             self._open()
         except BaseException as e:  # reported to start()
+            # Close what was opened, without lingering: otherwise close()'s ctx.term() would wait
+            # forever on a socket nobody will close (a failed bind once hung a test for 600 s).
+            if self._auth is not None:
+                self._auth.stop()
+                self._auth = None
+            self._ctx.destroy(linger=0)
             errors.append(e)
             ready.set()
             return

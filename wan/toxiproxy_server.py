@@ -4,6 +4,7 @@ answers, stop it (SIGTERM, then SIGKILL), and never leave it running after its o
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -22,10 +23,34 @@ INSTALL_HINT = (
 )
 
 
+def _ephemeral_low(default: int = 32768) -> int:
+    """The lowest port the kernel hands out for outgoing connections (Linux; else the usual default)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return default
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (another process may still take it)."""
+    """A TCP port that was free a moment ago, chosen below the kernel's ephemeral range.
+
+    A port from the ephemeral range (what binding port 0 returns) can be taken, between this call
+    and the bind that uses it, by any outgoing connection on the machine -- a loaded test run saw
+    "Address already in use" that way. A port below the range is never handed out by the kernel, so
+    only another explicit bind can take it; the choice is random to make that unlikely too."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
+    low = _ephemeral_low()
+    span = (max(10_000, low - 20_000), low) if low > 11_000 else None
+    rng = random.SystemRandom()
+    for _ in range(200 if span else 0):
+        port = rng.randrange(*span)
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(family, socket.SOCK_STREAM) as s:  # no room below the range: the kernel's choice
         s.bind((host, 0))
         return int(s.getsockname()[1])
 
