@@ -1,0 +1,66 @@
+"""How two runs' recovery decisions compare (sim/decisions.py), on small hand-written histories."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sim.decisions import compare_runs, unjoined_restarts
+
+S = 1_000_000_000  # ns per s
+
+
+def _epoch(n: int, t_s: float, members: list[str], joiners: list[str] | None = None, restore: str = "none",
+           reason: str = "start") -> dict:
+    return {"event": "membership_epoch", "mono_ns": int(t_s * S), "epoch": n, "members": members,
+            "restore": restore, "donor": None, "joiners": joiners or [], "start_round": n, "start_cursor": 0,
+            "reason": reason}
+
+
+def _run(root: Path, name: str, coord: list[dict], chaos: list[dict]) -> Path:
+    d = root / name
+    (d / "logs").mkdir(parents=True)
+    for proc, evs in (("coord", coord), ("chaos", chaos)):
+        (d / "logs" / f"{proc}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evs))
+    return d
+
+
+KILL = [{"event": "fault_injected", "mono_ns": 5 * S, "kind": "site_crash", "target": "b"},
+        {"event": "fault_healed", "mono_ns": 7 * S, "kind": "site_crash", "target": "b", "result": {"restarted": True}}]
+FIRST_TWO = [_epoch(1, 0, ["a", "b", "c"]),
+             {"event": "site_failed", "mono_ns": 6 * S, "site": "b", "reason": "connection closed"},
+             _epoch(2, 6, ["a", "c"], reason="b failed")]
+REJOIN = _epoch(3, 12, ["a", "b", "c"], joiners=["b"], restore="donor", reason="b joined")
+
+
+def test_an_emulated_run_that_ended_before_the_restarted_site_joined_is_a_prefix_of_the_simulated_one(tmp_path):
+    emu = _run(tmp_path, "emu", FIRST_TWO + [{"event": "run_finished", "mono_ns": 10 * S}], KILL)
+    sim = _run(tmp_path, "sim", FIRST_TWO + [REJOIN], KILL)
+    assert unjoined_restarts(emu) == {"b": 3.0}
+    c = compare_runs(emu, sim, "oracle")
+    assert (c.status, c.compared, c.structural_mismatches) == ("prefix match", 2, [])
+    assert c.disturbed_by == "the emulator's run ended before b joined again (3.0 s after its restart)"
+
+
+def test_an_extra_simulated_decision_that_is_not_the_late_sites_return_is_a_mismatch(tmp_path):
+    emu = _run(tmp_path, "emu", FIRST_TWO, KILL)
+    other = _epoch(3, 12, ["a"], reason="c failed")
+    sim = _run(tmp_path, "sim", FIRST_TWO + [other], KILL)
+    c = compare_runs(emu, sim, "elastic")
+    assert c.status == "mismatch"
+    assert c.structural_mismatches == ["2 emulator decisions, 3 simulated"]
+
+
+def test_an_extra_simulated_decision_when_the_site_did_join_in_the_emulator_is_a_mismatch(tmp_path):
+    joined = {"event": "site_joined", "mono_ns": 9 * S, "site": "b"}
+    emu = _run(tmp_path, "emu", FIRST_TWO + [joined], KILL)
+    sim = _run(tmp_path, "sim", FIRST_TWO + [REJOIN], KILL)
+    assert unjoined_restarts(emu) == {}
+    assert compare_runs(emu, sim, "elastic").status == "mismatch"
+
+
+def test_the_same_decisions_match(tmp_path):
+    emu = _run(tmp_path, "emu", FIRST_TWO + [REJOIN], KILL)
+    sim = _run(tmp_path, "sim", FIRST_TWO + [REJOIN], KILL)
+    c = compare_runs(emu, sim, "restart")
+    assert (c.status, c.compared, c.disturbed_by) == ("match", 3, None)
