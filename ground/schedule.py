@@ -131,6 +131,21 @@ def common_prefix(done: list[tuple[tuple[int, ...], int]], wanted: list[tuple[tu
     return p
 
 
+def steps_to_keep(done: list[tuple[tuple[int, ...], int]], wanted: list[tuple[tuple[int, ...], int]],
+                  copy_steps: int | None) -> tuple[int, bool]:
+    """(steps to keep, whether that needs the mid-round copy) when a carried epoch asks for `wanted`
+    and `done` were taken: all the matching steps when the trainer holds the state right after them
+    (every step taken matches), else as many as the mid-round copy holds (`copy_steps`; None: no
+    copy), if the copy lies within the matching prefix; 0 means roll back. The one rule of the site
+    agent (site_agent/carry.py) and the simulator (sim/rounds.py)."""
+    p = common_prefix(done, wanted)
+    if p == len(done):
+        return p, False
+    if copy_steps is not None and 0 < copy_steps <= p:
+        return copy_steps, True
+    return 0, False
+
+
 def kept_steps(cfg: RunConfig, n_members: int, site_index: int, cursor_start: int, cursor_end: int) -> int:
     """How many of its inner steps a member keeps (`carried_steps`) if one other member of a round
     laid out for `n_members` fails while it is in flight: where the site saves its mid-round state."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ground.plans import EpochPlan, Restore
-from ground.schedule import carried_steps, common_prefix, kept_steps, round_span, site_positions
+from ground.schedule import carried_steps, kept_steps, steps_to_keep, round_span, site_positions
 from ground.setting import step_after_round
 from sim.engine import ns
 from sim.model import payload_bytes_sent
@@ -115,11 +115,11 @@ class Rounds:
             return False
         n = len(plan.members)
         cs, ce = round_span(cfg, n, plan.start_round, plan.start_cursor, plan.start_round, self.w.target)
-        p = common_prefix(prog.done, self.layout(s, cfg, plan.start_round, n, cs, ce, prog.steps_h))
-        k = p if p == len(prog.done) else (prog.keep if 0 < prog.keep <= p else 0)
+        wanted = self.layout(s, cfg, plan.start_round, n, cs, ce, prog.steps_h)
+        k, from_copy = steps_to_keep(prog.done, wanted, prog.keep)
         if k == 0:
             return False
-        dropped, from_copy = len(prog.done) - k, p != len(prog.done)
+        dropped = len(prog.done) - k
         seq = self.w.cfg.model.seq_len
         for h in range(k):
             ids = list(prog.done[h][0])

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ground.schedule import common_prefix
+from ground.schedule import steps_to_keep
 
 
 @dataclass
@@ -80,11 +80,6 @@ class Resume:
 
 
 def reusable_steps(progress: RoundProgress, wanted: list[tuple[tuple[int, ...], int]]) -> tuple[int, bool]:
-    """(steps to keep, whether that needs the mid-round copy): all the matching steps when the
-    trainer holds the state right after them, else as many as the copy holds (0: roll back)."""
-    p = common_prefix(progress.done, wanted)
-    if p == len(progress.done):
-        return p, False
-    if progress.mid is not None and 0 < progress.mid.steps <= p:
-        return progress.mid.steps, True
-    return 0, False
+    """(steps to keep, whether that needs the mid-round copy): ground.schedule.steps_to_keep on what
+    this trainer took and the mid-round copy it holds."""
+    return steps_to_keep(progress.done, wanted, progress.mid.steps if progress.mid is not None else None)
