@@ -180,6 +180,10 @@ class RecoveryConfig:
     # A member whose connection to the coordinator closed and who sent nothing since is failed after
     # this long (a killed process closes its connections at once); 0 leaves only the heartbeat timeout.
     disconnect_grace_ms: int = 300
+    # Native mode: the launcher keeps one warm standby site process (torch imported, model built and
+    # warmed; site_agent/standby.py) and hands a chaos restart of a site to it instead of starting a
+    # cold process. Needs train.workers_per_site = 1 (ignored otherwise).
+    warm_standby: bool = False
     # Oracle only (filled from the scenario by `xdc compare` / `xdc run --scenario`):
     # (site, useful tokens at which its fault fires).
     oracle_faults: tuple[tuple[str, int], ...] = ()

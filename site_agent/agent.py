@@ -62,6 +62,7 @@ from site_agent.messages import Shutdown, parse_plan, parse_shutdown
 from site_agent.model import count_params, pick_device
 from ground.schedule import steps_per_round, target_samples
 from site_agent.rounds import RoundLoop, _round_samples
+from site_agent.standby import Prepared, prepare, wait_for_site
 from site_agent.state import Snapshot, take_snapshot
 from site_agent.trainer import IntraSiteError, SiteTrainer
 from site_agent.unwind import Interrupted, Stop
@@ -83,7 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     # ------------------------------------------------------------------ config
     ap = argparse.ArgumentParser(prog="python -m site_agent.agent", description=__doc__)
     ap.add_argument("--run-dir", required=True, type=Path)
-    ap.add_argument("--site", required=True)
+    who = ap.add_mutually_exclusive_group(required=True)
+    who.add_argument("--site")
+    who.add_argument("--standby", action="store_true",
+                     help="a warm standby (site_agent/standby.py): prepare, then wait on stdin for the site to become")
     args = ap.parse_args(argv)
     run_dir: Path = args.run_dir
     cfg = config_from_json(run_dir / "config.json")
@@ -101,6 +105,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     topo = Topology.load(run_dir / "topology.json")
+    warm: Prepared | None = None
+    if args.standby:
+        if world > 1:
+            print("error: a warm standby needs train.workers_per_site = 1", file=sys.stderr)
+            return 2
+        torch.set_num_threads(threads_per_worker(cfg))
+        warm = prepare(cfg)
+        args.site = wait_for_site(cfg, warm)
+        if args.site is None:  # the launcher closed our stdin: nobody needed us
+            return 0
     me = args.site
     if me not in cfg.cluster.sites:
         print(f"error: site {me!r} is not in the cluster {list(cfg.cluster.sites)}", file=sys.stderr)
@@ -125,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         pool = WorkerPool(run_dir, cfg, me, log)
         pool.start()
     try:
-        return _run(args, cfg, topo, me, log, stopping, threads, pool)
+        return _run(args, cfg, topo, me, log, stopping, threads, pool, warm)
     except BaseException:
         if pool is not None:  # a crash: never leave the workers behind (PR_SET_PDEATHSIG is the backstop)
             pool.close("site crashed")
@@ -133,12 +147,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, cfg: RunConfig, topo: Topology, me: str, log: EventLog, stopping: dict[str, bool],
-         threads: int, pool: WorkerPool | None) -> int:
+         threads: int, pool: WorkerPool | None, warm: Prepared | None = None) -> int:
     run_dir: Path = args.run_dir
     world = cfg.train.workers_per_site
-    device = pick_device(cfg.train.device)
-    corpus = load_corpus(cfg.data)
-    order = sample_order(corpus, cfg.model.seq_len, cfg.data.shuffle_seed)
+    if warm is None:
+        device = pick_device(cfg.train.device)
+        corpus = load_corpus(cfg.data)
+        order = sample_order(corpus, cfg.model.seq_len, cfg.data.shuffle_seed)
+    else:  # a warm standby prepared these before it knew which site it would be
+        device, corpus, order = warm.device, warm.corpus, warm.order
     group = None
     if pool is not None:
         try:
@@ -147,11 +164,11 @@ def _run(args: argparse.Namespace, cfg: RunConfig, topo: Topology, me: str, log:
         except IntraSiteError as e:
             return _exit_early(log, pool, 4, f"intra-site group failed: {e}")
         group = torch.distributed.group.WORLD
-    trainer = SiteTrainer(cfg, device, group=group)
+    trainer = warm.trainer if warm is not None else SiteTrainer(cfg, device, group=group)
     log.emit("site_started", device=str(device), threads=threads, dataset_id=corpus.dataset_id,
              n_params=count_params(trainer.model), flops_per_token=trainer.flops_per_token,
              params_hash=trainer.params_hash(), torch=torch.__version__, pid=os.getpid(), workers_per_site=world,
-             init_state=trainer.init_state)
+             init_state=trainer.init_state, warm_standby=warm.timing() if warm is not None else None)
     if pool is not None:
         try:
             pool.check(-1, trainer.params_hash())  # every rank starts from the same weights

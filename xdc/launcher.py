@@ -36,6 +36,9 @@ from ground.topology import COORD, STORE, Link, Topology, plan_topology
 
 _PR_SET_PDEATHSIG = 1
 SITES_FINISH_S = 30.0  # after the coordinator finished a run, how long the sites may take to exit
+# After a warm standby became a site, the next one starts this much later: its preparation (a few
+# CPU-seconds) would otherwise compete with the restarted site's first round on a small machine.
+STANDBY_NEXT_AFTER_S = 10.0
 
 
 def _die_with_parent() -> None:
@@ -102,6 +105,9 @@ class Launcher:
         self.interrupted = False
         self.timed_out = False  # the launcher stopped the run after timeout_s: not a clean end
         self.log: EventLog | None = None
+        self.standby: subprocess.Popen | None = None  # recovery.warm_standby: the prepared site process
+        self.standby_due: float | None = None  # monotonic time at which to start the next standby
+        self._standbys = 0
         self.scenario = scenario  # chaos.scenario.Scenario or None
         self.chaos: Any = None
         self.modules: dict[str, tuple[str, tuple[str, ...]]] = {}
@@ -147,24 +153,95 @@ class Launcher:
             pass
         return topo
 
-    def _spawn(self, name: str, module: str, *extra: str) -> None:
+    def _child_env(self) -> dict[str, str]:
         threads = self.cfg.train.threads_per_site or max(1, (os.cpu_count() or 1) // len(self.cfg.cluster.sites))
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        return env
+
+    def _spawn(self, name: str, module: str, *extra: str) -> None:
         self.modules[name] = (module, extra)
         out = open(self.run_dir / "logs" / f"{name}.out", "ab")  # "ab": a restarted process keeps the earlier output
         self.procs[name] = subprocess.Popen([sys.executable, "-m", module, "--run-dir", str(self.run_dir), *extra],
-                                            stdout=out, stderr=subprocess.STDOUT, env=env,
+                                            stdout=out, stderr=subprocess.STDOUT, env=self._child_env(),
                                             preexec_fn=_die_with_parent)
         assert self.log is not None
         self.log.emit("process_started", name=name, child_pid=self.procs[name].pid, module=module)
 
     def respawn(self, name: str) -> subprocess.Popen:
-        """Start a process again (a chaos restart); the launcher owns it like the first one."""
+        """Start a process again (a chaos restart); the launcher owns it like the first one. A site is
+        handed to the warm standby when there is one (recovery.warm_standby)."""
+        if name in self.cfg.cluster.sites and self._take_standby(name):
+            return self.procs[name]
         module, extra = self.modules[name]
         self._spawn(name, module, *extra)
         return self.procs[name]
+
+    # ------------------------------------------------------------ warm standby
+    def _wants_standby(self) -> bool:
+        """Only chaos restarts use a standby, and only a single-process site can be one."""
+        return bool(self.cfg.recovery.warm_standby and self.scenario is not None
+                    and self.cfg.train.workers_per_site == 1)
+
+    def _spawn_standby(self) -> None:
+        """Start a site process that prepares (site_agent/standby.py), then waits on stdin for its name."""
+        self._standbys += 1
+        out_path = self.run_dir / "logs" / f"standby-{self._standbys}.out"
+        with open(out_path, "ab") as out:  # the child holds its own copy of the descriptor
+            self.standby = subprocess.Popen(
+                [sys.executable, "-m", "site_agent.agent", "--run-dir", str(self.run_dir), "--standby"],
+                stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, env=self._child_env(),
+                preexec_fn=_die_with_parent)
+        self.standby_due = None
+        assert self.log is not None
+        self.log.emit("standby_started", child_pid=self.standby.pid, output=out_path.name)
+
+    def _take_standby(self, name: str) -> bool:
+        """Hand site `name` to the standby: True when it took it (it is then `procs[name]`)."""
+        sb, self.standby = self.standby, None
+        if sb is None:
+            return False
+        assert self.log is not None
+        if sb.poll() is not None:
+            self.log.emit("standby_unusable", site=name, reason=f"the standby had exited with {sb.returncode}")
+        else:
+            try:
+                assert sb.stdin is not None
+                sb.stdin.write(f"{name}\n".encode())
+                sb.stdin.close()
+            except OSError as e:
+                self.log.emit("standby_unusable", site=name, reason=f"could not name it: {e}")
+                sb.kill()
+                sb.wait()
+            else:
+                self.procs[name] = sb
+                self.log.emit("process_started", name=name, child_pid=sb.pid, module="site_agent.agent",
+                              warm_standby=True)
+                self.standby_due = time.monotonic() + STANDBY_NEXT_AFTER_S
+                return True
+        self.standby_due = time.monotonic()  # replace the dead one at once; this restart starts cold
+        return False
+
+    def _tend_standby(self) -> None:
+        """Start the next standby when one is due (from the watch loop)."""
+        if self.standby_due is not None and time.monotonic() >= self.standby_due and not self.interrupted:
+            self._spawn_standby()
+
+    def _stop_standby(self) -> None:
+        sb, self.standby = self.standby, None
+        self.standby_due = None
+        if sb is None:
+            return
+        if sb.poll() is None:
+            sb.terminate()  # preparing or waiting: it has no state and no connection yet
+            try:
+                sb.wait(5)
+            except subprocess.TimeoutExpired:
+                sb.kill()
+                sb.wait()
+        if sb.stdin is not None:
+            sb.stdin.close()
 
     def _start_chaos(self) -> None:
         from chaos.driver import ChaosDriver
@@ -216,9 +293,12 @@ class Launcher:
             self._start_all()  # the table's start order: the energy sampler first (its idle baseline)
             if self.scenario is not None:
                 self._start_chaos()
+            if self._wants_standby():
+                self._spawn_standby()
             self._watch()
         finally:
             self._stop_chaos()
+            self._stop_standby()
             self._stop_all()  # the table's stop order: the energy sampler last (its idle baseline after)
             proxy_bytes = {}
             if self.toxi is not None:
@@ -258,6 +338,7 @@ class Launcher:
             while True:
                 if self.chaos is not None:
                     self.chaos.poll()
+                self._tend_standby()
                 prog.update()
                 if self.interrupted:
                     prog.note("interrupted: stopping every process")
