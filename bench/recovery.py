@@ -148,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     by = {k: sum(1 for m in samples if m["failed_by"] == k) for k in ("connection_lost", "heartbeat")}
     cold = [m["restart_to_first_commit_s"] for m in samples if not m.get("warm_standby")]
     rj = [m["restart_to_first_commit_s"] for m in samples if m.get("warm_standby")]
-    boot = {arm: [m["restart_to_site_started_s"] for m in samples if bool(m.get("warm_standby")) == (arm == "warm")
-                  and m.get("restart_to_site_started_s") is not None] for arm in ("cold", "warm")}
+    boot = {arm: [m["restart_to_site_started_s"] for m in samples if bool(m.get("warm_standby")) == warm]
+            for arm, warm in (("cold", False), ("warm", True))}
     fo_p90, rj_p90 = percentile(fo, 90), percentile(rj, 90) if rj else float("nan")
     cold_p90 = percentile(cold, 90) if cold else float("nan")
     enough = len(rj) >= MIN_REPEATS and len(cold) >= MIN_REPEATS

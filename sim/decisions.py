@@ -39,11 +39,15 @@ def decision_of(e: dict[str, Any]) -> dict[str, Any]:
             "reason_shape": shape(e.get("reason", ""))}
 
 
-def unscheduled_failure(run_dir: Path) -> dict[str, Any] | None:
+def _logs(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The run's coordinator and chaos logs, read once for every question below."""
+    return _events(run_dir, "coord"), _events(run_dir, "chaos")
+
+
+def _unscheduled(coord: list[dict[str, Any]], chaos: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The first `site_failed` of a site no injected fault had taken down by then (None: there is none)."""
-    chaos = _events(run_dir, "chaos")
     downs = [(e["mono_ns"], e.get("target")) for e in chaos if e["event"] == "fault_injected" and not e.get("noop")]
-    for e in _events(run_dir, "coord"):
+    for e in coord:
         if e["event"] != "site_failed":
             continue
         if not any(t == e.get("site") and t_ns <= e["mono_ns"] for t_ns, t in downs):
@@ -51,15 +55,12 @@ def unscheduled_failure(run_dir: Path) -> dict[str, Any] | None:
     return None
 
 
-def unjoined_restarts(run_dir: Path) -> dict[str, float]:
-    """Sites a fault restarted that had not joined again when the run ended: site -> seconds from
-    the restart to the run's last coordinator event (their restart time is censored: at least that)."""
-    coord = _events(run_dir, "coord")
+def _unjoined(coord: list[dict[str, Any]], chaos: list[dict[str, Any]]) -> dict[str, float]:
     if not coord:
         return {}
     end_ns = coord[-1]["mono_ns"]
     out: dict[str, float] = {}
-    for e in _events(run_dir, "chaos"):
+    for e in chaos:
         if e["event"] == "fault_healed" and (e.get("result") or {}).get("restarted"):
             site = e.get("target")
             if not any(j["event"] == "site_joined" and j.get("site") == site and j["mono_ns"] >= e["mono_ns"]
@@ -68,16 +69,27 @@ def unjoined_restarts(run_dir: Path) -> dict[str, float]:
     return out
 
 
-def run_decisions(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
-    """The run's decisions before its first unscheduled failure, and that failure (or None)."""
-    bad = unscheduled_failure(run_dir)
+def unjoined_restarts(run_dir: Path) -> dict[str, float]:
+    """Sites a fault restarted that had not joined again when the run ended: site -> seconds from
+    the restart to the run's last coordinator event (their restart time is censored: at least that)."""
+    return _unjoined(*_logs(run_dir))
+
+
+def _decisions(coord: list[dict[str, Any]], bad: dict[str, Any] | None) -> list[dict[str, Any]]:
     out = []
-    for e in _events(run_dir, "coord"):
+    for e in coord:
         if bad is not None and e["mono_ns"] >= bad["mono_ns"]:
             break
         if e["event"] == "membership_epoch":
             out.append(decision_of(e))
-    return out, bad
+    return out
+
+
+def run_decisions(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The run's decisions before its first unscheduled failure, and that failure (or None)."""
+    coord, chaos = _logs(run_dir)
+    bad = _unscheduled(coord, chaos)
+    return _decisions(coord, bad), bad
 
 
 @dataclass
@@ -96,11 +108,13 @@ class Comparison:
 
 
 def compare_runs(emulated: Path, simulated: Path, policy: str = "") -> Comparison:
-    emu, bad = run_decisions(emulated)
+    coord, chaos = _logs(emulated)
+    bad = _unscheduled(coord, chaos)
+    emu = _decisions(coord, bad)
     sim, _ = run_decisions(simulated)
     n = len(emu)
     mism, timing = [], []
-    late = unjoined_restarts(emulated) if bad is None and len(sim) > n else {}
+    late = _unjoined(coord, chaos) if bad is None and len(sim) > n else {}
     # The emulator's run ended before a restarted site came back (a slow restart on a loaded machine):
     # simulated decisions that only add that site back are beyond what the emulator showed, not against it.
     censored = bool(late) and all(set(d["joiners"]) & set(late) for d in sim[n:])

@@ -51,7 +51,7 @@ from site_agent.adoption import EpochAdoption
 from site_agent.checkpointing import Checkpointing
 from site_agent.consistency import max_steps_per_round
 from site_agent.collective import AllReduce, CollectiveAborted, CollectiveInterrupted, PeerUnreachable
-from site_agent.data import eval_fields, eval_set, load_corpus, sample_order
+from site_agent.data import eval_fields, eval_set
 from site_agent.epochs import interrupts, next_plan
 from site_agent.background import OneAtATime
 from site_agent.carry import Resume, RoundProgress
@@ -59,10 +59,10 @@ from site_agent.evaluator import BackgroundEval
 from ground.fields import Rejected
 from ground.plans import EpochPlan
 from site_agent.messages import Shutdown, parse_plan, parse_shutdown
-from site_agent.model import count_params, pick_device
+from site_agent.model import count_params
 from ground.schedule import steps_per_round, target_samples
 from site_agent.rounds import RoundLoop, _round_samples
-from site_agent.standby import Prepared, prepare, wait_for_site
+from site_agent.standby import Prepared, load_inputs, prepare, wait_for_site
 from site_agent.state import Snapshot, take_snapshot
 from site_agent.trainer import IntraSiteError, SiteTrainer
 from site_agent.unwind import Interrupted, Stop
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         if world > 1:
             print("error: a warm standby needs train.workers_per_site = 1", file=sys.stderr)
             return 2
-        torch.set_num_threads(threads_per_worker(cfg))
+        torch.set_num_threads(threads_per_worker(cfg))  # as the site below sets it, before the model is built
         warm = prepare(cfg)
         args.site = wait_for_site(cfg, warm)
         if args.site is None:  # the launcher closed our stdin: nobody needed us
@@ -150,12 +150,8 @@ def _run(args: argparse.Namespace, cfg: RunConfig, topo: Topology, me: str, log:
          threads: int, pool: WorkerPool | None, warm: Prepared | None = None) -> int:
     run_dir: Path = args.run_dir
     world = cfg.train.workers_per_site
-    if warm is None:
-        device = pick_device(cfg.train.device)
-        corpus = load_corpus(cfg.data)
-        order = sample_order(corpus, cfg.model.seq_len, cfg.data.shuffle_seed)
-    else:  # a warm standby prepared these before it knew which site it would be
-        device, corpus, order = warm.device, warm.corpus, warm.order
+    # A warm standby loaded these before it knew which site it would be.
+    device, corpus, order = load_inputs(cfg) if warm is None else (warm.device, warm.corpus, warm.order)
     group = None
     if pool is not None:
         try:

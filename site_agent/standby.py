@@ -65,11 +65,15 @@ def warm_up(trainer: SiteTrainer, cfg: RunConfig) -> None:
         opt.step()
 
 
+def load_inputs(cfg: RunConfig) -> tuple[torch.device, Any, np.ndarray]:
+    """(device, corpus, sample order): what every site loads first, cold or as a standby."""
+    corpus = load_corpus(cfg.data)
+    return pick_device(cfg.train.device), corpus, sample_order(corpus, cfg.model.seq_len, cfg.data.shuffle_seed)
+
+
 def prepare(cfg: RunConfig) -> Prepared:
     t0 = time.monotonic_ns()
-    device = pick_device(cfg.train.device)
-    corpus = load_corpus(cfg.data)
-    order = sample_order(corpus, cfg.model.seq_len, cfg.data.shuffle_seed)
+    device, corpus, order = load_inputs(cfg)
     trainer = SiteTrainer(cfg, device)
     warm_up(trainer, cfg)
     return Prepared(device, corpus, order, trainer, t0, time.monotonic_ns())
