@@ -171,6 +171,12 @@ class WanConfig:
     collective_stall_ms: int = 15_000
 
 
+# recovery.warm_standby: after a standby became a site, the launcher starts the next one this much
+# later (its preparation, a few CPU-seconds, would otherwise compete with the restarted site's first
+# round on a small machine). The simulator models the same pool (sim/standby.py).
+STANDBY_NEXT_AFTER_S = 10.0
+
+
 @dataclass(frozen=True)
 class RecoveryConfig:
     """How the cluster copes with a failed site (see coordinator/recovery.py)."""

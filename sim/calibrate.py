@@ -10,7 +10,12 @@ every input file with its sha256. What is fitted:
   checkpoint_write_bytes_per_s   checkpoint_save bytes / duration
   checkpoint_read_bytes_per_s    checkpoint_load bytes / duration
   eval_s                eval span
-  restart_s             fault_healed (chaos) -> the restarted site's site_joined (coordinator)
+  restart_s             fault_healed (chaos) -> the restarted site's site_joined (coordinator),
+                        for restarts the launcher started cold
+  standby_restart_s     the same, for restarts the launcher handed to its warm standby
+                        (process_started with warm_standby), less any wait for its preparation
+  standby_prepare_s     a standby's own record of its preparation (site_started.warm_standby:
+                        started -> ready)
   start_s               the launcher's process_started -> the site's first site_joined
   fault_poll_s          the triggering commit -> fault_injected
 
@@ -43,7 +48,8 @@ def samples_of(run: Path) -> dict[str, list[float]]:
     sites = list(cfg.cluster.sites)
     est: dict[str, list[float]] = {k: [] for k in ("compute_s_per_token", "collective_cpu_s",
                                                    "checkpoint_write_bytes_per_s", "checkpoint_read_bytes_per_s",
-                                                   "eval_s", "restart_s", "start_s", "fault_poll_s")}
+                                                   "eval_s", "restart_s", "standby_restart_s", "standby_prepare_s",
+                                                   "start_s", "fault_poll_s")}
     coll: dict[tuple[int, int], list[tuple[float, list[str]]]] = {}
     members: dict[int, tuple[str, ...]] = {}
     coord, chaos, launcher = _events(run, "coord"), _events(run, "chaos"), _events(run, "launcher")
@@ -63,6 +69,10 @@ def samples_of(run: Path) -> dict[str, list[float]]:
                 est["checkpoint_read_bytes_per_s"].append(e["bytes"] / max(_dur_s(e), 1e-6))
             elif ev == "eval" and "error" not in e:
                 est["eval_s"].append(_dur_s(e))
+            elif ev == "site_started" and isinstance(e.get("warm_standby"), dict):
+                w = e["warm_standby"]
+                if w.get("ready_mono_ns") and w.get("started_mono_ns"):
+                    est["standby_prepare_s"].append((w["ready_mono_ns"] - w["started_mono_ns"]) / 1e9)
     base = SimModel(collective_cpu_s=0.0)
     for (epoch, _rnd), durs in coll.items():
         m = members.get(epoch)
@@ -70,10 +80,19 @@ def samples_of(run: Path) -> dict[str, list[float]]:
             est["collective_cpu_s"].append(max(0.0, min(d for d, _ in durs)
                                                - collective_s(cfg, base, m, n_params(cfg.model))))
     joins = [(e["mono_ns"], e["site"]) for e in coord if e["event"] == "site_joined"]
+    starts = [e for e in launcher if e["event"] == "process_started"]
     for e in chaos:
         if e["event"] == "fault_healed" and (e.get("result") or {}).get("restarted"):
             nxt = next((t for t, s in joins if s == e.get("target") and t >= e["mono_ns"]), None)
-            if nxt is not None:
+            # The launcher's start of this restart: its last process_started of the site before the heal.
+            began = [x for x in starts if x.get("name") == e.get("target") and x["mono_ns"] <= e["mono_ns"]]
+            if nxt is None:
+                continue
+            # The emulator's launcher says so in process_started; the simulator in the heal's result.
+            if (began and began[-1].get("warm_standby")) or e["result"].get("warm_standby"):
+                wait = _standby_wait_s(_events(run, e["target"]), began[-1]["mono_ns"]) if began else 0.0
+                est["standby_restart_s"].append(max(0.0, (nxt - e["mono_ns"]) / 1e9 - wait))
+            else:
                 est["restart_s"].append((nxt - e["mono_ns"]) / 1e9)
         elif e["event"] == "fault_injected" and (e.get("trigger") or {}).get("at_useful_tokens") is not None:
             want = e["trigger"]["at_useful_tokens"]
@@ -86,6 +105,15 @@ def samples_of(run: Path) -> dict[str, list[float]]:
             if nxt is not None and not any(t < e["mono_ns"] for t, s in joins if s == e["name"]):
                 est["start_s"].append((nxt - e["mono_ns"]) / 1e9)
     return est
+
+
+def _standby_wait_s(site_events: list[dict[str, Any]], assigned_ns: int) -> float:
+    """How long a standby named at `assigned_ns` was still preparing (0 when it was ready)."""
+    for e in site_events:
+        w = e.get("warm_standby") if e["event"] == "site_started" else None
+        if isinstance(w, dict) and e["mono_ns"] >= assigned_ns and w.get("ready_mono_ns"):
+            return max(0.0, (w["ready_mono_ns"] - assigned_ns) / 1e9)
+    return 0.0
 
 
 def _hashes(run: Path) -> dict[str, str]:

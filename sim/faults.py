@@ -191,8 +191,9 @@ class SimChaos:
         result: dict[str, Any] = {}
         restart = f.kind in ("site_crash", "site_preempt") and f.params.get("restart", True)
         if f.kind == "site_restart" or restart:
-            self.w.sites[f.target].start(self.w.model.restart_s)
-            result = {"process": f.target, "restarted": True}
+            delay_s, warm = self.w.standby.restart(self.w.clock.now_ns, self.w.model)
+            self.w.sites[f.target].start(delay_s)
+            result = {"process": f.target, "restarted": True, **({"warm_standby": True} if warm else {})}
         elif f.kind == "site_hang":
             site = self.w.sites[f.target]
             self.w.clock.resume(site)

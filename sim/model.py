@@ -50,6 +50,10 @@ class SimModel:
     # Process restart: interpreter + torch import + corpus load before the join is sent.
     restart_s: float = 8.0
     start_s: float = 8.0  # the first start of every site, before it joins
+    # recovery.warm_standby (sim/standby.py): a standby's preparation from its start, and a restart
+    # handed to a prepared standby -> its join (the name on stdin, then the join).
+    standby_prepare_s: float = 8.0
+    standby_restart_s: float = 0.15
     eval_s: float = 1.2  # the leader's held-out evaluation (background: does not delay training)
     # A state transfer (donor -> joiner) uses the site link's bandwidth; this is its fixed cost.
     state_transfer_fixed_s: float = 0.3

@@ -28,6 +28,7 @@ from sim.faults import SimChaos, check_supported
 from sim.links import Links
 from sim.learning_fit import LearningCurve
 from sim.model import SimModel, flops_per_token, link_one_way_s, n_params
+from sim.standby import StandbyPool
 from sim.rounds import Rounds
 from sim.services import Heartbeats, Learning, SimStore
 from sim.site import SimSite, chain
@@ -70,6 +71,7 @@ class World:
         self._deliver = self._deliver_coord  # one object: the clock batches its entries by identity
         self.clock.batch(self._deliver, self._deliver_many)
         self.chaos = SimChaos(self, scenario)
+        self.standby = StandbyPool.for_run(cfg, scenario is not None)
         self.store = SimStore(self)
         self.heartbeats = Heartbeats(self)
         self.learning = Learning(self)

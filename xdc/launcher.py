@@ -27,7 +27,7 @@ from analysis.summary import summarize
 from site_agent.baselines import run_baselines
 from wan.keys import generate_cluster_keys
 from wan.toxiproxy import ToxiproxyClient, ToxiproxyError, ToxiproxyServer, apply_link_spec, free_port
-from ground.config import RunConfig, save_config
+from ground.config import STANDBY_NEXT_AFTER_S, RunConfig, save_config
 from ground.eventlog import EventLog
 from ground.provenance import run_started_fields
 from xdc.progress import Progress
@@ -36,9 +36,6 @@ from ground.topology import COORD, STORE, Link, Topology, plan_topology
 
 _PR_SET_PDEATHSIG = 1
 SITES_FINISH_S = 30.0  # after the coordinator finished a run, how long the sites may take to exit
-# After a warm standby became a site, the next one starts this much later: its preparation (a few
-# CPU-seconds) would otherwise compete with the restarted site's first round on a small machine.
-STANDBY_NEXT_AFTER_S = 10.0
 
 
 def _die_with_parent() -> None:
