@@ -34,11 +34,18 @@ the driver polls the coordinator's log); or `duration_s` after the injection. Ki
                 again, and receives what waited (coordinator/service.py's restart)
   link_degrade  `latency_ms` added and `bandwidth_kbps` capped on the link's directions (the
                 collective, state transfers and control messages see them) until the heal;
-                jitter is taken at its mean (0)
+                jitter is taken at its mean (0). A `slicer` (pieces of `average_size` bytes,
+                `delay_us` apart) caps the rate at average_size / delay as well (the lower cap
+                wins; size_variation is taken at its mean). `timeout_ms` and `reset_peer_ms` pass
+                no data (a cut, as a blackhole), and close the connection after that many ms
+                (timeout: from the injection; reset_peer: from its first data, which the
+                heartbeats send at once) so the coordinator's end of a site's own connection
+                closes then (its disconnect grace runs); a timeout of 0 never closes. The heal
+                removes them and releases what waited, as a blackhole's does.
   noop          nothing
 
-Any other kind or parameter (link_degrade's timeouts, resets and slicing) is refused before the
-run, never silently ignored.
+Any other kind or parameter (link_degrade with toxicity below 1: only some connections affected)
+is refused before the run, never silently ignored.
 """
 
 from __future__ import annotations
@@ -52,7 +59,31 @@ if TYPE_CHECKING:
 
 MODELED_KINDS = ("site_crash", "site_restart", "site_preempt", "site_hang", "link_blackhole", "link_reset",
                  "link_degrade", "store_outage", "coord_crash", "noop")
-DEGRADE_PARAMS = ("latency_ms", "jitter_ms", "bandwidth_kbps", "toxicity")
+DEGRADE_PARAMS = ("latency_ms", "jitter_ms", "bandwidth_kbps", "toxicity", "slicer", "timeout_ms", "reset_peer_ms")
+
+
+def degrade_kbps(params: dict[str, Any]) -> int:
+    """The rate cap (KB/s, Toxiproxy's 1,000 bytes) of a link_degrade: its bandwidth and its slicer's
+    average_size per delay, the lower; 0 when it caps nothing."""
+    caps = [int(params["bandwidth_kbps"])] if params.get("bandwidth_kbps") else []
+    sl = params.get("slicer") or {}
+    if sl and int(sl.get("delay_us") or 0) > 0:
+        # bytes per microsecond x 1e6 / 1000 = KB/s; at least 1 (a cap of 0 would mean "no cap")
+        caps.append(max(1, int(int(sl["average_size"]) * 1000 / int(sl["delay_us"]))))
+    return min(caps) if caps else 0
+
+
+def degrade_close_ms(params: dict[str, Any]) -> int | None:
+    """When a link_degrade's cut closes the connection (ms after the injection), None when it passes
+    data or never closes it (timeout 0)."""
+    closes = [int(params["timeout_ms"])] if int(params.get("timeout_ms") or 0) > 0 else []  # 0: never closes
+    if params.get("reset_peer_ms") is not None:  # RST that long after the first data (at once: heartbeats)
+        closes.append(int(params["reset_peer_ms"]))
+    return min(closes) if closes else None
+
+
+def degrade_cuts(params: dict[str, Any]) -> bool:
+    return params.get("timeout_ms") is not None or params.get("reset_peer_ms") is not None
 
 
 class UnsupportedFault(ValueError):
@@ -68,8 +99,8 @@ def check_supported(scenario: Scenario) -> None:
             continue
         extra = sorted(k for k, v in f.params.items() if v is not None and k not in DEGRADE_PARAMS)
         if extra or f.params.get("toxicity", 1.0) != 1.0:
-            raise UnsupportedFault(f"link_degrade on {f.target}: the simulator models latency_ms and bandwidth_kbps "
-                                   f"on every connection, not {extra or ['toxicity < 1']}")
+            raise UnsupportedFault(f"link_degrade on {f.target}: the simulator models its toxics on every connection "
+                                   f"({', '.join(DEGRADE_PARAMS)} at toxicity 1), not {extra or ['toxicity < 1']}")
 
 
 class SimChaos:
@@ -159,9 +190,13 @@ class SimChaos:
             self.w.coord.crash()
         elif f.kind == "link_degrade":
             pairs = self._pairs(f)
-            lat, bw = int(f.params.get("latency_ms") or 0), int(f.params.get("bandwidth_kbps") or 0)
-            self.w.links.degrade(i, pairs, lat, bw)
+            self.w.links.degrade(i, pairs, int(f.params.get("latency_ms") or 0), degrade_kbps(f.params))
             result = {"links": [f"{a}_to_{b}" for a, b in pairs]}
+            if degrade_cuts(f.params):  # timeout / reset_peer: nothing passes while they are on
+                self.w.links.cut(i, pairs, "link_blackhole")
+                close_ms = degrade_close_ms(f.params)
+                if close_ms is not None:
+                    self.w.clock.after(close_ms / 1000.0, self._close_coord_connections, i, pairs)
         self.status[i] = "injected"
         heal_s = 0.0 if f.kind == "site_restart" else f.duration_s
         self.log.emit("fault_injected", scenario=self.scenario.name, fault=i, kind=f.kind, target=f.target,
@@ -173,6 +208,15 @@ class SimChaos:
             self.w.clock.after(heal_s, self._fire, "heal", i, {})
         elif f.heal is not None:
             self._arm(f.heal, "heal", i, {})
+
+    def _close_coord_connections(self, i: int, pairs: list[tuple[str, str]]) -> None:
+        """A timeout / reset_peer toxic closes the connections it holds: the coordinator's end of each
+        site's own connection on the link closes (if the fault is still on)."""
+        if self.status.get(i) != "injected":
+            return
+        for a, b in pairs:
+            if b == "coord" and self.w.sites[a].alive:
+                self.w.coord.connection_lost(a)
 
     def _store_started(self) -> None:
         self.w.store.cont(True)  # scheduled here, not as the store's own event (that would wait for itself)
@@ -221,6 +265,10 @@ class SimChaos:
                 result = {"process": "coord", "restarted": False, "skipped": "restart: false"}
         elif f.kind == "link_degrade":
             self.w.links.heal(i)
+            if degrade_cuts(f.params):
+                self.w.links.uncut(i)
+                self.w.release()
+                self.w.rounds.on_heal()
             result = {"removed": True}
         self.status[i] = "healed"
         self.log.emit("fault_healed", scenario=self.scenario.name, fault=i, kind=f.kind, target=f.target,

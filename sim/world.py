@@ -200,7 +200,8 @@ def write_manifest(run_dir: Path, cfg: RunConfig, scenario: Scenario | None, mod
         "sample_ids": "canonical positions (the simulator has no corpus)",
         "model": model.to_json(), "learning": LearningCurve.from_json(model.learning).to_json(),
         "not_modeled": ["WAN byte counters (no wan_counters events; byte reconciliation is unknown)",
-                        "link_degrade's timeout, reset_peer and slicer toxics (refused)"],
+                        "link_degrade with toxicity below 1 (refused); jitter and a slicer's size variation "
+                        "at their means"],
     }, indent=2))
 
 
