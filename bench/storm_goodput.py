@@ -57,8 +57,8 @@ def storm(minutes: float) -> Scenario:
     makers = [
         lambda s, t: s.crash("b", restart_after_s=5, at_s=t),
         lambda s, t: s.hang("c", at_s=t, duration_s=4),  # over the 2 s heartbeat timeout
-        lambda s, t: s.blackhole("a_to_b", at_s=t, duration_s=5),
-        lambda s, t: s.reset("a_to_c", at_s=t, duration_s=1),  # under the detection thresholds
+        lambda s, t: s.blackhole("a<->b", at_s=t, duration_s=5),  # a and b cannot hear each other
+        lambda s, t: s.reset("a<->c", at_s=t, duration_s=1),  # under the detection thresholds
         lambda s, t: s.preempt("a", grace_s=2, return_after_s=6, at_s=t),
         lambda s, t: s.hang("b", at_s=t, duration_s=1),  # shorter than the heartbeat timeout
     ]

@@ -105,6 +105,13 @@ class Launcher:
         self.standby: subprocess.Popen | None = None  # recovery.warm_standby: the prepared site process
         self.standby_due: float | None = None  # monotonic time at which to start the next standby
         self._standbys = 0
+        if scenario is not None:
+            # A scenario built in Python (Scenario.build) is checked only against itself: check its
+            # targets against this run's processes now, before anything starts (a link spec such as
+            # 'a_to_b' would otherwise fail only when the fault fires, mid-run, as `fault_failed`).
+            from chaos.scenario import Scenario
+
+            Scenario.from_dict(scenario.to_dict(), source=f"scenario {scenario.name!r}", sites=cfg.cluster.sites)
         self.scenario = scenario  # chaos.scenario.Scenario or None
         self.chaos: Any = None
         self.modules: dict[str, tuple[str, tuple[str, ...]]] = {}
