@@ -52,6 +52,7 @@ def samples_of(run: Path) -> dict[str, list[float]]:
                                                    "start_s", "fault_poll_s")}
     coll: dict[tuple[int, int], list[tuple[float, list[str]]]] = {}
     members: dict[int, tuple[str, ...]] = {}
+    standbys: dict[str, list[tuple[int, int]]] = {}  # site -> (site_started ns, standby ready ns), in order
     coord, chaos, launcher = _events(run, "coord"), _events(run, "chaos"), _events(run, "launcher")
     for e in coord:
         if e["event"] == "membership_epoch":
@@ -71,6 +72,8 @@ def samples_of(run: Path) -> dict[str, list[float]]:
                 est["eval_s"].append(_dur_s(e))
             elif ev == "site_started" and isinstance(e.get("warm_standby"), dict):
                 w = e["warm_standby"]
+                if w.get("ready_mono_ns"):
+                    standbys.setdefault(s, []).append((e["mono_ns"], w["ready_mono_ns"]))
                 if w.get("ready_mono_ns") and w.get("started_mono_ns"):
                     est["standby_prepare_s"].append((w["ready_mono_ns"] - w["started_mono_ns"]) / 1e9)
     base = SimModel(collective_cpu_s=0.0)
@@ -84,13 +87,13 @@ def samples_of(run: Path) -> dict[str, list[float]]:
     for e in chaos:
         if e["event"] == "fault_healed" and (e.get("result") or {}).get("restarted"):
             nxt = next((t for t, s in joins if s == e.get("target") and t >= e["mono_ns"]), None)
-            # The launcher's start of this restart: its last process_started of the site before the heal.
-            began = [x for x in starts if x.get("name") == e.get("target") and x["mono_ns"] <= e["mono_ns"]]
             if nxt is None:
                 continue
+            # The launcher's start of this restart: its last process_started of the site before the heal.
+            began = [x for x in starts if x.get("name") == e.get("target") and x["mono_ns"] <= e["mono_ns"]]
             # The emulator's launcher says so in process_started; the simulator in the heal's result.
             if (began and began[-1].get("warm_standby")) or e["result"].get("warm_standby"):
-                wait = _standby_wait_s(_events(run, e["target"]), began[-1]["mono_ns"]) if began else 0.0
+                wait = _standby_wait_s(standbys.get(e["target"], []), began[-1]["mono_ns"]) if began else 0.0
                 est["standby_restart_s"].append(max(0.0, (nxt - e["mono_ns"]) / 1e9 - wait))
             else:
                 est["restart_s"].append((nxt - e["mono_ns"]) / 1e9)
@@ -107,12 +110,12 @@ def samples_of(run: Path) -> dict[str, list[float]]:
     return est
 
 
-def _standby_wait_s(site_events: list[dict[str, Any]], assigned_ns: int) -> float:
-    """How long a standby named at `assigned_ns` was still preparing (0 when it was ready)."""
-    for e in site_events:
-        w = e.get("warm_standby") if e["event"] == "site_started" else None
-        if isinstance(w, dict) and e["mono_ns"] >= assigned_ns and w.get("ready_mono_ns"):
-            return max(0.0, (w["ready_mono_ns"] - assigned_ns) / 1e9)
+def _standby_wait_s(standbys: list[tuple[int, int]], assigned_ns: int) -> float:
+    """How long a standby named at `assigned_ns` was still preparing (0 when it was ready), from the
+    site's (site_started ns, ready ns) records."""
+    for started_ns, ready_ns in standbys:
+        if started_ns >= assigned_ns:
+            return max(0.0, (ready_ns - assigned_ns) / 1e9)
     return 0.0
 
 

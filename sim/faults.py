@@ -209,6 +209,12 @@ class SimChaos:
         elif f.heal is not None:
             self._arm(f.heal, "heal", i, {})
 
+    def _uncut(self, i: int) -> None:
+        """A cut proxy passes data again: what waited for it is delivered, stalled collectives go on."""
+        self.w.links.uncut(i)
+        self.w.release()
+        self.w.rounds.on_heal()
+
     def _close_coord_connections(self, i: int, pairs: list[tuple[str, str]]) -> None:
         """A timeout / reset_peer toxic closes the connections it holds: the coordinator's end of each
         site's own connection on the link closes (if the fault is still on)."""
@@ -244,9 +250,7 @@ class SimChaos:
             result = {"process": f.target, "signal": "SIGCONT", "pid": site.pid} if site.alive else \
                 {"process": f.target, "signal": None, "skipped": "not running"}
         elif f.kind in ("link_blackhole", "link_reset"):
-            self.w.links.uncut(i)
-            self.w.release()
-            self.w.rounds.on_heal()
+            self._uncut(i)
             result = {"link": f.target, **({"enabled": [f"{a}_to_{b}" for a, b in self._pairs(f)]}
                                            if f.kind == "link_reset" else {"removed": True})}
         elif f.kind == "store_outage":
@@ -266,9 +270,7 @@ class SimChaos:
         elif f.kind == "link_degrade":
             self.w.links.heal(i)
             if degrade_cuts(f.params):
-                self.w.links.uncut(i)
-                self.w.release()
-                self.w.rounds.on_heal()
+                self._uncut(i)
             result = {"removed": True}
         self.status[i] = "healed"
         self.log.emit("fault_healed", scenario=self.scenario.name, fault=i, kind=f.kind, target=f.target,
