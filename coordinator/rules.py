@@ -115,7 +115,11 @@ class Rules:
                 self.plan = plan
                 self.oracle = self.oracle.after_plan(plan)
                 self.oracle_dropped |= set(rec.held_out)
-                sites = {s: membership.SiteRecord(s, membership.SiteState.ACTIVE if s in plan.members else membership.SiteState.FAILED, now)
+                # The members' incarnations as the epoch named them: a restarted member's join is then
+                # told apart from its previous incarnation's heartbeats (0 where the plan names none).
+                incs = dict(plan.incarnations)
+                sites = {s: membership.SiteRecord(s, membership.SiteState.ACTIVE if s in plan.members
+                                                  else membership.SiteState.FAILED, now, incs.get(s, 0))
                          for s in self.cfg.cluster.sites}
                 self.membership = membership.Membership(epoch=rec.epoch, members=plan.members, sites=sites)
                 self._apply_plan_lineage(plan)
@@ -433,6 +437,9 @@ class Rules:
         if plan.drain is not None:
             self.oracle = self.oracle.after_plan(plan)
         self.membership = membership.Membership(epoch=epoch, members=plan.members, sites=sites)
+        # The plan is for the member processes known now: a restarted one must not adopt it (it joins).
+        plan = replace(plan, incarnations=tuple((s, sites[s].incarnation) for s in plan.members
+                                                if sites[s].incarnation))
         self.plan = plan
         self._apply_plan_lineage(plan)
         if setting is None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import asdict, dataclass
+from dataclasses import field as dataclass_field
 from typing import Any
 
 from ground.fields import HEX64, MAX_INT, NAME, Rejected, field, names, opt_str, req_bool, req_int, show
@@ -52,6 +53,13 @@ class Plan:
     # failure take that same round over (elastic/oracle): each keeps the inner steps it already took
     # (ground.schedule.carried_steps). Empty: the round is laid out afresh for `members`.
     carry: tuple[str, ...] = ()
+    # The incarnation of each member when the epoch was formed ((site, incarnation), the WAN's
+    # per-process id; unknown ones left out): a plan is for those processes only, so a restarted
+    # site never adopts one made for its previous incarnation (soak seed 1008). Set by the
+    # coordinator when it forms the epoch (coordinator/rules.py), not by the recovery decision.
+    # Not part of the decision's identity (compare=False): two plans that decide the same are equal
+    # whichever processes they were addressed to.
+    incarnations: tuple[tuple[str, int], ...] = dataclass_field(default=(), compare=False)
 
     def to_json(self) -> dict[str, Any]:
         """The plan as journaled and as sent to the sites (`drain` is a map {site, at_cursor} or null)."""
@@ -61,6 +69,9 @@ class Plan:
         d.pop("carry")
         if self.carry:  # absent unless set: a journal without carries reads as before
             d["carry"] = list(self.carry)
+        d.pop("incarnations")
+        if self.incarnations:  # likewise
+            d["incarnations"] = {s: i for s, i in self.incarnations}
         return d
 
     @staticmethod
@@ -73,7 +84,8 @@ class Plan:
                     joiners=tuple(d.get("joiners", ())), manifest_hash=d.get("manifest_hash"),
                     parent_commit=d.get("parent_commit"),
                     drain=Drain(str(drain["site"]), int(drain["at_cursor"])) if drain else None,
-                    carry=tuple(d.get("carry", ())))
+                    carry=tuple(d.get("carry", ())),
+                    incarnations=tuple(sorted((str(k), int(v)) for k, v in (d.get("incarnations") or {}).items())))
 
 
 @dataclass(frozen=True)
@@ -100,6 +112,11 @@ class EpochPlan:
     start_step: int | None = None
     prev_mode: str | None = None
     carry: tuple[str, ...] = ()  # Plan.carry
+    incarnations: tuple[tuple[str, int], ...] = ()  # Plan.incarnations
+
+    def incarnation_of(self, site: str) -> int | None:
+        """The incarnation of `site` this plan was made for (None: not named, any incarnation)."""
+        return next((i for s, i in self.incarnations if s == site), None)
 
     @staticmethod
     def announce(epoch: int, plan: Plan, *, target_samples: int, frontier_manifest: str | None,
@@ -110,7 +127,8 @@ class EpochPlan:
                          joiners=plan.joiners, manifest_hash=plan.manifest_hash,
                          frontier_manifest=frontier_manifest, checkpoint_first=checkpoint_first,
                          parent_commit=plan.parent_commit, drain=plan.drain, target_samples=target_samples,
-                         setting=setting, start_step=start_step, prev_mode=prev_mode, carry=plan.carry)
+                         setting=setting, start_step=start_step, prev_mode=prev_mode, carry=plan.carry,
+                         incarnations=plan.incarnations)
 
     def to_body(self) -> dict[str, Any]:
         """The `membership` message body (what `from_body` reads back)."""
@@ -120,6 +138,9 @@ class EpochPlan:
         d.pop("carry")
         if self.carry:  # absent unless set: a plan without it reads the same as before
             d["carry"] = list(self.carry)
+        d.pop("incarnations")
+        if self.incarnations:
+            d["incarnations"] = {s: i for s, i in self.incarnations}
         for k in ("setting", "start_step", "prev_mode"):  # all or none: absent for a fixed-setting coordinator
             d.pop(k)
         if self.setting is not None:
@@ -149,7 +170,8 @@ class EpochPlan:
                          checkpoint_first=req_bool(b, "checkpoint_first", what, default=False),
                          parent_commit=opt_str(b, "parent_commit", what), drain=_drain(b.get("drain"), sites),
                          target_samples=None if target is None else req_int(b, "target_samples", what),
-                         carry=names(b, "carry", what, sites, required=False), **_setting_fields(b, what))
+                         carry=names(b, "carry", what, sites, required=False),
+                         incarnations=_incarnations(b.get("incarnations"), members), **_setting_fields(b, what))
         plan.check()
         return plan
 
@@ -178,6 +200,20 @@ def _drain(v: Any, sites: frozenset[str]) -> Drain | None:
     if site is None or (sites and site not in sites):
         raise Rejected("bad_field", f"membership drain names {show(site)}, not a site of this cluster")
     return Drain(site, req_int(v, "at_cursor", "membership drain", hi=MAX_INT))
+
+
+def _incarnations(v: Any, members: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+    """The optional `incarnations` map {member: incarnation} of a membership body (members only)."""
+    if v is None:
+        return ()
+    if not isinstance(v, dict):
+        raise Rejected("bad_field", f"membership field 'incarnations' must be a map or null, got {show(v)}")
+    out = []
+    for site in v:
+        if site not in members:
+            raise Rejected("bad_field", f"membership incarnations name {show(site)}, not a member of the epoch")
+        out.append((site, req_int(v, site, "membership incarnations", lo=1, hi=MAX_INT)))
+    return tuple(sorted(out))
 
 
 def _setting_fields(b: dict[str, Any], what: str) -> dict[str, Any]:

@@ -47,6 +47,11 @@ class EpochAdoption:
         log.emit("membership", members=members, paused=plan.paused, start_round=plan.start_round,
                  start_cursor=plan.start_cursor, restore=plan.restore.value, donor=plan.donor, joiners=list(plan.joiners),
                  setting=setting.to_json(), start_step=start_step)
+        # Steps carried into an earlier epoch belong to the trainer state that took them: an epoch
+        # that loads another state (the store's, a donor's) or rolls back must not resume after them
+        # (soak seed 1007: a resume left from an abandoned epoch skipped steps a donor's state never
+        # took, and they were attested under an epoch that never logged them). Only carry_over sets it.
+        self.resume = None
         if self.me not in members:
             # Removed (we failed, hung, or were partitioned away) but alive: ask to come back in.
             log.emit("not_a_member", epoch=self.epoch)
@@ -65,8 +70,10 @@ class EpochAdoption:
         self.leader = members[0] == self.me
         with log.span("restore", kind=plan.restore.value, start_round=start) as sp:
             if plan.restore == Restore.STORE:
+                self.progress = None  # the trainer's round in flight is gone with its state
                 self.restore_from_store(plan, sp)
             elif plan.restore == Restore.DONOR and self.me in plan.joiners:
+                self.progress = None
                 self.receive_from_donor(plan, sp)
             else:
                 carried = self.carry_over(plan, sp)

@@ -52,7 +52,7 @@ from site_agent.checkpointing import Checkpointing
 from site_agent.consistency import max_steps_per_round
 from site_agent.collective import AllReduce, CollectiveAborted, CollectiveInterrupted, PeerUnreachable
 from site_agent.data import eval_fields, eval_set
-from site_agent.epochs import interrupts, next_plan
+from site_agent.epochs import interrupts, next_plan, not_for_this_process
 from site_agent.background import OneAtATime
 from site_agent.carry import Resume, RoundProgress
 from site_agent.evaluator import BackgroundEval
@@ -237,6 +237,12 @@ class Site(EpochAdoption, RoundLoop, Checkpointing):
             except Rejected as e:
                 self.log.emit("message_rejected", kind=msg.kind, src=msg.src, msg_epoch=msg.epoch, reason=e.reason,
                               detail=e.detail)
+                continue
+            other = not_for_this_process(typed, self.me, self.node.inc) if isinstance(typed, EpochPlan) else None
+            if other is not None:
+                assert isinstance(typed, EpochPlan)
+                self.log.emit("membership_skipped", skipped_epoch=typed.epoch, start_round=typed.start_round,
+                              reason=other)
                 continue
             if isinstance(typed, EpochPlan):  # the same epoch sent again replaces the copy that waits
                 self.pending = [m for m in self.pending if not (isinstance(m, EpochPlan) and m.epoch == typed.epoch)]

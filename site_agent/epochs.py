@@ -24,6 +24,21 @@ def interrupts(pending: Sequence[object], epoch: int, inflight: int | None) -> b
                for p in pending)
 
 
+def not_for_this_process(plan: EpochPlan, me: str, inc: int) -> str | None:
+    """Why `plan` was made for another process of this site (None: it is for this one, or names none).
+
+    A plan names the incarnation of each member it was made for. One naming a previous
+    incarnation of this site (a recovered coordinator re-announcing its epoch, a message parked
+    while the site was down) is not for this process: it holds none of that epoch's state and has
+    asked to join, and the epoch that admits it names this incarnation (soak seed 1008, where a
+    restarted site trained a round the cluster had already committed).
+    """
+    named = plan.incarnation_of(me)
+    if named is None or named == inc:
+        return None
+    return f"epoch {plan.epoch} was made for incarnation {named} of {me}, not this process ({inc})"
+
+
 def _superseded(p: EpochPlan, later: Sequence[EpochPlan], me: str) -> str | None:
     """Why plan p governs no round this site could train in, given the plans after it; None if it does."""
     first = next((q for q in later if q.start_round <= p.start_round), None)

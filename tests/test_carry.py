@@ -16,7 +16,8 @@ from ground.config import load_config
 from ground.fields import Rejected
 from ground.plans import EpochPlan
 from ground.schedule import carried_steps, kept_steps, round_span, site_positions
-from site_agent.carry import MidState, RoundProgress, reusable_steps
+from site_agent.adoption import EpochAdoption
+from site_agent.carry import MidState, Resume, RoundProgress, reusable_steps
 from site_agent.lr_schedule import step_frontier_tokens
 
 SITES = ("a", "b", "c", "d", "e")
@@ -167,3 +168,51 @@ def test_a_carried_attempt_counts_under_the_epoch_that_committed_it():
     # Nothing added or removed: 3 attempts; the carried step and the new one retained, the dropped one lost.
     assert site["attempted_tokens"] == 3 * 128 and site["retained_tokens"] == 2 * 128 and site["lost_tokens"] == 128
     assert w["useful_samples"] == 2
+
+
+class _AdoptingSite(EpochAdoption):
+    """The attributes EpochAdoption.adopt touches, without a trainer: restores record what they load."""
+
+    def __init__(self, c):
+        import contextlib
+        import numpy as np
+        self.cfg, self.me, self.target, self.pool, self.status = c, "a", 10**6, None, {}
+        self.step_at_end, self.snapshots, self.retained = {}, {}, np.zeros(0, dtype=np.int64)
+        self.events = []
+        ev = self.events
+
+        class Log:
+            def set_context(self, **kw): pass
+            def emit(self, event, **kw): ev.append(event)
+            @contextlib.contextmanager
+            def span(self, name, **kw):
+                yield {}
+        self.log = Log()
+        self.uploads = type("U", (), {"wait": lambda s: None})()
+        self.node = type("N", (), {"set_fence": lambda s, e: None, "send": lambda s, *a: None})()
+        self.allreduce = type("R", (), {"reset": lambda s, e: None, "set_compression": lambda s, c: None})()
+        self.loaded = []
+
+    def restore_from_store(self, plan, sp):
+        self.loaded.append(("store", plan.epoch))
+
+    def receive_from_donor(self, plan, sp):
+        self.loaded.append(("donor", plan.epoch))
+
+
+@pytest.mark.parametrize("restore", ["store", "donor"])
+def test_steps_carried_into_an_abandoned_epoch_are_not_resumed_after_a_restore(restore):
+    """Soak seed 1007 (oracle): a carried a step into epoch 3; epoch 3 was abandoned, and in epoch 7 a
+    loaded a donor's round-start state but still resumed after the carried step, which the donor's
+    state never took (its samples were attested under epoch 7, which never logged them)."""
+    site = _AdoptingSite(cfg())
+    site.progress = RoundProgress(4, 384, "local", 4, done=[((1,), 10)], epochs=[2], losses=[0.5])
+    site.resume, site.next_round = Resume(4, 1, [1], [0.5]), None  # what carry_over left in epoch 3
+    r = Restore.STORE if restore == "store" else Restore.DONOR
+    plan = Plan(("a", "b"), False, 4, 384, r, donor="b" if restore == "donor" else None,
+                joiners=("a",) if restore == "donor" else (), manifest_hash="ab" * 32 if restore == "store" else None)
+    body = EpochPlan.announce(7, plan, target_samples=10**6, frontier_manifest=None, checkpoint_first=False).to_body()
+    assert site.adopt(EpochPlan.from_body(body, 7, frozenset("ab")))
+    assert site.loaded == [(restore, 7)]
+    assert site.resume is None and site.progress is None  # round 4 starts from its first step
+    assert site.next_round == 4  # the loaded state is round 4's start: a snapshot is taken there

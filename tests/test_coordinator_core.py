@@ -21,7 +21,9 @@ from ground.config import RunConfig, config_from_json, load_config
 from ground.eventlog import read_events
 from ground.journal import Journal
 from ground.plans import Drain, EpochPlan, Plan, Restore
+from ground.fields import Rejected
 from ground.records import Commit, EpochRecord
+from site_agent.epochs import not_for_this_process
 
 SITES = ("a", "b", "c")
 MS = 1_000_000  # ns
@@ -195,7 +197,46 @@ def test_the_journal_records_are_typed_and_read_back_equal_from_the_journal_file
     assert commits == list(c.state.commits) and commits[0].useful_tokens == 96 * 128
     assert [e.epoch for e in epochs] == [1, 2] and epochs[1].plan.drain == Drain("b", 250)
     assert epochs[1].held_out == (("b", 1),) and epochs[1].checkpoint_first
-    assert epochs[0].plan == Plan(SITES, False, 0, 0, Restore.NONE)
+    assert epochs[0].plan == Plan(SITES, False, 0, 0, Restore.NONE, incarnations=(("a", 1), ("b", 1), ("c", 1)))
+
+
+def test_a_site_restarted_while_the_coordinator_was_down_does_not_adopt_the_recovered_epoch() -> None:
+    """Soak seed 1008: the coordinator crashed right after e1r0 and site a was killed and restarted
+    while it was down. The recovered coordinator re-announced epoch 1, the new a adopted it and
+    trained round 0 again (counted twice under e1r0). Now epoch 1 names the incarnations it was
+    made for, the new process skips it, and the epoch that admits it names its own incarnation."""
+    cfg = config()
+    c = formed(cfg)  # every site joined with incarnation 1
+    commit_round(c, 0, 0, 96, SITES, 1)
+    records = [o.record for o in c.outputs if isinstance(o, core.Journal)]
+    state, _ = core.recover(records, None, 10 * MS, cfg)
+    assert {s: r.incarnation for s, r in state.membership.sites.items()} == {"a": 1, "b": 1, "c": 1}
+    (again,) = [o for o in core.announce_current(state, cfg) if o.to == "a"]
+    plan = EpochPlan.from_body(again.body, 1, frozenset(SITES))
+    assert plan.incarnation_of("a") == 1
+    assert not_for_this_process(plan, "a", 1) is None  # the process it was made for adopts it
+    assert not_for_this_process(plan, "a", 7) == "epoch 1 was made for incarnation 1 of a, not this process (7)"
+    r = Clock(cfg)
+    r.state, r.now = state, 10 * MS
+    r.feed(received("join", "a", {"pid": 200}, 0, inc=7), after_ms=1)  # the restarted a
+    for _ in range(3):
+        r.feed(core.Tick(), after_ms=500)
+        r.heartbeats(("b", "c"), 1)
+    admitted = [EpochPlan.from_body(o.body, o.epoch, frozenset(SITES)) for o in r.outputs
+                if isinstance(o, core.Send) and o.kind == "membership" and o.to == "a"]
+    named = [p for p in admitted if "a" in p.members or "a" in p.joiners]
+    assert named and all(p.incarnation_of("a") in (None, 7) for p in named)
+    assert any(p.incarnation_of("a") == 7 for p in named if "a" in p.members)
+
+
+def test_a_plan_body_with_bad_incarnations_is_rejected() -> None:
+    body = EpochPlan.announce(2, Plan(("a", "b"), False, 3, 288, Restore.NONE, incarnations=(("a", 5),)),
+                              target_samples=1000, frontier_manifest=None, checkpoint_first=False).to_body()
+    assert body["incarnations"] == {"a": 5}
+    assert EpochPlan.from_body(body, 2, frozenset(SITES)).incarnation_of("a") == 5
+    for bad in ({"c": 5}, {"a": 0}, {"a": "x"}, ["a", 5]):
+        with pytest.raises(Rejected):
+            EpochPlan.from_body({**body, "incarnations": bad}, 2, frozenset(SITES))
 
 
 # ------------------------------------------------------------------------------------ replay

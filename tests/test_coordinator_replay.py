@@ -10,6 +10,8 @@ store no longer served until the run timed out. The pure replay first, then a re
 
 from __future__ import annotations
 
+import json
+
 import time
 from pathlib import Path
 
@@ -136,13 +138,14 @@ def test_a_change_planned_before_the_current_epoch_began_takes_effect_at_its_bou
     assert c.view().scheduled is None  # the boundary is reached: the next change is after the next round
 
 
-def test_a_restarted_coordinator_learns_incarnations_from_heartbeats_and_holds_the_drained_one_out(
+def test_a_restarted_coordinator_knows_incarnations_from_the_journal_and_holds_the_drained_one_out(
         tmp_path: Path) -> None:
     c = formed(tmp_path, policy="oracle", oracle_faults=[["c", 300 * 128]])
     commit_round(c, 0, 0, 96, SITES, 1)
     c.journal.close()
     c2 = make(tmp_path, policy="oracle", oracle_faults=[["c", 300 * 128]])
-    assert {s.incarnation for s in c2.membership.sites.values()} == {0}  # not in the journal
+    # The epoch record names the incarnations its plan was made for (soak seed 1008).
+    assert {n: s.incarnation for n, s in c2.membership.sites.items()} == INC
     t = time.monotonic_ns() + 10**10  # past the restart's settling time
     for s in SITES:
         c2.handle(msg("heartbeat", s, {"sent_mono_ns": 1, "epoch": 1}, epoch=1), t)
@@ -156,3 +159,22 @@ def test_a_restarted_coordinator_learns_incarnations_from_heartbeats_and_holds_t
     restarted = msg("heartbeat", "a", {"sent_mono_ns": 1, "epoch": 1}, epoch=1)
     c2.handle(restarted.__class__(**{**restarted.__dict__, "inc": 999}), t + 3)
     assert c2.membership.sites["a"].incarnation == INC["a"]  # a known incarnation changes only by a join
+
+
+def test_a_restarted_coordinator_learns_incarnations_an_old_journal_does_not_name(tmp_path: Path) -> None:
+    """A journal written before epochs named incarnations: learned from the first heartbeats."""
+    c = formed(tmp_path)
+    commit_round(c, 0, 0, 96, SITES, 1)
+    c.journal.close()
+    path = tmp_path / "coordinator" / "journal.jsonl"
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    for r in lines:
+        if r["type"] == "epoch":
+            r["plan"].pop("incarnations")
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    c2 = make(tmp_path)
+    assert {s.incarnation for s in c2.membership.sites.values()} == {0}
+    t = time.monotonic_ns() + 10**10
+    for s in SITES:
+        c2.handle(msg("heartbeat", s, {"sent_mono_ns": 1, "epoch": 1}, epoch=1), t)
+    assert {n: s.incarnation for n, s in c2.membership.sites.items()} == INC
