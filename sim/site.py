@@ -18,7 +18,7 @@ from ground.setting import base_setting
 from sim.engine import ns
 from sim.model import state_bytes
 from sim.services import UPLOAD_BLOCKED_NS
-from site_agent.epochs import interrupts, next_plan
+from site_agent.epochs import interrupts, next_plan, not_for_this_process
 
 if TYPE_CHECKING:
     from sim.rounds import Progress, Step
@@ -127,6 +127,10 @@ class SimSite:
                           rc=0)
             return
         plan = self.w.parse_plan(body, msg_epoch)
+        other = not_for_this_process(plan, self.name, self.inc)  # as the agent's _poll_ctl
+        if other is not None:
+            self.log.emit("membership_skipped", skipped_epoch=plan.epoch, start_round=plan.start_round, reason=other)
+            return
         self.pending.append(plan)
         if not self.busy:
             self.next_control()

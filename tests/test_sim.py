@@ -372,3 +372,30 @@ def test_a_coordinator_crash_recovers_from_its_journal_and_a_site_lost_meanwhile
     status = {c["name"]: c["status"] for c in build_artifact([out])["checks"]}
     assert status.pop("byte_classes") == "unknown" and status.pop("same_frontier") == "unknown"
     assert set(status.values()) == {"pass"}, status
+
+
+@pytest.mark.parametrize("policy", ["stall", "elastic"])
+def test_a_site_restarted_while_the_coordinator_is_down_skips_the_re_announced_epoch(tmp_path: Path,
+                                                                                     policy: str) -> None:
+    """Soak seed 1008 on the virtual clock: the coordinator crashes right after the first commits and
+    stays down 12 s; b is killed meanwhile and its new process is up before the coordinator is. The
+    recovered coordinator re-announces epoch 1, which names b's first incarnation: the new b skips
+    it (as the agent does) and trains only in an epoch formed after its join. Every checker passes
+    (before the fix the new b retrained a committed round under it)."""
+    from ground.eventlog import process_events
+
+    sc = Scenario.build("t", "").coord_crash(at_s=5.0, restart_after_s=12.0).crash("b", at_s=6.0, restart_after_s=1)
+    out = tmp_path / "run"
+    res = simulate(cfg_for(policy), sc, model=SimModel(restart_s=2.0), out=out)
+    assert res.complete
+    b = process_events(out, "b")
+    second = [e for e in b if e["pid"] != b[0]["pid"]]
+    started = next(e for e in second if e["event"] == "site_started")
+    recovered = next(e for e in process_events(out, "coord") if e["event"] == "coordinator_recovered")
+    assert started["mono_ns"] < recovered["mono_ns"]  # the new b was up before the coordinator
+    skipped = [e for e in second if e["event"] == "membership_skipped"]
+    assert [e["skipped_epoch"] for e in skipped] == [1] and "made for incarnation 1 of b" in skipped[0]["reason"]
+    assert all(e["epoch"] > 1 for e in second if e["event"] in ("membership", "work_attempted"))
+    status = {c["name"]: c["status"] for c in build_artifact([out])["checks"]}
+    assert status.pop("byte_classes") == "unknown" and status.pop("same_frontier") == "unknown"
+    assert set(status.values()) == {"pass"}, status
