@@ -78,6 +78,50 @@ def _active_s(run_dir: Path) -> float:
     return (done[-1] - start) / 1e9
 
 
+def loss_windows(start_ns: int, end_ns: int, commits: list[tuple[int, int]], faults: list[tuple[int, str]],
+                 rate_tokens_per_s: float) -> list[dict[str, Any]]:
+    """Where a storm run's lost time went: one window before the first fault, then one per fault (from
+    its injection to the next fault's, or to the end of the run).
+
+    `commits`: (mono ns, useful tokens of the lineage) in order; progress at an instant is the last
+    commit's tokens, interpolated linearly between commits (a round's tokens arrive in one commit).
+    A window's lost time = its length - the progress made in it / the fault-free rate; the windows
+    sum exactly to T_storm - target / rate = T_storm - T_fault_free. The first window has no fault:
+    its lost time is the arm's start-up and load difference, the noise beside the others.
+    A restart's rollback shows as negative progress in the window of the fault that caused it.
+    """
+    def progress(t: int) -> float:
+        before = [(n, u) for n, u in commits if n <= t]
+        if not before:
+            return 0.0
+        n0, u0 = before[-1]
+        later = next(((n, u) for n, u in commits if n > t), None)
+        if later is None:
+            return float(u0)
+        n1, u1 = later
+        return u0 + (u1 - u0) * (t - n0) / (n1 - n0)
+
+    bounds = [start_ns] + [max(start_ns, min(t, end_ns)) for t, _ in faults] + [end_ns]
+    labels = ["before the first fault"] + [label for _, label in faults]
+    out = []
+    for label, a, b in zip(labels, bounds, bounds[1:]):
+        made = progress(b) - progress(a)
+        length = (b - a) / 1e9
+        out.append({"window": label, "length_s": round(length, 3), "progress_tokens": round(made),
+                    "lost_s": round(length - made / rate_tokens_per_s, 3)})
+    return out
+
+
+def _loss_by_fault(run_dir: Path, rate_tokens_per_s: float) -> list[dict[str, Any]]:
+    evs = read_events(run_dir / "logs" / "coord.jsonl")
+    start = next(e["mono_ns"] for e in evs if e["event"] == "coordinator_started")
+    end = [e["mono_ns"] for e in evs if e["event"] == "run_complete"][-1]
+    commits = [(e["mono_ns"], int(e["useful_tokens"])) for e in evs if e["event"] == "commit"]
+    faults = [(e["mono_ns"], f"{e.get('kind')} {e.get('target')}")
+              for e in read_events(run_dir / "logs" / "chaos.jsonl") if e.get("event") == "fault_injected"]
+    return loss_windows(start, end, commits, faults, rate_tokens_per_s)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     keep = None
@@ -104,11 +148,13 @@ def main(argv: list[str] | None = None) -> int:
         scenario = storm(t_ff_first / 60)
         per_policy: dict[str, Any] = {}
         active: dict[str, float] = {}
+        dirs: dict[str, Path] = {}
         for arm, over in ARMS.items():
             cfg = load_config(merge(merge(base, over), {"runs_dir": str(Path(tmp) / arm)}))
             run_dir, s = launch(cfg, quiet=True, timeout_s=3600, scenario=scenario)
             active[arm] = _active_s(run_dir)
             fired = sum(1 for e in read_events(run_dir / "logs" / "chaos.jsonl") if e.get("event") == "fault_injected")
+            dirs[arm] = run_dir
             per_policy[arm] = {"active_s": active[arm], "useful_tokens": s.get("useful_tokens"),
                                "lost_tokens": s.get("lost_tokens"), "faults_fired": fired,
                                "loadavg_1m_at_end": os.getloadavg()[0]}
@@ -121,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         for arm, rec in per_policy.items():
             rec["efficiency"] = t_ff / active[arm]
             rec["efficiency_vs_first_last"] = [t_ff_first / active[arm], t_ff_last / active[arm]]
+            rec["loss_by_fault"] = _loss_by_fault(dirs[arm], target / t_ff)
+            print(f"{arm}: lost s by window: " + ", ".join(f"{w['window']} {w['lost_s']:.1f}"
+                                                         for w in rec["loss_by_fault"]), flush=True)
             print(f"{arm}: efficiency {rec['efficiency']:.3f} (fault-free {t_ff_first:.1f} s first, "
                   f"{t_ff_last:.1f} s last)", flush=True)
     ratio = per_policy["elastic"]["efficiency"]
@@ -138,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
                        "1-minute load average is in raw.per_policy): the fault-free arm runs first and last, "
                        f"the reference is their mean ({t_ff_first:.1f} s, {t_ff_last:.1f} s: drift "
                        f"{100 * drift:.1f} %), and an efficiency difference inside that drift is no difference. "
+                       "raw.per_policy[arm].loss_by_fault splits each arm's lost time (T_arm - T_fault_free) "
+                       "into a window before the first fault (start-up and load: the noise) and one window per "
+                       "fault, from its injection to the next one's, at the fault-free rate. "
                        "'elastic+standby' is elastic with recovery.warm_standby (restarts hand the site to a "
                        "process that has imported torch and built the model); the goal is decided on plain "
                        "elastic.")
