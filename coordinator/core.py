@@ -74,10 +74,11 @@ def step_all(state: CoordState, events: list[Received | Tick], now_ns: int,
 
 
 def recover(records: list[dict[str, Any]], problem: str | None, now_ns: int,
-            cfg: RunConfig) -> tuple[CoordState, list[Output]]:
-    """The state a restarted coordinator rebuilds from its journal's records (`problem`: a torn tail)."""
+            cfg: RunConfig, logged_epochs: frozenset[int] | None = None) -> tuple[CoordState, list[Output]]:
+    """The state a restarted coordinator rebuilds from its journal's records (`problem`: a torn tail;
+    `logged_epochs`: the epochs its log announced before the restart, None if unknown)."""
     w = Rules(initial_state(cfg), cfg)
-    w.recover(records, problem, now_ns)
+    w.recover(records, problem, now_ns, logged_epochs)
     return w.freeze(), w.out
 
 

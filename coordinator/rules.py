@@ -101,16 +101,20 @@ class Rules:
         return self._own_sites
 
     # ------------------------------------------------------------------ journal
-    def recover(self, records: list[dict[str, Any]], problem: str | None, now: int) -> None:
+    def recover(self, records: list[dict[str, Any]], problem: str | None, now: int,
+                logged_epochs: frozenset[int] | None = None) -> None:
+        """The state the journal's records prove. `logged_epochs`: the epochs the previous incarnation's
+        log announced (None: not known); the journal's last epoch, if the log lacks it, is logged now."""
         if problem:
             self.emit("journal_torn_tail", detail=problem)
+        last_epoch: EpochRecord | None = None
         for r in records:
             if r["type"] == "commit":
                 commit = Commit.from_json(r)
                 self.commits.append(commit)
                 self._advance(commit)
             elif r["type"] == "epoch":
-                rec = EpochRecord.from_json(r)
+                rec = last_epoch = EpochRecord.from_json(r)
                 plan = rec.plan
                 self.plan = plan
                 self.oracle = self.oracle.after_plan(plan)
@@ -142,6 +146,14 @@ class Rules:
                       recent_epochs={str(e): list(m) for e, m in self.epoch_members.items()},
                       fence_epoch=self.recent.fence,
                       pending_checkpoints=[[r, c] for r, c in sorted(self.pending_frontiers)])
+        if last_epoch is not None and logged_epochs is not None and last_epoch.epoch not in logged_epochs:
+            # Killed between journaling the epoch and logging it (the journal is durable first): nobody
+            # was told of it then (the sends come after the log line); it is announced now, so the log
+            # names it before anyone acts in it (soak seed 1005, oracle: commits in an epoch the
+            # history never announced).
+            es = self.settings.of(last_epoch.epoch)
+            assert es is not None
+            self._emit_epoch(last_epoch.plan, last_epoch.reason, es, recovered_from_journal=True)
 
     def _advance(self, commit: Commit) -> None:
         self.tip = commit.commit_id
@@ -454,16 +466,19 @@ class Rules:
         self.out.append(Context({"epoch": epoch}))
         self.out.append(Journal(EpochRecord(epoch, plan, reason, tuple(held_out), first, es.setting, es.start_step,
                                             es.prev_mode).to_json()))
-        self.emit("membership_epoch", members=list(plan.members), paused=plan.paused, start_round=plan.start_round,
-                  start_cursor=plan.start_cursor, restore=plan.restore.value, donor=plan.donor,
-                  joiners=list(plan.joiners), manifest_hash=plan.manifest_hash, parent_commit=plan.parent_commit,
-                  drain=plan.to_json()["drain"], policy=self.policy.value, reason=reason, **es.to_json())
+        self._emit_epoch(plan, reason, es)
         if es.setting != before and not first_epoch:
             self.emit("setting_changed", old=before.to_json(), new=es.setting.to_json(), start_round=plan.start_round,
                       start_cursor=plan.start_cursor, start_step=es.start_step, reason=reason)
         # Everyone who should know: the new members and the sites that were just removed.
         alive = set(self.membership.sites)
         self.send_plan(sorted((set(plan.members) | old_members) & alive))
+
+    def _emit_epoch(self, plan: Plan, reason: str, es: Any, **extra: Any) -> None:
+        self.emit("membership_epoch", members=list(plan.members), paused=plan.paused, start_round=plan.start_round,
+                  start_cursor=plan.start_cursor, restore=plan.restore.value, donor=plan.donor,
+                  joiners=list(plan.joiners), manifest_hash=plan.manifest_hash, parent_commit=plan.parent_commit,
+                  drain=plan.to_json()["drain"], policy=self.policy.value, reason=reason, **es.to_json(), **extra)
 
     def tick(self, t: Tick, now_ns: int) -> None:
         # Read after the messages: a member heard since its connection closed is no longer listed.

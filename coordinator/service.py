@@ -27,7 +27,7 @@ from typing import Any
 from coordinator import core
 from coordinator.recovery import ClusterView
 from ground.config import RunConfig, config_from_json
-from ground.eventlog import EventLog
+from ground.eventlog import EventLog, read_events
 from ground.journal import Journal
 from ground.messages import Heartbeat
 from ground.topology import COORD, Topology
@@ -51,7 +51,11 @@ class Coordinator:
         self.journal_path = run_dir / "coordinator" / "journal.jsonl"
         self.journal: Journal | None = None  # opened after the old records are read
         records, problem = Journal.load(self.journal_path)
-        self.state, outputs = core.recover(records, problem, time.monotonic_ns(), cfg)
+        # The epochs the previous incarnation logged: a SIGKILL between journaling an epoch and
+        # logging it leaves one the history does not name (the core then logs it).
+        logged = frozenset(int(e["epoch"]) for e in read_events(log.path) if e.get("event") == "membership_epoch") \
+            if records and log.path.is_file() else None
+        self.state, outputs = core.recover(records, problem, time.monotonic_ns(), cfg, logged)
         self._apply(outputs)
         self.journal = Journal(self.journal_path)
 

@@ -113,7 +113,7 @@ EVENTS: dict[str, Event] = {
         fields=("action", "reason", "site")),
     "membership_epoch": Event(("coordinator.rules",), span=False,
         fields=("donor", "drain", "joiners", "manifest_hash", "members", "parent_commit", "paused", "policy",
-                "reason", "restore", "start_cursor", "start_round")),
+                "reason", "recovered_from_journal", "restore", "start_cursor", "start_round")),
     "membership_skipped": Event(("site_agent.agent",), span=False,
         fields=("reason", "skipped_epoch", "start_round")),
     "message_rejected": Event(("site_agent.agent", "site_agent.collective", "site_agent.adoption"), span=False,

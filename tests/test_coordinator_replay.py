@@ -178,3 +178,26 @@ def test_a_restarted_coordinator_learns_incarnations_an_old_journal_does_not_nam
     for s in SITES:
         c2.handle(msg("heartbeat", s, {"sent_mono_ns": 1, "epoch": 1}, epoch=1), t)
     assert {n: s.incarnation for n, s in c2.membership.sites.items()} == INC
+
+
+def test_an_epoch_journaled_but_not_logged_before_the_crash_is_logged_by_the_restarted_coordinator(
+        tmp_path: Path) -> None:
+    """Soak seed 1005 (oracle): the coordinator was SIGKILLed between journaling epoch 8 and logging
+    it. The restarted one recovered epoch 8 from the journal and announced it; the members committed
+    in it, and `fencing` failed: "commit e8r5 in epoch 8, never announced". Now the restarted
+    coordinator logs the journal's last epoch when its log lacks it, and only then."""
+    c = storm(tmp_path)  # epochs 1, 2 and 3, each journaled and logged
+    c.journal.close()
+    log = tmp_path / "logs" / "coord.jsonl"
+    lines = log.read_text().splitlines(keepends=True)
+    cut = max(i for i, x in enumerate(lines) if json.loads(x)["event"] == "membership_epoch")
+    assert json.loads(lines[cut])["epoch"] == 3
+    log.write_text("".join(lines[:cut]))  # the kill came after the journal's fsync, before the log line
+    c2 = make(tmp_path, **ORACLE)
+    epochs = logged(c2, "membership_epoch")
+    assert [e["epoch"] for e in epochs] == [1, 2, 3]
+    assert epochs[-1]["recovered_from_journal"] is True and epochs[-1]["members"] == ["a"]
+    assert epochs[-1]["drain"] == {"site": "c", "at_cursor": 300} and epochs[-1]["start_round"] == 3
+    c2.journal.close()
+    make(tmp_path, **ORACLE)  # restarted again: epoch 3 is in the log now, nothing is logged twice
+    assert [e["epoch"] for e in logged(c2, "membership_epoch")] == [1, 2, 3]
