@@ -37,6 +37,7 @@ from typing import Any
 
 from chaos.scenario import KINDS, Scenario
 from ground.eventlog import read_events
+from ground.provenance import code_revision
 
 ROUND_TOKENS = 12_288  # 3 sites x 8 samples x 4 inner steps x 128 tokens
 ROUNDS = 10
@@ -262,10 +263,12 @@ def tally(results: list[dict[str, Any]], policies: list[str]) -> dict[str, Any]:
 
 def _write(path: Path, results: list[dict[str, Any]], policies: list[str], args: argparse.Namespace,
            root: Path) -> dict[str, Any]:
-    from ground.provenance import code_revision
-
+    # The revision each run was launched at (its processes import the tree then); read at the
+    # first write, the file's own rewrites would have made every later one look "dirty".
+    revs = sorted({r["code_revision"] for r in results if r.get("code_revision")})
     out = {"name": "soak", "command": " ".join(["python -m bench.soak", *sys.argv[1:]]),
-           "code_revision": code_revision(), "schedules_per_policy": args.schedules, "first_seed": args.seed,
+           "code_revision": args.started_at if len(revs) <= 1 else {**args.started_at, "runs_at": revs},
+           "schedules_per_policy": args.schedules, "first_seed": args.seed,
            "generator": {"faults_per_schedule": N_FAULTS, "kinds": list(ALL_KINDS), "rounds": ROUNDS,
                          "target_useful_tokens": TARGET_TOKENS, "config": SMALL, "wall_window_s": WALL_WINDOW_S},
            "runs_dir": str(root), "tally": tally(results, policies), "runs": results,
@@ -288,12 +291,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     policies = args.policy or ["stall", "restart", "elastic", "oracle"]
     root = Path(args.runs_dir) if args.runs_dir else Path(tempfile.mkdtemp(prefix="xdc-soak-"))
+    args.started_at = code_revision()
     out_path = Path(args.out)
     results: list[dict[str, Any]] = []
     for i in range(args.schedules):
         group: list[dict[str, Any]] = []
         for policy in policies:  # one schedule under every policy, then the next
+            rev = code_revision()
             r = soak_one(args.seed + i, policy, root)
+            r["code_revision"] = f"{rev['commit']}{'+dirty' if rev['dirty'] else ''}"
             if r["interrupted"]:  # Ctrl-C / SIGTERM stops the soak, not just the run in flight
                 print(f"interrupted during {policy} seed {r['seed']}: the soak stops here (tally so far in "
                       f"{out_path})", flush=True)
