@@ -173,7 +173,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{arm}: efficiency {rec['efficiency']:.3f} (fault-free {t_ff_first:.1f} s first, "
                   f"{t_ff_last:.1f} s last)", flush=True)
     ratio = per_policy["elastic"]["efficiency"]
-    write_result(NAME, ratio=ratio, goal=f"elastic >= {GOAL:.2f}", passed=ratio >= GOAL, reference="sequential",
+    # Two-sided: above 1 (+ the reference's drift) the storm arm did more than a fault-free run could, so
+    # the reference does not measure what the goal asks (on 2 cores, 3 CPU-bound sites train no faster
+    # than 2, and a site's absence costs no throughput): that is no evidence of meeting the goal.
+    ok = GOAL <= ratio <= 1.0 + drift
+    write_result(NAME, ratio=ratio, goal=f"{GOAL:.2f} <= elastic <= 1 + the fault-free drift", passed=ok,
+                 reference="sequential",
                  measures=["coordinator/", "site_agent/", "wan/", "chaos/", "xdc/launcher.py", "bench/storm_goodput.py"],
                  raw={"target_useful_tokens": target, "fault_free_active_s": t_ff,
                       "fault_free_first_last_s": [t_ff_first, t_ff_last], "fault_free_drift": drift,
@@ -193,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                        "'elastic+standby' is elastic with recovery.warm_standby (restarts hand the site to a "
                        "process that has imported torch and built the model); the goal is decided on plain "
                        "elastic.")
-    return 0 if ratio >= GOAL else 1
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
