@@ -262,12 +262,12 @@ def tally(results: list[dict[str, Any]], policies: list[str]) -> dict[str, Any]:
 
 
 def _write(path: Path, results: list[dict[str, Any]], policies: list[str], args: argparse.Namespace,
-           root: Path) -> dict[str, Any]:
+           root: Path, started_at: dict[str, Any]) -> dict[str, Any]:
     # The revision each run was launched at (its processes import the tree then); read at the
     # first write, the file's own rewrites would have made every later one look "dirty".
     revs = sorted({r["code_revision"] for r in results if r.get("code_revision")})
     out = {"name": "soak", "command": " ".join(["python -m bench.soak", *sys.argv[1:]]),
-           "code_revision": args.started_at if len(revs) <= 1 else {**args.started_at, "runs_at": revs},
+           "code_revision": started_at if len(revs) <= 1 else {**started_at, "runs_at": revs},
            "schedules_per_policy": args.schedules, "first_seed": args.seed,
            "generator": {"faults_per_schedule": N_FAULTS, "kinds": list(ALL_KINDS), "rounds": ROUNDS,
                          "target_useful_tokens": TARGET_TOKENS, "config": SMALL, "wall_window_s": WALL_WINDOW_S},
@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     policies = args.policy or ["stall", "restart", "elastic", "oracle"]
     root = Path(args.runs_dir) if args.runs_dir else Path(tempfile.mkdtemp(prefix="xdc-soak-"))
-    args.started_at = code_revision()
+    started_at = code_revision()
     out_path = Path(args.out)
     results: list[dict[str, Any]] = []
     for i in range(args.schedules):
@@ -303,22 +303,22 @@ def main(argv: list[str] | None = None) -> int:
             if r["interrupted"]:  # Ctrl-C / SIGTERM stops the soak, not just the run in flight
                 print(f"interrupted during {policy} seed {r['seed']}: the soak stops here (tally so far in "
                       f"{out_path})", flush=True)
-                _write(out_path, results + group, policies, args, root)
+                _write(out_path, results + group, policies, args, root, started_at)
                 return 130
             group.append(r)
-            _write(out_path, results + group, policies, args, root)  # an interrupted soak keeps its tally
+            _write(out_path, results + group, policies, args, root, started_at)  # an interrupted soak keeps its tally
             fired = sum(f["fired"] for f in r["faults"])
             print(f"{policy:8s} seed {r['seed']}: {'ok  ' if r['passed'] else 'FAIL'} {fired}/{len(r['faults'])} "
                   f"faults fired, lost={r['lost_tokens']} {r['wall_s']} s {'; '.join(r['reasons'])[:300]}",
                   flush=True)
         judge_schedule(group, root / f"schedule-{args.seed + i}-analysis")
         results.extend(group)
-        _write(out_path, results, policies, args, root)
+        _write(out_path, results, policies, args, root, started_at)
         if not args.runs_dir:
             for r in group:
                 if r["passed"]:  # checkpoints are most of a run's bytes; failed runs stay whole
                     shutil.rmtree(Path(r["run_dir"]) / "store", ignore_errors=True)
-    out = _write(out_path, results, policies, args, root)
+    out = _write(out_path, results, policies, args, root, started_at)
     print(json.dumps({p: {k: t[k] for k in ("runs", "passed", "faults_injected", "recoveries", "lost_tokens")}
                       for p, t in out["tally"].items()}))
     print(f"runs in {root}; tally in {out_path}")

@@ -25,6 +25,7 @@ import contextlib
 import os
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,13 +70,18 @@ def storm(minutes: float) -> Scenario:
     return sc
 
 
-def _active_s(run_dir: Path) -> float:
-    evs = read_events(run_dir / "logs" / "coord.jsonl")
+def _span_ns(run_dir: Path, evs: list[dict[str, Any]]) -> tuple[int, int]:
+    """(coordinator_started, last run_complete) of a run, monotonic ns, from its coordinator's events."""
     start = next(e["mono_ns"] for e in evs if e["event"] == "coordinator_started")
     done = [e["mono_ns"] for e in evs if e["event"] == "run_complete"]
     if not done:
         raise RuntimeError(f"{run_dir}: the run did not complete (no run_complete in coord.jsonl)")
-    return (done[-1] - start) / 1e9
+    return start, done[-1]
+
+
+def _active_s(run_dir: Path) -> float:
+    start, end = _span_ns(run_dir, read_events(run_dir / "logs" / "coord.jsonl"))
+    return (end - start) / 1e9
 
 
 def loss_windows(start_ns: int, end_ns: int, commits: list[tuple[int, int]], faults: list[tuple[int, str]],
@@ -112,14 +118,29 @@ def loss_windows(start_ns: int, end_ns: int, commits: list[tuple[int, int]], fau
     return out
 
 
-def _loss_by_fault(run_dir: Path, rate_tokens_per_s: float) -> list[dict[str, Any]]:
-    evs = read_events(run_dir / "logs" / "coord.jsonl")
-    start = next(e["mono_ns"] for e in evs if e["event"] == "coordinator_started")
-    end = [e["mono_ns"] for e in evs if e["event"] == "run_complete"][-1]
-    commits = [(e["mono_ns"], int(e["useful_tokens"])) for e in evs if e["event"] == "commit"]
-    faults = [(e["mono_ns"], f"{e.get('kind')} {e.get('target')}")
-              for e in read_events(run_dir / "logs" / "chaos.jsonl") if e.get("event") == "fault_injected"]
-    return loss_windows(start, end, commits, faults, rate_tokens_per_s)
+@dataclass(frozen=True)
+class ArmTimeline:
+    """What the storm benchmark reads of one arm's logs, read once: its span, commits and faults."""
+
+    start_ns: int
+    end_ns: int
+    commits: list[tuple[int, int]]  # (mono ns, useful tokens of the lineage)
+    faults: list[tuple[int, str]]  # (mono ns, "kind target") of every fault_injected
+
+    @staticmethod
+    def read(run_dir: Path) -> ArmTimeline:
+        evs = read_events(run_dir / "logs" / "coord.jsonl")
+        start, end = _span_ns(run_dir, evs)
+        return ArmTimeline(start, end, [(e["mono_ns"], int(e["useful_tokens"])) for e in evs if e["event"] == "commit"],
+                           [(e["mono_ns"], f"{e.get('kind')} {e.get('target')}")
+                            for e in read_events(run_dir / "logs" / "chaos.jsonl") if e.get("event") == "fault_injected"])
+
+    @property
+    def active_s(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+    def loss_by_fault(self, rate_tokens_per_s: float) -> list[dict[str, Any]]:
+        return loss_windows(self.start_ns, self.end_ns, self.commits, self.faults, rate_tokens_per_s)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,13 +169,13 @@ def main(argv: list[str] | None = None) -> int:
         scenario = storm(t_ff_first / 60)
         per_policy: dict[str, Any] = {}
         active: dict[str, float] = {}
-        dirs: dict[str, Path] = {}
+        timelines: dict[str, ArmTimeline] = {}
         for arm, over in ARMS.items():
             cfg = load_config(merge(merge(base, over), {"runs_dir": str(Path(tmp) / arm)}))
             run_dir, s = launch(cfg, quiet=True, timeout_s=3600, scenario=scenario)
-            active[arm] = _active_s(run_dir)
-            fired = sum(1 for e in read_events(run_dir / "logs" / "chaos.jsonl") if e.get("event") == "fault_injected")
-            dirs[arm] = run_dir
+            timelines[arm] = tl = ArmTimeline.read(run_dir)
+            active[arm] = tl.active_s
+            fired = len(tl.faults)
             per_policy[arm] = {"active_s": active[arm], "useful_tokens": s.get("useful_tokens"),
                                "lost_tokens": s.get("lost_tokens"), "faults_fired": fired,
                                "loadavg_1m_at_end": os.getloadavg()[0]}
@@ -167,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         for arm, rec in per_policy.items():
             rec["efficiency"] = t_ff / active[arm]
             rec["efficiency_vs_first_last"] = [t_ff_first / active[arm], t_ff_last / active[arm]]
-            rec["loss_by_fault"] = _loss_by_fault(dirs[arm], target / t_ff)
+            rec["loss_by_fault"] = timelines[arm].loss_by_fault(target / t_ff)
             print(f"{arm}: lost s by window: " + ", ".join(f"{w['window']} {w['lost_s']:.1f}"
                                                          for w in rec["loss_by_fault"]), flush=True)
             print(f"{arm}: efficiency {rec['efficiency']:.3f} (fault-free {t_ff_first:.1f} s first, "

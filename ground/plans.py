@@ -69,9 +69,7 @@ class Plan:
         d.pop("carry")
         if self.carry:  # absent unless set: a journal without carries reads as before
             d["carry"] = list(self.carry)
-        d.pop("incarnations")
-        if self.incarnations:  # likewise
-            d["incarnations"] = {s: i for s, i in self.incarnations}
+        _put_incarnations(d, self.incarnations)
         return d
 
     @staticmethod
@@ -138,9 +136,7 @@ class EpochPlan:
         d.pop("carry")
         if self.carry:  # absent unless set: a plan without it reads the same as before
             d["carry"] = list(self.carry)
-        d.pop("incarnations")
-        if self.incarnations:
-            d["incarnations"] = {s: i for s, i in self.incarnations}
+        _put_incarnations(d, self.incarnations)
         for k in ("setting", "start_step", "prev_mode"):  # all or none: absent for a fixed-setting coordinator
             d.pop(k)
         if self.setting is not None:
@@ -200,6 +196,13 @@ def _drain(v: Any, sites: frozenset[str]) -> Drain | None:
     if site is None or (sites and site not in sites):
         raise Rejected("bad_field", f"membership drain names {show(site)}, not a site of this cluster")
     return Drain(site, req_int(v, "at_cursor", "membership drain", hi=MAX_INT))
+
+
+def _put_incarnations(d: dict[str, Any], incarnations: tuple[tuple[str, int], ...]) -> None:
+    """Journal and message form of Plan.incarnations: a map {member: incarnation}, absent when empty."""
+    d.pop("incarnations")
+    if incarnations:
+        d["incarnations"] = dict(incarnations)
 
 
 def _incarnations(v: Any, members: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
