@@ -181,6 +181,9 @@ class SimSite:
         log.emit("membership", members=members, paused=plan.paused, start_round=plan.start_round,
                  start_cursor=plan.start_cursor, restore=plan.restore.value, donor=plan.donor,
                  joiners=list(plan.joiners), setting=self.setting.to_json(), start_step=self.start_step)
+        # As site_agent/adoption.py: a plan starting at round R abandons every later round's snapshot,
+        # whether or not this site's restore works (soak seed 1008).
+        self.snapshots = {k: v for k, v in self.snapshots.items() if k <= plan.start_round}
         if self.name not in members:
             log.emit("not_a_member", epoch=self.epoch)
             self.send("join", {"pid": self.pid, "rejoin": True})
@@ -281,7 +284,6 @@ class SimSite:
         self.log.span_at("restore", t0, self.w.clock.now_ns, kind=plan.restore.value, start_round=start,
                          retained_samples=self.retained, samples_sha256=self.w.prefix_sha(self.retained), **sp)
         self.next_round = start
-        self.snapshots = {k: v for k, v in self.snapshots.items() if k <= start}
         if plan.checkpoint_first and self.leader and start > 0:
             self.checkpoint(start - 1, plan.start_cursor)
         if self.leader and start == 0 and not self.w.evaluated_initial:

@@ -52,6 +52,12 @@ class EpochAdoption:
         # (soak seed 1007: a resume left from an abandoned epoch skipped steps a donor's state never
         # took, and they were attested under an epoch that never logged them). Only carry_over sets it.
         self.resume = None
+        # A plan that starts at round `plan.start_round` abandons every later round: a snapshot of one was made
+        # in a lineage the cluster will not continue, even when this restore fails (soak seed 1008,
+        # oracle: sites trained rounds 1-4 while the coordinator was down; the recovered coordinator
+        # resumed at round 1, b could not roll back there, kept its round-2 snapshot, and as a later
+        # epoch's donor "at round 2" sent a state no commit produced). Drop them before restoring.
+        self.snapshots = {k: v for k, v in self.snapshots.items() if k <= plan.start_round}
         if self.me not in members:
             # Removed (we failed, hung, or were partitioned away) but alive: ask to come back in.
             log.emit("not_a_member", epoch=self.epoch)
@@ -84,7 +90,6 @@ class EpochAdoption:
             sp.update(retained_samples=int(self.retained.size), samples_sha256=samples_sha256(self.retained))
         # Carried in: the trainer holds a mid-round state, so a later rollback must use the snapshot.
         self.next_round = None if self.resume is not None else start
-        self.snapshots = {k: v for k, v in self.snapshots.items() if k <= start}
         if self.pool is not None:
             self.pool.load_state(pack_state(self.trainer.state_tensors()))
         if plan.checkpoint_first and self.leader and start > 0:

@@ -216,3 +216,34 @@ def test_steps_carried_into_an_abandoned_epoch_are_not_resumed_after_a_restore(r
     assert site.loaded == [(restore, 7)]
     assert site.resume is None and site.progress is None  # round 4 starts from its first step
     assert site.next_round == 4  # the loaded state is round 4's start: a snapshot is taken there
+
+
+def test_a_donor_that_could_not_roll_back_does_not_serve_a_later_round_of_the_abandoned_lineage(monkeypatch):
+    """Soak seed 1008 (oracle): the coordinator was down while the sites trained rounds 1-4 in epoch 1.
+    Recovered at the commit of round 0, it resumed at round 1; a, mid-round 5 and holding snapshots of
+    rounds 2-5 only, could not roll back (restore_failed). A later epoch made a the donor "at round 2"
+    before anyone had retrained round 1, and a sent its round-2 snapshot: a state no commit produced.
+    A plan that starts at round 1 abandons every later round's snapshot, whether or not its restore works."""
+    from types import SimpleNamespace
+
+    import site_agent.adoption as adoption
+
+    loaded: list[int] = []
+    monkeypatch.setattr(adoption, "restore_snapshot", lambda trainer, snap: loaded.append(snap.round))
+    site = _AdoptingSite(cfg())
+    site.trainer, site.progress, site.resume, site.next_round = None, None, None, None  # mid-round 5
+    site.snapshots = {r: SimpleNamespace(round=r, retained=site.retained, params_hash=f"h{r}") for r in (2, 3, 4, 5)}
+    sent: list[int] = []
+    site.send_to_joiners = lambda plan, sp: sent.append(plan.epoch)
+
+    def adopt(epoch: int, plan: Plan) -> bool:
+        body = EpochPlan.announce(epoch, plan, target_samples=10**6, frontier_manifest=None,
+                                  checkpoint_first=False).to_body()
+        return site.adopt(EpochPlan.from_body(body, epoch, frozenset("abc")))
+
+    with pytest.raises(RuntimeError, match="no snapshot of round 1"):
+        adopt(3, Plan(("a",), False, 1, 96, Restore.NONE))
+    assert sorted(site.snapshots) == []  # rounds 2-5 belonged to epoch 1's uncommitted rounds
+    with pytest.raises(RuntimeError, match="no snapshot of round 2"):
+        adopt(4, Plan(("a", "c"), False, 2, 128, Restore.DONOR, donor="a", joiners=("c",)))
+    assert sent == [] and loaded == []  # nothing of the abandoned lineage was loaded or served
