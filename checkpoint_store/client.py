@@ -13,6 +13,14 @@ a bounded number of unacknowledged messages in flight, so a slow link does not b
 checkpoint in ZeroMQ. Replies are matched by request id; replies to requests this client is no
 longer waiting for (e.g. from before a store restart) are dropped.
 
+A request the store had acknowledged when it was killed is never answered: the restarted store
+knows nothing of it (one not yet acknowledged is resent to the new store, which answers it). Every
+message, acks included, carries its sender's incarnation, so a waiting request fails (StoreError)
+as soon as the client hears from a store process other than the one that acknowledged it; a wait
+with no reply for `probe_interval_s` asks the store for its frontier, so a new process is heard
+from. Without this a request cut by a store restart waited out its whole deadline (120 s), and the
+epoch change waiting for it too (soak seed 1015, stall).
+
 A StoreClient is not thread-safe: use it from one thread at a time, and give it its own inbox.
 """
 
@@ -49,6 +57,7 @@ class StoreClient:
         *,
         dest: str = "store",
         window: int = 8,
+        probe_interval_s: float = 2.0,
     ) -> None:
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
@@ -64,6 +73,9 @@ class StoreClient:
         self._waiting: set[str] = set()
         self._replies: dict[str, Message] = {}
         self.stale_replies = 0
+        self.probe_interval_s = float(probe_interval_s)
+        self._seq_of: dict[str, int] = {}  # request id -> the WAN seq of its latest message
+        self._probe: str | None = None  # the request id of the frontier probe in flight
 
     # ------------------------------------------------------------------ plumbing
     def _new_id(self, what: str) -> str:
@@ -75,9 +87,13 @@ class StoreClient:
         for r in rids:
             self._waiting.discard(r)
             self._replies.pop(r, None)
+            self._seq_of.pop(r, None)
 
     def _send(self, kind: str, body: dict[str, Any], arrays: tuple[np.ndarray, ...] = ()) -> None:
-        self.node.send(self.dest, kind, CLS, body, arrays, reliable=True)
+        seq = self.node.send(self.dest, kind, CLS, body, arrays, reliable=True)
+        rid = body.get("req")
+        if isinstance(rid, str) and rid in self._waiting:
+            self._seq_of[rid] = seq
 
     def _node_check(self) -> None:
         check = getattr(self.node, "check", None)  # raises if the node's I/O thread died
@@ -110,16 +126,41 @@ class StoreClient:
                 return msg
         return None
 
+    def _lost_with_restart(self, rids: tuple[str, ...]) -> str | None:
+        """Why the requests `rids` can no longer be answered (the store they went to has been
+        replaced by a new incarnation), or None."""
+        now = self.node.peer_incarnation(self.dest)
+        for r in rids:
+            seq = self._seq_of.get(r)
+            took = None if seq is None else self.node.acked_by(self.dest, seq)
+            if took is not None and now is not None and took != now:
+                return (f"the store restarted (the process that took the request, incarnation {took:x}, is "
+                        f"gone; {now:x} answers now): the request was lost with it")
+        return None
+
     def _wait(self, rids: tuple[str, ...], deadline: float, what: str) -> Message:
-        """The first reply to any of `rids`; StoreError on ckpt_error or when the deadline passes."""
+        """The first reply to any of `rids`; StoreError on ckpt_error, when the store that was sent the
+        request has been replaced by a new incarnation, or when the deadline passes."""
+        quiet_since = time.monotonic()
         while True:
             msg = self._check(rids)
             if msg is not None:
                 return msg
-            left = deadline - time.monotonic()
+            lost = self._lost_with_restart(rids)
+            if lost is not None:
+                self._done(*rids)
+                raise StoreError(f"{what}: {lost}")
+            now = time.monotonic()
+            left = deadline - now
             if left <= 0:
                 self._done(*rids)
                 raise StoreError(f"timed out waiting for the store ({what})")
+            if self._probe is not None and self._probe in self._replies:
+                self._done(self._probe)  # answered: its only use was the incarnation it came from
+                self._probe, quiet_since = None, now
+            if self._probe is None and now - quiet_since >= self.probe_interval_s:
+                self._probe = self._new_id("probe")
+                self._send("ckpt_frontier_get", {"req": self._probe})
             self._pump(min(left, 0.2))
 
     # ------------------------------------------------------------------ save

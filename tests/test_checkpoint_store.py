@@ -567,3 +567,51 @@ def test_restore_reads_the_planned_checkpoint_after_a_newer_one_became_the_front
     reply = cluster.request("ckpt_frontier_get", {"req": "bad-hash", "manifest_hash": "not-a-hash"}, "bad-hash")
     assert reply["kind"] == "ckpt_error" and "manifest_hash" in reply["reason"], reply
     assert store.poll() is None and client.frontier(timeout_s=20) == (h2, m2)
+
+
+@pytest.mark.integration
+def test_a_read_cut_by_a_store_restart_fails_at_once_instead_of_waiting_out_its_deadline(cluster: Cluster) -> None:
+    """Soak seed 1015 (stall): the store was killed after it had acknowledged a request and before its
+    reply got through; the restarted store never heard of the request, and the site waited out the
+    whole 120 s deadline (and the epoch change waiting for it). Acks carry the acker's incarnation:
+    once the client hears from a new store process, a request the old one had taken fails at once;
+    one it had not taken is resent to the new one."""
+    store1 = cluster.start_store()
+    client = cluster.client()
+    g = torch.Generator().manual_seed(3)
+    blob = {"w": torch.randn(256 * 1024, generator=g)}  # 1 MiB
+    fields = {"run_id": "t1", "ckpt_id": "r1", "round": 1, "step": 8, "epoch": 0, "parent": None, "samples": 64}
+    _h, manifest = client.save({"model": blob}, fields, timeout_s=20)
+    # Replies (store -> site) at 50 KB/s: the read takes ~20 s, so it is in flight when the store dies.
+    apply_link_spec(cluster.tox, "a_to_store", LinkSpec(LinkProfile(5, 0, 0), LinkProfile(5, 0, 50)))
+    outcome: list[object] = []
+
+    def load() -> None:
+        t0 = time.monotonic()
+        try:
+            outcome.append(client.load(manifest, timeout_s=60))
+        except BaseException as e:  # recorded for the main thread
+            outcome.append(e)
+        outcome.append(time.monotonic() - t0)
+
+    t = threading.Thread(target=load, daemon=True)
+    t.start()
+    time.sleep(1.5)
+    assert not outcome  # still reading
+    store1.send_signal(signal.SIGKILL)
+    assert store1.wait(timeout=10) == -signal.SIGKILL
+    # The replies the dead store had written are still queued in the throttled proxy: drop them with
+    # its connections, so requests it had acknowledged are never answered (what a kill at any other
+    # moment between the ack and the reply does).
+    cluster.tox.set_enabled("a_to_store", False)
+    cluster.tox.set_enabled("a_to_store", True)
+    store2 = cluster.start_store()
+    t.join(timeout=70)
+    assert not t.is_alive()
+    err, took_s = outcome
+    assert isinstance(err, StoreError), err
+    assert "the store restarted" in str(err) and "lost with it" in str(err), err  # not "timed out"
+    assert took_s < 60, took_s
+    # The new store serves: a fresh request from the same client is answered.
+    assert client.frontier(timeout_s=30)[0] == _h
+    assert store2.poll() is None

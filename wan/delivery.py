@@ -18,6 +18,7 @@ INBOX_MAX_MESSAGES = 65_536  # per inbox; more is rejected as inbox_full (not ac
 INBOX_MAX_BYTES = 256 * 1024 * 1024  # per inbox, wire bytes of the messages it holds
 SEQ_WINDOW = 65_536  # a reliable seq may be at most this far above its window's low mark
 INCARNATIONS_KEPT = 8  # sequence windows kept per member (its latest incarnations)
+ACKED_KEPT = 4096  # per destination: which peer incarnation acked each of the latest reliable messages
 
 
 @dataclass

@@ -145,6 +145,11 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
         self._seq: dict[str, int] = collections.defaultdict(int)
         self._unacked: dict[str, collections.OrderedDict[int, Pending]] = collections.defaultdict(collections.OrderedDict)
         self._last_ack_ns: dict[str, int] = collections.defaultdict(int)
+        # dest -> seq -> incarnation of the peer process that acked it (the last ACKED_KEPT per dest),
+        # and member -> incarnation of its newest accepted message: together they tell a waiting
+        # request that the process which took it is gone (`acked_by`, `peer_incarnation`).
+        self._acked_by: dict[str, collections.OrderedDict[int, int]] = collections.defaultdict(collections.OrderedDict)
+        self._peer_inc: dict[str, int] = {}
         # member -> incarnation -> window (the last INCARNATIONS_KEPT incarnations, oldest first)
         self._seen: dict[str, collections.OrderedDict[int, SeqWindow]] = collections.defaultdict(
             collections.OrderedDict)
@@ -245,6 +250,16 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
             if dest is not None:
                 return queued + len(self._unacked.get(dest, {}))
             return queued + sum(len(v) for v in self._unacked.values())
+
+    def acked_by(self, dest: str, seq: int) -> int | None:
+        """The incarnation of the `dest` process that acked reliable message `seq`, or None (not acked
+        yet, or acked so long ago it is forgotten)."""
+        with self._lock:
+            return self._acked_by.get(dest, {}).get(seq)
+
+    def peer_incarnation(self, member: str) -> int | None:
+        """The incarnation of `member`'s newest accepted message (data or ack), or None (none yet)."""
+        return self._peer_inc.get(member)
 
     def wait_acked(self, timeout_s: float, dest: str | None = None) -> bool:
         deadline = time.monotonic() + timeout_s

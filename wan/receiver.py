@@ -15,7 +15,7 @@ from typing import Any
 
 import zmq
 
-from wan.delivery import INCARNATIONS_KEPT, SEQ_WINDOW, SeqWindow
+from wan.delivery import ACKED_KEPT, INCARNATIONS_KEPT, SEQ_WINDOW, SeqWindow
 from wan.frames import MAX_BUFFERS, FrameError, Message, check_fence, decode, encode, safe_repr, wire_overhead
 from wan.zmq_text import describe_error, peer_text, src_fd
 
@@ -151,6 +151,7 @@ class ReceivingMixin:
         if rid is not None:
             self._note_connection(msg.src, fd)
             self._learn_peer(msg.src, rid)
+        self._peer_inc[msg.src] = msg.inc  # one dict store: atomic under the GIL, read by other threads
         if msg.kind == "ack":
             self._on_ack(msg)
             return
@@ -204,3 +205,7 @@ class ReceivingMixin:
             pend = self._unacked.get(msg.src)
             if pend is not None and pend.pop(seq, None) is not None:
                 self._last_ack_ns[msg.src] = time.monotonic_ns()
+                acked = self._acked_by[msg.src]
+                acked[seq] = msg.inc
+                if len(acked) > ACKED_KEPT:
+                    acked.popitem(last=False)
