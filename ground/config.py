@@ -119,6 +119,12 @@ class TrainConfig:
     init_store_dir: str = ""
     init_manifest_sha256: str = ""
     threads_per_site: int = 0  # torch intra-op threads per site process; 0 = cores // sites, min 1
+    # Emulated device speed: an inner step (a sync step) that computes faster than this waits out
+    # the rest, so each site trains at a fixed rate however many sites share the host's cores. On
+    # 2 cores three CPU-bound sites train no faster than two, so a missing site would cost nothing;
+    # with a floor above the contended step time, it costs its share, as a datacenter would.
+    # 0 = off (as fast as the host allows). Milliseconds per step.
+    step_floor_ms: float = 0.0
     # Intra-site data parallelism: W processes per site (rank 0 = the site agent, the only one on
     # the WAN) joined by a per-site gloo group over loopback; each trains on 1/W of the site's
     # per_site_batch (must divide it) and they average grads every step. The site's thread budget

@@ -85,7 +85,8 @@ class Rounds:
                 if local and not self.carried(s, rnd) else 0
             s.progress = Progress(rnd, cs, h_steps, keep) if local else None
         s.resume = None
-        t_step = w.model.compute_s_per_token * cfg.train.per_site_batch * cfg.model.seq_len
+        t_step = max(w.model.compute_s_per_token * cfg.train.per_site_batch * cfg.model.seq_len,
+                     cfg.train.step_floor_ms / 1000.0)  # the emulated device's floor, as site_agent/rounds.py
         s.cur = (rnd, cs, ce, h_steps, w.clock.now_ns, t_step, first, layout)
         w.clock.after((h_steps - first) * t_step, self.computed, s, s.gen, rnd, cs, ce, w.clock.now_ns, h_steps, step)
 

@@ -188,6 +188,8 @@ class RoundLoop:
         # failed now (plain layout only: a carried round is not carried again).
         keep = kept_steps(cfg, n, idx, cs, ce) if self.pool is None and cfg.train.mode == "local" \
             and not self.carried_round(rnd) else 0
+        floor_s = cfg.train.step_floor_ms / 1000.0  # emulated device time per step (0: none)
+        waited_s = 0.0
         with log.span("compute", round=rnd) as span:
             cpu0 = time.process_time()  # all of this process's threads (WAN I/O, an evaluation) included
             if first:
@@ -207,6 +209,7 @@ class RoundLoop:
                 if not ids:
                     continue  # the cut last round: this site's batch for this step is empty
                 mine = rank_slice(ids, 0, world)  # W = 1: all of ids
+                t_step = time.monotonic()
                 x, y = batch_for(self.corpus, mine, cfg.model.seq_len)
                 if cfg.train.mode == "sync":
                     loss, payload = trainer.compute_grads(x, y)
@@ -221,6 +224,11 @@ class RoundLoop:
                         prog.losses[-1] = loss
                 losses.append(loss)
                 ids_round += ids
+                if floor_s > 0:  # the emulated device is slower than this host's share of it
+                    wait = floor_s - (time.monotonic() - t_step)
+                    if wait > 0:
+                        time.sleep(wait)
+                        waited_s += wait
                 tokens = len(ids) * cfg.model.seq_len
                 log.emit("work_attempted", round=rnd, inner_step=h, samples=ids, tokens=tokens,
                          flops=tokens * trainer.flops_per_token)
@@ -229,7 +237,9 @@ class RoundLoop:
             elif payload is None:
                 payload = np.zeros(trainer.global_params.numel(), dtype=np.float32)
             span.update(loss=float(np.mean(losses)) if losses else None, samples=len(ids_round),
-                      cpu_s=time.process_time() - cpu0)
+                        cpu_s=time.process_time() - cpu0)
+            if floor_s > 0:
+                span.update(floor_wait_s=waited_s)
         if self.pool is not None:
             self.pool.compute_done()
         share = n * len(ids_round) / max(1, ce - cs)

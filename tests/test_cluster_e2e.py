@@ -146,3 +146,28 @@ def test_sync_run_matches_single_process_run_bitwise(sync_run):
     # equality above covers the scheduled lr, not a constant one.
     lrs = {inner_lr_at(cfg, k * n * cfg.train.per_site_batch * cfg.model.seq_len) for k in range(steps)}
     assert len(lrs) == steps and cfg.train.lr_schedule == "cosine", lrs
+
+
+def test_a_step_floor_slows_every_step_to_the_emulated_device_and_changes_nothing_learned(local_run, tmp_path):
+    """`train.step_floor_ms` emulates a slower device per site (the storm benchmark charges each site
+    its own compute this way): every inner step takes at least the floor, and since it only waits,
+    the run commits exactly the same states as the same run without it."""
+    from tests.conftest import run_cluster
+
+    floor_ms = 300.0
+    run_dir, s = run_cluster(tmp_path, {"train": {"mode": "local", "step_floor_ms": floor_ms}})
+    assert s["clean_exit"] and s["useful_tokens"] == local_run[1]["useful_tokens"]
+    waited = 0.0
+    for site in ("a", "b", "c"):
+        spans = [e for e in events(run_dir, site) if e["event"] == "compute"]
+        steps = {(e["round"], e["inner_step"]) for e in events(run_dir, site) if e["event"] == "work_attempted"}
+        assert spans and len(steps) == 12  # 3 rounds x H = 4
+        for sp in spans:
+            took_s = (sp["end_mono_ns"] - sp["start_mono_ns"]) / 1e9
+            assert took_s >= 4 * floor_ms / 1000, (site, sp["round"], took_s)
+            waited += sp["floor_wait_s"]
+    assert waited > 0  # the host computed faster than the floor at least once: the floor did the waiting
+
+    def commits(rd):
+        return [(e["commit_id"], e["param_hash"]) for e in events(rd, "coord") if e["event"] == "commit"]
+    assert commits(run_dir) == commits(local_run[0]) and len(commits(run_dir)) == 3

@@ -62,6 +62,23 @@ def test_a_run_without_faults_commits_every_round_and_completes(tmp_path: Path) 
     assert res.useful_tokens == target_samples(cfg) * cfg.model.seq_len
 
 
+def test_a_step_floor_sets_the_simulated_step_time_as_it_does_the_emulators(tmp_path: Path) -> None:
+    """`train.step_floor_ms` (site_agent/rounds.py waits out the rest of a faster step): a simulated
+    step takes max(the model's step time, the floor); a floor below the model's step changes nothing."""
+    from ground.eventlog import process_events
+
+    def compute_s(floor_ms: float, out: str) -> list[float]:
+        res = simulate(cfg_for(train={"step_floor_ms": floor_ms}), None, out=tmp_path / out)
+        assert res.complete
+        return [(e["end_mono_ns"] - e["start_mono_ns"]) / 1e9 for e in process_events(tmp_path / out, "a")
+                if e["event"] == "compute"]
+
+    model_step_s = SimModel().compute_s_per_token * 8 * 128  # COMPARE_CFG: 8 samples x 128 tokens
+    assert compute_s(0.0, "none") == compute_s(model_step_s * 500, "low")  # a floor under the model's step
+    slow = compute_s(model_step_s * 3000, "high")
+    assert slow and all(t == pytest.approx(4 * model_step_s * 3) for t in slow)  # H = 4 steps at the floor
+
+
 def test_a_simulation_is_deterministic(tmp_path: Path) -> None:
     scen = Scenario.build("t", "").crash("b", at_useful_tokens=36_864, restart_after_s=2)
     for name in ("one", "two"):
