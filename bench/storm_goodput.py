@@ -17,6 +17,7 @@ reports 82.3 %, a DiLoCo fault-tolerance harness 85-88 % under kill/partition st
 `elastic`: >= 0.92; all four policies are reported (`raw.per_policy`).
 
     python -m bench.storm_goodput [minutes_per_run] [--keep DIR]
+    python -m bench.storm_goodput --reanalyze DIR    # the per-fault split again, from a kept invocation
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from bench.common import env_info, write_result
 from chaos.scenario import Scenario
@@ -90,37 +91,58 @@ def _active_s(run_dir: Path) -> float:
     return (end - start) / 1e9
 
 
+def progress_at(commits: list[tuple[int, int]], t: int) -> float:
+    """A run's progress (useful tokens of its lineage) at mono ns `t`: 0 before its first commit, the
+    commits' tokens linearly interpolated between them, the last commit's after it."""
+    before = [(n, u) for n, u in commits if n <= t]
+    if not before:
+        return 0.0
+    n0, u0 = before[-1]
+    later = next(((n, u) for n, u in commits if n > t), None)
+    if later is None:
+        return float(u0)
+    n1, u1 = later
+    return u0 + (u1 - u0) * (t - n0) / (n1 - n0)
+
+
+def time_to_reach(start_ns: int, commits: list[tuple[int, int]]) -> Callable[[float], float]:
+    """The inverse of `progress_at` for a run that never rolls back (the fault-free arm): seconds from
+    its start until its progress reached `tokens` (at most its last commit's time)."""
+    pts = [(0.0, 0.0)] + [((n - start_ns) / 1e9, float(u)) for n, u in commits]
+
+    def at(tokens: float) -> float:
+        if tokens <= 0:
+            return 0.0
+        for (t0, u0), (t1, u1) in zip(pts, pts[1:]):
+            if u1 >= tokens:
+                # progress_at jumps from 0 to the first commit's tokens at that commit
+                return t1 if u0 == 0.0 or u1 == u0 else t0 + (t1 - t0) * (tokens - u0) / (u1 - u0)
+        return pts[-1][0]
+    return at
+
+
 def loss_windows(start_ns: int, end_ns: int, commits: list[tuple[int, int]], faults: list[tuple[int, str]],
-                 rate_tokens_per_s: float) -> list[dict[str, Any]]:
+                 fault_free_s: Callable[[float], float]) -> list[dict[str, Any]]:
     """Where a storm run's lost time went: one window before the first fault, then one per fault (from
     its injection to the next fault's, or to the end of the run).
 
-    `commits`: (mono ns, useful tokens of the lineage) in order; progress at an instant is the last
-    commit's tokens, interpolated linearly between commits (a round's tokens arrive in one commit).
-    A window's lost time = its length - the progress made in it / the fault-free rate; the windows
-    sum exactly to T_storm - target / rate = T_storm - T_fault_free. The first window has no fault:
-    its lost time is the arm's start-up and load difference, the noise beside the others.
+    `commits`: (mono ns, useful tokens of the lineage) in order (`progress_at`). `fault_free_s(u)`:
+    the seconds the fault-free arm needed to reach progress u (`time_to_reach` of its commits), so
+    start-up, evaluations and checkpoints cost the same in both arms. A window's lost time = its
+    length - the time the fault-free arm took to make the same progress; the windows sum exactly to
+    T_storm - T_fault_free. The first window has no fault: what it loses is the noise beside the others.
     A restart's rollback shows as negative progress in the window of the fault that caused it.
+    (Until e7e6fdb the reference was the fault-free arm's mean rate, which charged every arm's
+    start-up to its first window and credited it back in the fault windows.)
     """
-    def progress(t: int) -> float:
-        before = [(n, u) for n, u in commits if n <= t]
-        if not before:
-            return 0.0
-        n0, u0 = before[-1]
-        later = next(((n, u) for n, u in commits if n > t), None)
-        if later is None:
-            return float(u0)
-        n1, u1 = later
-        return u0 + (u1 - u0) * (t - n0) / (n1 - n0)
-
     bounds = [start_ns] + [max(start_ns, min(t, end_ns)) for t, _ in faults] + [end_ns]
     labels = ["before the first fault"] + [label for _, label in faults]
     out = []
     for label, a, b in zip(labels, bounds, bounds[1:]):
-        made = progress(b) - progress(a)
+        pa, pb = progress_at(commits, a), progress_at(commits, b)
         length = (b - a) / 1e9
-        out.append({"window": label, "length_s": round(length, 3), "progress_tokens": round(made),
-                    "lost_s": round(length - made / rate_tokens_per_s, 3)})
+        out.append({"window": label, "length_s": round(length, 3), "progress_tokens": round(pb - pa),
+                    "lost_s": round(length - (fault_free_s(pb) - fault_free_s(pa)), 3)})
     return out
 
 
@@ -134,19 +156,25 @@ class ArmTimeline:
     faults: list[tuple[int, str]]  # (mono ns, "kind target") of every fault_injected
 
     @staticmethod
-    def read(run_dir: Path) -> ArmTimeline:
+    def read(run_dir: Path, with_faults: bool = True) -> ArmTimeline:
+        """`with_faults`: the arm ran a scenario, so its chaos.jsonl must be there (the fault-free arm has none)."""
         evs = read_events(run_dir / "logs" / "coord.jsonl")
         start, end = _span_ns(run_dir, evs)
+        faults = [(e["mono_ns"], f"{e.get('kind')} {e.get('target')}")
+                  for e in read_events(run_dir / "logs" / "chaos.jsonl") if e.get("event") == "fault_injected"] \
+            if with_faults else []
         return ArmTimeline(start, end, [(e["mono_ns"], int(e["useful_tokens"])) for e in evs if e["event"] == "commit"],
-                           [(e["mono_ns"], f"{e.get('kind')} {e.get('target')}")
-                            for e in read_events(run_dir / "logs" / "chaos.jsonl") if e.get("event") == "fault_injected"])
+                           faults)
 
     @property
     def active_s(self) -> float:
         return (self.end_ns - self.start_ns) / 1e9
 
-    def loss_by_fault(self, rate_tokens_per_s: float) -> list[dict[str, Any]]:
-        return loss_windows(self.start_ns, self.end_ns, self.commits, self.faults, rate_tokens_per_s)
+    def time_to_reach(self) -> Callable[[float], float]:
+        return time_to_reach(self.start_ns, self.commits)
+
+    def loss_by_fault(self, fault_free: ArmTimeline) -> list[dict[str, Any]]:
+        return loss_windows(self.start_ns, self.end_ns, self.commits, self.faults, fault_free.time_to_reach())
 
 
 def floor_wait_share(run_dir: Path) -> float | None:
@@ -161,8 +189,36 @@ def floor_wait_share(run_dir: Path) -> float | None:
     return waited / total if total > 0 else None
 
 
+def reanalyze(keep: Path) -> dict[str, Any]:
+    """Recompute the per-fault split of lost time of a kept invocation (`--keep DIR`) with this code's
+    `loss_windows`, in bench/results/storm_goodput.json; nothing else in the result changes (the
+    efficiencies are the arms' active times, read again and checked)."""
+    import json
+    import subprocess
+
+    path = Path(__file__).resolve().parent / "results" / f"{NAME}.json"
+    res = json.loads(path.read_text())
+    ff = ArmTimeline.read(next((keep / "fault-free").glob("2*")), with_faults=False)
+    for arm, rec in res["raw"]["per_policy"].items():
+        tl = ArmTimeline.read(next((keep / arm).glob("2*")))
+        if abs(tl.active_s - rec["active_s"]) > 1e-6:
+            raise RuntimeError(f"{keep / arm}: active {tl.active_s} s, the result says {rec['active_s']} s: not its run")
+        rec["loss_by_fault"] = tl.loss_by_fault(ff)
+    rev = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], capture_output=True, text=True).stdout.strip()
+    res["notes"] += (f" The loss_by_fault windows were recomputed from the kept runs ({keep}) at {rev} "
+                     "(`python -m bench.storm_goodput --reanalyze DIR`): against the first fault-free arm's own "
+                     "progress curve instead of its mean rate; the runs and the efficiencies are unchanged.")
+    path.write_text(json.dumps(res, indent=2) + "\n")
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--reanalyze"]:
+        res = reanalyze(Path(args[1]))
+        for arm, rec in res["raw"]["per_policy"].items():
+            print(f"{arm}: " + ", ".join(f"{w['window']} {w['lost_s']:.1f}" for w in rec["loss_by_fault"]))
+        return 0
     keep = None
     if "--keep" in args:  # keep the run directories (their logs) there instead of a temporary directory
         i = args.index("--keep")
@@ -184,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         ff_dir, ff = launch(load_config(merge(base, {"runs_dir": str(Path(tmp) / "fault-free")})), quiet=True,
                             timeout_s=3600)
         t_ff_first = _active_s(ff_dir)
+        ff_timeline = ArmTimeline.read(ff_dir, with_faults=False)
         scenario = storm(t_ff_first / 60)
         per_policy: dict[str, Any] = {}
         active: dict[str, float] = {}
@@ -208,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         for arm, rec in per_policy.items():
             rec["efficiency"] = t_ff / active[arm]
             rec["efficiency_vs_first_last"] = [t_ff_first / active[arm], t_ff_last / active[arm]]
-            rec["loss_by_fault"] = timelines[arm].loss_by_fault(target / t_ff)
+            rec["loss_by_fault"] = timelines[arm].loss_by_fault(ff_timeline)
             print(f"{arm}: lost s by window: " + ", ".join(f"{w['window']} {w['lost_s']:.1f}"
                                                          for w in rec["loss_by_fault"]), flush=True)
             print(f"{arm}: efficiency {rec['efficiency']:.3f} (fault-free {t_ff_first:.1f} s first, "
@@ -238,9 +295,10 @@ def main(argv: list[str] | None = None) -> int:
                        "1-minute load average is in raw.per_policy): the fault-free arm runs first and last, "
                        f"the reference is their mean ({t_ff_first:.1f} s, {t_ff_last:.1f} s: drift "
                        f"{100 * drift:.1f} %), and an efficiency difference inside that drift is no difference. "
-                       "raw.per_policy[arm].loss_by_fault splits each arm's lost time (T_arm - T_fault_free) "
-                       "into a window before the first fault (start-up and load: the noise) and one window per "
-                       "fault, from its injection to the next one's, at the fault-free rate. "
+                       "raw.per_policy[arm].loss_by_fault splits each arm's lost time (T_arm - T_fault_free first) "
+                       "into a window before the first fault (the noise) and one window per fault, from its "
+                       "injection to the next one's: a window's length minus the time the first fault-free arm "
+                       "took to make the same progress. "
                        "'elastic+standby' is elastic with recovery.warm_standby (restarts hand the site to a "
                        "process that has imported torch and built the model); the goal is decided on plain "
                        "elastic.")
