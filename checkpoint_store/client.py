@@ -158,10 +158,21 @@ class StoreClient:
             if self._probe is not None and self._probe in self._replies:
                 self._done(self._probe)  # answered: its only use was the incarnation it came from
                 self._probe, quiet_since = None, now
-            if self._probe is None and now - quiet_since >= self.probe_interval_s:
-                self._probe = self._new_id("probe")
-                self._send("ckpt_frontier_get", {"req": self._probe})
+            if now - quiet_since >= self.probe_interval_s:
+                self._send_probe()
+                quiet_since = now
             self._pump(min(left, 0.2))
+
+    def _send_probe(self) -> None:
+        """Ask the store for its frontier, only to hear which store process answers. Unreliable: an
+        acked probe would count as ack progress toward the store and keep the WAN node from ever
+        resending a request that is stuck unacked (its resend timer waits for a quiet destination;
+        equal-work v2, s5-store-outage: a stopped store's reply never came and the probes' acks
+        starved the resend for 64 s). A lost probe is replaced by the next one."""
+        if self._probe is not None:
+            self._done(self._probe)
+        self._probe = self._new_id("probe")
+        self.node.send(self.dest, "ckpt_frontier_get", CLS, {"req": self._probe}, reliable=False)
 
     # ------------------------------------------------------------------ save
     def _upload(self, data: bytes, sha: str, deadline: float) -> None:

@@ -615,3 +615,33 @@ def test_a_read_cut_by_a_store_restart_fails_at_once_instead_of_waiting_out_its_
     # The new store serves: a fresh request from the same client is answered.
     assert client.frontier(timeout_s=30)[0] == _h
     assert store2.poll() is None
+
+
+def test_a_quiet_wait_probes_the_store_unreliably_and_again_when_a_probe_is_lost(tmp_path: Path) -> None:
+    """Pure logic (a recording stand-in for the WAN node). A probe only asks which store process
+    answers; sent reliably, its ack would count as ack progress and hold back the resend of a
+    request stuck unacked. It is unreliable, and an unanswered one is replaced by the next."""
+    sent: list[tuple[str, bool]] = []
+
+    class Node:
+        name = "a"
+        wan = type("W", (), {"max_frame_bytes": 1 << 20, "max_header_bytes": 4096})()
+
+        def send(self, dest, kind, cls, body, arrays=(), reliable=True, **kw):
+            sent.append((kind, reliable))
+            return len(sent) if reliable else 0
+
+        def acked_by(self, dest, seq):
+            return None
+
+        def peer_incarnation(self, member):
+            return None
+
+    client = StoreClient(Node(), queue.Queue(), EventLog(tmp_path / "a.jsonl", run_id="t", process="a"), 1024,
+                         probe_interval_s=0.05)
+    with pytest.raises(StoreError, match="timed out"):
+        client.frontier(timeout_s=0.6)
+    assert sent[0] == ("ckpt_frontier_get", True)  # the request itself
+    probes = sent[1:]
+    assert len(probes) >= 2 and set(probes) == {("ckpt_frontier_get", False)}  # one per 0.2 s poll here
+    assert len(client._waiting) <= 1  # lost probes are forgotten, not piled up

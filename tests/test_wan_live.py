@@ -65,6 +65,42 @@ def test_link_reset_mid_stream_delivers_every_message_exactly_once(tmp_path, tox
     assert any(e["event"] in ("retransmit", "parked_sent") for e in events), "the cut did not force a resend"
 
 
+def test_a_message_the_receiver_dropped_is_resent_while_newer_ones_keep_being_acked(tmp_path, toxiproxy):
+    """b's full inbox drops a message unacked (a genuine sender resends it later), while a keeps
+    sending other messages that b acks. The resend used to wait for a destination with no ack
+    progress at all, so the steady acks kept the dropped message from ever being resent (equal-work
+    v2: a store client's probes and their acks starved a lost request for 64 s)."""
+    wan = WanConfig(retransmit_timeout_ms=1500)
+    a, b, _proxy, logs = _pair(tmp_path, toxiproxy, wan)
+    data = b.inbox("data", max_messages=1)
+    pings = b.inbox("ping")
+    b.start()
+    a.start()
+    try:
+        a.send("b", "data", "control", {"i": 0})
+        a.send("b", "data", "control", {"i": 1})  # finds the inbox full: rejected, not acked
+        time.sleep(0.5)
+        got = [data.get(timeout=5).body["i"]]
+        deadline = time.monotonic() + 15
+        while len(got) < 2 and time.monotonic() < deadline:
+            a.send("b", "ping", "control", {})  # acked at once: the destination never goes quiet
+            while not pings.empty():
+                pings.get_nowait()
+            try:
+                got.append(data.get(timeout=0.3).body["i"])
+            except Exception:
+                pass
+        assert got == [0, 1]
+        assert a.wait_acked(10)
+    finally:
+        a.close()
+        b.close()
+    rejected = [e for e in read_events(tmp_path / "b.jsonl") if e["event"] == "frame_rejected"]
+    assert [e["reason"] for e in rejected] == ["inbox_full"]
+    resent = [e for e in read_events(tmp_path / "a.jsonl") if e["event"] == "retransmit"]
+    assert resent and "sent after it was acked" in resent[0]["reason"], resent
+
+
 def test_restarted_peer_reusing_its_identity_is_accepted(tmp_path, toxiproxy):
     wan = WanConfig()
     a, b, proxy, logs = _pair(tmp_path, toxiproxy, wan)

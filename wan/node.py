@@ -145,6 +145,7 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
         self._seq: dict[str, int] = collections.defaultdict(int)
         self._unacked: dict[str, collections.OrderedDict[int, Pending]] = collections.defaultdict(collections.OrderedDict)
         self._last_ack_ns: dict[str, int] = collections.defaultdict(int)
+        self._acked_sent_ns: dict[str, int] = {}  # dest -> latest send time (mono ns) of a message it acked
         # dest -> seq -> incarnation of the peer process that acked it (the last ACKED_KEPT per dest),
         # and member -> incarnation of its newest accepted message: together they tell a waiting
         # request that the process which took it is gone (`acked_by`, `peer_incarnation`).

@@ -203,8 +203,11 @@ class ReceivingMixin:
             return  # an ack for a previous incarnation of this process
         with self._lock:
             pend = self._unacked.get(msg.src)
-            if pend is not None and pend.pop(seq, None) is not None:
+            p = pend.pop(seq, None) if pend is not None else None
+            if p is not None:
                 self._last_ack_ns[msg.src] = time.monotonic_ns()
+                if p.last_sent_ns > self._acked_sent_ns.get(msg.src, 0):
+                    self._acked_sent_ns[msg.src] = p.last_sent_ns
                 acked = self._acked_by[msg.src]
                 acked[seq] = msg.inc
                 if len(acked) > ACKED_KEPT:

@@ -131,9 +131,24 @@ class SendingMixin:
             self.log.emit("parked_sent", dest=dest, messages=first, reason=why)
 
     def _check_retransmit(self) -> None:
+        """Resend what is unacked to a destination when no ack has come from it for the timeout, or
+        when its oldest unacked message has waited the timeout although a message sent after it was
+        acked. Messages to one destination travel one connection in order and are acked in order, so
+        the second means it (or its ack) was lost. Without it, a steady flow of acks for newer messages
+        (a store client's probes and their replies) kept a lost one from ever being resent."""
         now = time.monotonic_ns()
-        timeout_ns = self.wan.retransmit_timeout_ms * 1_000_000
+        ms = self.wan.retransmit_timeout_ms
+        timeout_ns = ms * 1_000_000
+        due: list[tuple[str, str]] = []
         with self._lock:
-            due = [d for d, pend in self._unacked.items() if pend and now - self._last_ack_ns[d] > timeout_ns]
-        for d in due:
-            self._resend_all(d, f"no ack progress for {self.wan.retransmit_timeout_ms} ms")
+            for d, pend in self._unacked.items():
+                if not pend:
+                    continue
+                if now - self._last_ack_ns[d] > timeout_ns:
+                    due.append((d, f"no ack progress for {ms} ms"))
+                    continue
+                oldest = next(iter(pend.values())).last_sent_ns  # the lowest seq outstanding
+                if now - oldest > timeout_ns and oldest < self._acked_sent_ns.get(d, 0):
+                    due.append((d, f"unacked for {ms} ms while a message sent after it was acked"))
+        for d, why in due:
+            self._resend_all(d, why)
