@@ -239,8 +239,8 @@ def main(argv: list[str] | None = None) -> int:
         # an efficiency difference inside that gap is no difference.
         ff_dir, ff = launch(load_config(merge(base, {"runs_dir": str(Path(tmp) / "fault-free")})), quiet=True,
                             timeout_s=3600)
-        t_ff_first = _active_s(ff_dir)
-        ff_timeline = ArmTimeline.read(ff_dir, with_faults=False)
+        ff_timeline = ArmTimeline.read(ff_dir, with_faults=False)  # its coordinator log, read once
+        t_ff_first = ff_timeline.active_s
         scenario = storm(t_ff_first / 60)
         per_policy: dict[str, Any] = {}
         active: dict[str, float] = {}
