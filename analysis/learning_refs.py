@@ -25,6 +25,31 @@ ROOT = Path(__file__).resolve().parent.parent
 NOISE_FLOOR_RECORD = ROOT / "bench" / "results" / "noise_floor.json"
 
 
+def noise_floor_records(results_dir: Path = NOISE_FLOOR_RECORD.parent) -> list[Path]:
+    """Every noise-floor record: the demo's (noise_floor.json) first, then the studies' arms'
+    (noise_floor_<study>-v<version>.json, `xdc noise-floor --study`), by name."""
+    main = results_dir / NOISE_FLOOR_RECORD.name
+    return ([main] if main.is_file() else []) + sorted(p for p in results_dir.glob("noise_floor_*.json") if p.is_file())
+
+
+def match_records(paths: list[Path], dataset_id: str | None, cfg: dict[str, Any] | None,
+                  eval_set: Any = None) -> dict[str, Any]:
+    """The first record of `paths` measured for this dataset id, learning config and evaluation set,
+    with the file it came from; else the first record's reason (or "no record") for why none applies."""
+    first: dict[str, Any] | None = None
+    for path in paths:
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            got: dict[str, Any] = {"evidence": "unavailable", "reason": f"{path.name} cannot be read: {e}"}
+        else:
+            got = match(record, dataset_id, cfg, eval_set)
+        if got["evidence"] == "measured":
+            return {**got, "record_file": path.name}
+        first = first or got
+    return first or match(None, dataset_id, cfg, eval_set)
+
+
 def _reference(index: dict[str, Any] | None, cmp_dir: Path | None) -> dict[str, Any] | None:
     ref = (index or {}).get("reference")
     if not ref:

@@ -79,16 +79,18 @@ def _start_state_problems(p: Protocol, runs: list[dict[str, Any]]) -> list[str]:
 
 
 def _noise_floor(p: Protocol, runs: list[dict[str, Any]]) -> dict[str, Any]:
-    from analysis.learning_refs import NOISE_FLOOR_RECORD
-    from analysis.noise_floor_record import match
+    """The noise-floor record measured for the control arm's learning config, in the first stratum of
+    the evaluation split where it ran (`xdc noise-floor --study FILE --arm CONTROL`); else why none."""
+    from analysis.learning_refs import match_records, noise_floor_records
 
     ctl = [r for r in runs if r["arm"] == p.control and not r["control"]]
+    ctl = [r for r in ctl if r["split"] == p.evaluation_split] or ctl
     if not ctl:
         return {"evidence": "unavailable", "reason": "no control-arm run"}
     cfg = json.loads((Path(ctl[0]["run_dir"]) / "config.json").read_text()) if Path(ctl[0]["run_dir"]).is_dir() \
         else None
-    record = json.loads(NOISE_FLOOR_RECORD.read_text()) if NOISE_FLOOR_RECORD.is_file() else None
-    return match(record, ctl[0]["record"].get("dataset_id"), cfg, ctl[0]["record"].get("eval_set"))
+    return match_records(noise_floor_records(), ctl[0]["record"].get("dataset_id"), cfg,
+                         ctl[0]["record"].get("eval_set"))
 
 
 def _learning(runs: list[dict[str, Any]]) -> dict[str, str]:

@@ -228,7 +228,8 @@ def _pairs_section(art: dict[str, Any]) -> list[str]:
                      "unavailable" if saved_t is None else f"{fmt(saved_t + 0.0)} {_ev('logical')}",
                      fmt(g("energy_j", "ratio"))])
     floor = art["noise_floor"]
-    ftxt = (f"noise floor {floor['threshold_nats']:.4f} nats ({floor['n_seeds']} seeds)"
+    ftxt = (f"noise floor {floor['threshold_nats']:.4f} nats ({floor['n_seeds']} seeds"
+            f"{', bench/results/' + floor['record_file'] if floor.get('record_file') else ''})"
             if floor.get("evidence") == "measured" else f"noise floor unavailable: {floor.get('reason', '')}")
     out.append(f"<section id='pairs'><h2>Exact paired evaluations</h2><p>{_e(ftxt)}.</p>"
                + _table(head, rows, "pairs") + "</section>")

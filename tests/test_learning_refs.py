@@ -101,3 +101,48 @@ def test_a_record_from_another_evaluation_set_is_not_used():
     assert match(rec, "d1", cfg, None)["evidence"] == "measured"
     out = match(rec, "d1", cfg, {"windows": 512, "sha256": "ab"})
     assert out["evidence"] == "unavailable" and "evaluation set" in out["reason"]
+
+
+def test_a_study_arm_finds_its_own_record_among_several(tmp_path: Path):
+    """The demo's record and a study arm's record side by side: each config gets the record measured
+    for it (and the file it came from); a config with none gets the first record's reason; an
+    unreadable record is a reason, not a crash."""
+    from analysis.learning_refs import match_records, noise_floor_records
+
+    demo, study = _cfg_dict(), _cfg_dict(inner_lr=3e-3)
+    for name, cfg, finals in (("noise_floor.json", demo, [2.0, 2.02]), ("noise_floor_s-v2.json", study, [2.5, 2.6])):
+        (tmp_path / name).write_text(json.dumps({"dataset_id": "d1", "config_hash": learning_config_hash(cfg),
+                                                 "n_seeds": 2, "runs": [], **summarise(finals)}))
+    (tmp_path / "noise_floor_broken-v1.json").write_text("{not json")
+    paths = noise_floor_records(tmp_path)
+    assert [p.name for p in paths] == ["noise_floor.json", "noise_floor_broken-v1.json", "noise_floor_s-v2.json"]
+    got = match_records(paths, "d1", study)
+    assert (got["evidence"], got["record_file"], round(got["mean_nll"], 3)) == ("measured", "noise_floor_s-v2.json", 2.55)
+    assert match_records(paths, "d1", demo)["record_file"] == "noise_floor.json"
+    none = match_records(paths, "d1", _cfg_dict(lr_warmup_tokens=1024))
+    assert none["evidence"] == "unavailable" and "not measured for this config" in none["reason"]
+    assert match_records([], "d1", demo)["reason"].startswith("no noise-floor record")
+    only_broken = match_records([tmp_path / "noise_floor_broken-v1.json"], "d1", demo)
+    assert only_broken["evidence"] == "unavailable" and "cannot be read" in only_broken["reason"]
+
+
+def test_the_floor_of_a_study_arm_is_measured_on_that_arms_config_without_faults():
+    """`xdc noise-floor --study`: the arm's run config in the first evaluation stratum (its data order,
+    its recipe), no faults; a study whose control is chosen by rule needs --arm; unknown names are errors."""
+    from xdc.noise_floor import study_config
+
+    data, src = study_config("studies/protocols/controller-heldout.yaml", "fixed-local", None)
+    assert (src["study"], src["arm"], src["stratum"], src["policy"]) == ("controller-heldout", "fixed-local",
+                                                                        "bw-collapse-mild", "elastic")
+    cfg = load_config(data)
+    assert (cfg.data.shuffle_seed, cfg.train.inner_steps_h, cfg.train.per_site_batch, cfg.model.n_layers) == \
+        (1022, 32, 2, 2)
+    assert cfg.train.target_useful_tokens == 262_144
+    with pytest.raises(SystemExit, match="chooses its control from the runs"):
+        study_config("studies/protocols/controller-heldout.yaml", None, None)
+    with pytest.raises(SystemExit, match="no arm 'nope'"):
+        study_config("studies/protocols/controller-heldout.yaml", "nope", None)
+    with pytest.raises(SystemExit, match="no stratum 'nope'"):
+        study_config("studies/protocols/controller-heldout.yaml", "sync", "nope")
+    data, src = study_config("studies/protocols/equal-work.yaml", None, "s2-preempt")
+    assert src["arm"] == "fixed-local" and load_config(data).data.shuffle_seed == 2234

@@ -8,6 +8,13 @@ the learning-relevant config. The report (analysis/learning_refs.py) puts this f
 every between-policy difference, and uses it only when the comparison's dataset id and config
 hash are the record's: a floor measured for another recipe is never reused silently.
 
+`xdc noise-floor --study studies/protocols/controller-heldout.yaml --arm fixed-local` measures the
+floor of one study arm's learning config instead (the run config of that arm in a stratum of the
+study's evaluation split, the first unless `--stratum` names one; faults left out), and writes
+bench/results/noise_floor_<study>-v<version>.json; the study's artifact uses the record whose config
+is its control arm's (studies/artifact.py). The strata of a study differ in data order, and the floor
+is measured at one of them: it is the init-seed spread at that data order.
+
 Threshold: two runs that differ only in seed differ by sqrt(2) x sigma on average; a difference
 is called measurable when it exceeds `threshold_nats` = 2 sqrt(2) sigma (about the 95% two-sided
 band of a difference of two independent normal draws), or the seeds' full spread if larger.
@@ -47,7 +54,8 @@ def summarise(finals: list[float]) -> dict[str, float]:
             "threshold_nats": max(2 * math.sqrt(2) * std, spread)}
 
 
-def measure(cfg: RunConfig, seeds: list[int], out: Path, *, quiet: bool = True) -> dict[str, Any]:
+def measure(cfg: RunConfig, seeds: list[int], out: Path, *, quiet: bool = True,
+            provenance: dict[str, Any] | None = None) -> dict[str, Any]:
     """One fault-free cluster run per seed; writes and returns the record."""
     from xdc.launcher import launch, new_run_id
 
@@ -77,10 +85,38 @@ def measure(cfg: RunConfig, seeds: list[int], out: Path, *, quiet: bool = True) 
               "n_seeds": len(runs), "runs": runs, **summarise([r["final_heldout_nll"] for r in runs]),
               "method": "real cluster runs (xdc run), one per train.seed, same data, no faults; threshold = "
                         "max(2 sqrt(2) x std, spread)",
-              "produced_wall_ns": time.time_ns()}
+              "produced_wall_ns": time.time_ns(), **({"source": provenance} if provenance else {})}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     return record
+
+
+def study_config(protocol_file: str, arm: str | None, stratum: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The run-config dict of one arm of a study in one stratum, without the stratum's faults, and
+    where it came from. Raises SystemExit with the reason for an unknown arm or stratum."""
+    from studies.protocol import ProtocolError, load_protocol, run_config_dict
+
+    try:
+        p = load_protocol(protocol_file)
+    except ProtocolError as e:
+        raise SystemExit(f"xdc noise-floor: {e}") from None
+    if arm is None:
+        if p.comparator is not None:
+            raise SystemExit(f"xdc noise-floor: study {p.name!r} chooses its control from the runs "
+                             f"({', '.join(p.comparator.choose_from)}); name one with --arm")
+        arm = p.control
+    arms = [a.name for a in p.arms]
+    if arm not in arms:
+        raise SystemExit(f"xdc noise-floor: study {p.name!r} has no arm {arm!r} (arms: {', '.join(arms)})")
+    names = [s.name for s in p.strata]
+    if stratum is None:
+        stratum = next((s.name for s in p.strata if s.split == p.evaluation_split), names[0])
+    if stratum not in names:
+        raise SystemExit(f"xdc noise-floor: study {p.name!r} has no stratum {stratum!r}")
+    s = next(x for x in p.strata if x.name == stratum)
+    a = p.arm(arm)
+    return run_config_dict(p, s, a), {"study": p.name, "version": p.version, "arm": arm, "stratum": stratum,
+                                      "policy": a.policy, "protocol_file": str(protocol_file)}
 
 
 def main(argv: list[str] | None = None, base: dict | None = None) -> int:
@@ -94,16 +130,33 @@ def main(argv: list[str] | None = None, base: dict | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--runs-dir", default="runs/noise-floor")
-    ap.add_argument("--out", type=Path, default=Path("bench/results/noise_floor.json"))
+    ap.add_argument("--study", help="a study protocol: measure the floor of one of its arms' learning config")
+    ap.add_argument("--arm", help="with --study: the arm (default: the contrast's control where it is named)")
+    ap.add_argument("--stratum", help="with --study: the stratum (default: the first of the evaluation split)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="default bench/results/noise_floor.json, or noise_floor_<study>-v<version>.json with --study")
     args = ap.parse_args(argv)
     data: dict = dict(base or {}) if args.demo else {}
+    provenance: dict[str, Any] | None = None
+    if args.study:
+        if args.demo or args.config:
+            ap.error("--study builds the config from the protocol; it does not combine with --demo or --config")
+        data, provenance = study_config(args.study, args.arm, args.stratum)
+        if args.out is None:
+            args.out = Path("bench/results") / f"noise_floor_{provenance['study']}-v{provenance['version']}.json"
+    if args.out is None:
+        args.out = Path("bench/results/noise_floor.json")
     if args.config:
         data = merge(data, read_config_file(args.config))
     for o in args.set:
         data = merge(data, parse_override(o))
     data = merge(data, {"runs_dir": args.runs_dir})
     cfg = load_config(data)
-    rec = measure(cfg, list(range(args.first_seed, args.first_seed + args.seeds)), args.out)
+    if provenance is not None:
+        from xdc.compare import with_policy
+
+        cfg = with_policy(cfg, provenance["policy"], None)
+    rec = measure(cfg, list(range(args.first_seed, args.first_seed + args.seeds)), args.out, provenance=provenance)
     print(f"noise floor over {rec['n_seeds']} seeds: mean {rec['mean_nll']:.4f}, std {rec['std_nll']:.4f}, "
           f"spread {rec['spread_nll']:.4f} nats; differences under {rec['threshold_nats']:.4f} nats are not "
           f"measurable. Written to {args.out}")
