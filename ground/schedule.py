@@ -101,10 +101,11 @@ def carried_steps(cfg: RunConfig, old_members: tuple[str, ...], members: tuple[s
     old_end = min(cursor_start + n_old * b * steps, target)
     layout: dict[str, list[tuple[range, int]]] = {}
     claimed: set[int] = set()
+    old_index = {s: i for i, s in enumerate(old_members)}  # (a dict: `tuple.index` per member is O(N^2) at scale)
     for s in members:
         seq: list[tuple[range, int]] = []
-        if s in old_members:
-            i = old_members.index(s)
+        i = old_index.get(s, -1)
+        if i >= 0:
             for h in range(steps):
                 lo = cursor_start + h * n_old * b + i * b
                 if lo + b > cursor_end:

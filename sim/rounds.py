@@ -55,6 +55,7 @@ class Rounds:
         self.rendezvous: dict[tuple[int, int], dict[str, int]] = {}  # (epoch, round) -> member -> arrival ns
         self.cut_colls: dict[tuple[int, int], tuple[Any, ...]] = {}  # collectives waiting on a cut proxy
         self._payload: dict[tuple[int, str], tuple[int, int]] = {}
+        self._carried: dict[tuple[Any, ...], dict[str, list[Step]]] = {}  # the carried layout of the newest plan
 
     def start(self, s: SimSite, rnd: int) -> None:
         w, plan = self.w, s.plan
@@ -99,8 +100,15 @@ class Rounds:
         """This site's inner steps of round `rnd` (site_agent.rounds' step_layout, positions for ids)."""
         assert s.plan is not None
         if cfg.train.mode == "local" and self.carried(s, rnd):
-            return [(tuple(r), f) for r, f in carried_steps(cfg, s.plan.carry, s.plan.members, cs, ce,
-                                                             self.w.target)[s.name]]
+            # Every member computes the same pure layout of the plan; the simulator computes it once
+            # per (plan, span, recipe) and hands each member its part (O(N) per member, not O(N^2)).
+            key = (s.plan.carry, s.plan.members, cs, ce, self.w.target, cfg.train.per_site_batch, h_steps)
+            whole = self._carried.get(key)
+            if whole is None:
+                whole = {m: [(tuple(r), f) for r, f in seq] for m, seq in
+                         carried_steps(cfg, s.plan.carry, s.plan.members, cs, ce, self.w.target).items()}
+                self._carried = {key: whole}  # one plan at a time: the previous one is done with
+            return list(whole[s.name])
         idx, b = self.w.member_index(s.plan.members)[s.name], cfg.train.per_site_batch
         return [(tuple(site_positions(cfg, n, cs, h, idx, ce)), min(cs + h * n * b, ce)) for h in range(h_steps)]
 
