@@ -10,9 +10,15 @@ are reused, named in the result with their scenario, and the result says "not ru
 When two comparisons share a scenario, their emulator-to-emulator difference is reported beside
 the errors (run-to-run variance: the noise an error cannot be smaller than).
 
+Faulted calibration runs: the fault-free runs show no restart, so `restart_s` stays `prior` with
+them alone. `--calibration-extra DIR` (repeatable) adds emulator runs whose scenarios are not held
+out, e.g. a study's runs (`runs/studies/<name>-v<version>`: every run directory under its runs/),
+and the fit takes restart times (and every other parameter's events) from them too. A held-out
+comparison whose scenario name is among the calibration runs' is refused.
+
 Result: ratio = the largest time-to-target error / 10 % (goal <= 1); passed = every claim survived.
 
-    python -m bench.sim_validate [--runs-root runs] [--out runs/sim-validate]
+    python -m bench.sim_validate [--runs-root runs] [--out runs/sim-validate] [--calibration-extra DIR ...]
 """
 
 from __future__ import annotations
@@ -39,8 +45,20 @@ def heldout_comparisons(root: Path) -> list[Path]:
     return out
 
 
-def run(runs_root: Path, out: Path) -> dict[str, Any]:
+def extra_runs(dirs: list[Path]) -> list[Path]:
+    """Run directories named, or found under a study directory's runs/ (each with its config.json)."""
+    out: list[Path] = []
+    for d in dirs:
+        if (d / "config.json").exists():
+            out.append(d)
+        else:
+            out += sorted(p for p in (d / "runs").glob("*") if (p / "config.json").exists() and not p.is_symlink())
+    return out
+
+
+def run(runs_root: Path, out: Path, extra: list[Path] | None = None) -> dict[str, Any]:
     cal_runs = sorted(p for p in (runs_root / "noise-floor").glob("noise-seed*") if (p / "config.json").exists())
+    cal_runs += extra_runs(extra or [])
     comps = heldout_comparisons(runs_root)
     raw: dict[str, Any] = {"runs_root": str(runs_root), "calibration_runs": [p.name for p in cal_runs],
                            "heldout": [p.name for p in comps]}
@@ -93,8 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs-root", default=str(ROOT / "runs"))
     ap.add_argument("--out", default=str(ROOT / "runs" / "sim-validate"))
+    ap.add_argument("--calibration-extra", action="append", default=[], type=Path, metavar="DIR",
+                    help="emulator run directories (or a study directory) added to the calibration")
     args = ap.parse_args(argv)
-    raw = run(Path(args.runs_root), Path(args.out))
+    raw = run(Path(args.runs_root), Path(args.out), args.calibration_extra)
     errs = [r["error"]["time_to_target"] for rs in raw.get("comparisons", {}).values() for r in rs
             if r["error"]["time_to_target"] is not None]
     ratio = max(errs) / validate.GOALS["time_to_target_s"] if errs else float("nan")
@@ -104,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         print(raw["table_md"])
     for c in raw["claims"]:
         print(f"- {c['claim']}: {c['status']} ({c['runs']} run(s)){'; against: ' + '; '.join(c['against']) if c['against'] else ''}")
-    notes = (f"calibrated on {len(raw['calibration_runs'])} fault-free noise-floor run(s); held out: "
+    notes = (f"calibrated on {len(raw['calibration_runs'])} run(s) (fault-free noise-floor runs"
+             f"{' and ' + ', '.join(map(str, args.calibration_extra)) if args.calibration_extra else ''}); held out: "
              f"{', '.join(raw['heldout']) or 'none'}; claims: "
              + "; ".join(f"{k}: {v}" for k, v in statuses.items())
              + (f". Not run: {raw['why_not_run']}" if raw.get("why_not_run") else ""))

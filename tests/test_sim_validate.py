@@ -55,3 +55,20 @@ def test_a_run_simulated_again_with_its_own_model_has_no_error_and_every_claim_s
 def test_without_emulator_runs_every_claim_is_not_run(tmp_path: Path) -> None:
     raw = validate_run(tmp_path / "no-runs", tmp_path / "out")
     assert {c["status"] for c in raw["claims"]} == {"not run"} and "noise-floor" in raw["why_not_run"]
+
+
+def test_extra_calibration_runs_are_found_in_a_study_directory(tmp_path: Path) -> None:
+    """`--calibration-extra`: a run directory counts as itself, a study directory by its runs/ (the
+    `latest` link and anything without a config.json left out)."""
+    from bench.sim_validate import extra_runs
+
+    study = tmp_path / "study"
+    for name in ("s1--a", "s1--b"):
+        (study / "runs" / name).mkdir(parents=True)
+        (study / "runs" / name / "config.json").write_text("{}")
+    (study / "runs" / "junk").mkdir()
+    (study / "runs" / "latest").symlink_to(study / "runs" / "s1--b")
+    single = tmp_path / "one-run"
+    single.mkdir()
+    (single / "config.json").write_text("{}")
+    assert [p.name for p in extra_runs([study, single])] == ["s1--a", "s1--b", "one-run"]
