@@ -200,3 +200,56 @@ def test_a_node_whose_port_is_taken_fails_to_start_and_closes_at_once(tmp_path):
         b.close()
         assert time.monotonic() - t0 < 5.0, "close() waited on sockets of the failed start"
         log.close()
+
+
+def test_a_stale_epoch_message_is_acked_by_the_fence_that_rejects_it(tmp_path, toxiproxy):
+    """b is in epoch 5; a sends reliable messages of epoch 3 (rejected, final: the fence only rises)
+    and of epoch 5 (delivered). Every one is acked, so a has nothing left to resend; before, the
+    rejected ones stayed unacked and were resent every retransmit timeout, forever."""
+    wan = WanConfig(retransmit_timeout_ms=1000, zmq_heartbeat_ivl_ms=200)
+    a, b, _proxy, logs = _pair(tmp_path, toxiproxy, wan)
+    q = b.inbox("coll")
+    b.set_fence(5)
+    b.start()
+    a.start()
+    try:
+        for i in range(3):
+            a.send("b", "coll", "collective", {"i": i}, [np.full(1024, i, dtype=np.float32)], epoch=3)
+        a.send("b", "coll", "collective", {"i": 99}, epoch=5)
+        assert q.get(timeout=10).body["i"] == 99
+        assert a.wait_acked(10), f"{a.unacked('b')} message(s) still unacked"
+        rejected = [e for e in read_events(tmp_path / "b.jsonl") if e["event"] == "frame_rejected"]
+        # (rejected more than once where a's first copies came before b had a route back to a)
+        assert len(rejected) >= 3 and {(e["reason"], e["msg_epoch"]) for e in rejected} == {("stale_epoch", 3)}
+        assert q.empty()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_new_epoch_drops_what_was_still_owed_to_peers_from_earlier_epochs(tmp_path, toxiproxy):
+    """The link is cut, so a's messages stay unacked: those of epochs below 7 to b are dropped
+    (queued or sent), epoch 7's stay and are delivered once the link is back."""
+    wan = WanConfig(retransmit_timeout_ms=1000, zmq_heartbeat_ivl_ms=200)
+    a, b, _proxy, _logs = _pair(tmp_path, toxiproxy, wan)
+    q = b.inbox("coll")
+    b.start()
+    a.start()
+    try:
+        a.send("b", "coll", "collective", {"i": 0}, epoch=0)
+        assert q.get(timeout=10).body["i"] == 0 and a.wait_acked(10)
+        toxiproxy.set_enabled("a_to_b", False)
+        for i, ep in enumerate((5, 6, 6, 7), start=1):
+            a.send("b", "coll", "collective", {"i": i}, [np.full(2048, i, dtype=np.float32)], epoch=ep)
+        time.sleep(0.3)
+        assert a.unacked("b") == 4
+        n, nbytes = a.drop_unacked_before(7, ["b"])
+        assert n == 3 and nbytes > 3 * 2048 * 4 and a.unacked("b") == 1
+        assert a.drop_unacked_before(7, ["c"]) == (0, 0)  # other destinations are untouched
+        b.set_fence(7)
+        toxiproxy.set_enabled("a_to_b", True)
+        assert q.get(timeout=20).body["i"] == 4
+        assert a.wait_acked(10) and q.empty()
+    finally:
+        a.close()
+        b.close()
