@@ -38,11 +38,6 @@ class EpochAdoption:
         self.epoch = plan.epoch
         self.status["epoch"] = self.epoch
         self.node.set_fence(self.epoch)
-        # What this site still owes its peers from earlier epochs (collective parts, state chunks) is
-        # rejected by any peer in this epoch: resent, it would only queue ahead of this epoch's messages.
-        dropped, dropped_bytes = self.node.drop_unacked_before(self.epoch, sorted(self.sites - {self.me}))
-        if dropped:
-            log.emit("unacked_dropped", messages=dropped, wire_bytes=dropped_bytes, before_epoch=self.epoch)
         self.allreduce.reset(self.epoch)
         setting, start_step, _prev = plan_setting(self.cfg, plan)
         self.allreduce.set_compression(setting.compression)

@@ -131,18 +131,18 @@ def test_the_floor_of_a_study_arm_is_measured_on_that_arms_config_without_faults
     its recipe), no faults; a study whose control is chosen by rule needs --arm; unknown names are errors."""
     from xdc.noise_floor import study_config
 
-    data, src = study_config("studies/protocols/controller-heldout.yaml", "fixed-local", None)
-    assert (src["study"], src["arm"], src["stratum"], src["policy"]) == ("controller-heldout", "fixed-local",
+    data, src = study_config("studies/protocols/controller-heldout.yaml", "fixed-h32", None)
+    assert (src["study"], src["arm"], src["stratum"], src["policy"]) == ("controller-heldout", "fixed-h32",
                                                                         "bw-collapse-mild", "elastic")
     cfg = load_config(data)
     assert (cfg.data.shuffle_seed, cfg.train.inner_steps_h, cfg.train.per_site_batch, cfg.model.n_layers) == \
         (1022, 32, 2, 2)
-    assert cfg.train.target_useful_tokens == 262_144
+    assert cfg.train.target_useful_tokens == 524_288
     with pytest.raises(SystemExit, match="chooses its control from the runs"):
         study_config("studies/protocols/controller-heldout.yaml", None, None)
     with pytest.raises(SystemExit, match="no arm 'nope'"):
         study_config("studies/protocols/controller-heldout.yaml", "nope", None)
     with pytest.raises(SystemExit, match="no stratum 'nope'"):
-        study_config("studies/protocols/controller-heldout.yaml", "sync", "nope")
+        study_config("studies/protocols/controller-heldout.yaml", "fixed-h8", "nope")
     data, src = study_config("studies/protocols/equal-work.yaml", None, "s2-preempt")
     assert src["arm"] == "fixed-local" and load_config(data).data.shuffle_seed == 2234

@@ -29,7 +29,6 @@ class Pending:
     first_sent_ns: int
     last_sent_ns: int
     handed: bool = False  # handed to ZeroMQ at least once (a later send is a resend)
-    epoch: int = -1  # the epoch in its header (drop_unacked_before drops a superseded epoch's)
 
 
 class Inbox(queue.Queue):

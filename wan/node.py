@@ -141,8 +141,7 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
         self._ctx = zmq.Context(io_threads=1)
         self._auth = None
         self._lock = threading.Lock()
-        # (dest, frames, class, reliable, seq, epoch in the header)
-        self._outbox: collections.deque[tuple[str, list[Any], str, bool, int, int]] = collections.deque()
+        self._outbox: collections.deque[tuple[str, list[Any], str, bool, int]] = collections.deque()
         self._seq: dict[str, int] = collections.defaultdict(int)
         self._unacked: dict[str, collections.OrderedDict[int, Pending]] = collections.defaultdict(collections.OrderedDict)
         self._last_ack_ns: dict[str, int] = collections.defaultdict(int)
@@ -227,11 +226,10 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
             if reliable:
                 self._seq[dest] += 1
                 seq = self._seq[dest]
-            ep = self.epoch if epoch is None else epoch
-            frames = encode(kind=kind, cls=cls, run=self.run_id, epoch=ep,
+            frames = encode(kind=kind, cls=cls, run=self.run_id, epoch=self.epoch if epoch is None else epoch,
                             step=self.step if step is None else step, src=self.name, inc=self.inc, seq=seq,
                             body=body, arrays=owned)
-            self._outbox.append((dest, frames, cls, reliable, seq, ep))
+            self._outbox.append((dest, frames, cls, reliable, seq))
         self._wake()
         return seq
 
@@ -249,32 +247,10 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
     def unacked(self, dest: str | None = None) -> int:
         """Reliable messages not yet acked, including those still queued to be sent."""
         with self._lock:
-            queued = sum(1 for d, _f, _c, rel, _s, _e in self._outbox if rel and (dest is None or d == dest))
+            queued = sum(1 for d, _f, _c, rel, _s in self._outbox if rel and (dest is None or d == dest))
             if dest is not None:
                 return queued + len(self._unacked.get(dest, {}))
             return queued + sum(len(v) for v in self._unacked.values())
-
-    def drop_unacked_before(self, epoch: int, dests: Sequence[str]) -> tuple[int, int]:
-        """Forget the reliable messages to `dests` of epochs below `epoch`, sent or still queued: no
-        receiver in `epoch` accepts them (fencing), so resending them only fills the link. Under a
-        collapsed link a site's unacked collective parts and state chunks of superseded epochs grew
-        to 53 MB, were resent whole every retransmit timeout, and starved the current epoch's
-        messages behind them (controller-heldout v5, bw-collapse-severe: 40 epochs in 6 minutes).
-        Returns (messages, wire bytes) dropped."""
-        targets = set(dests)
-        n = nbytes = 0
-        with self._lock:
-            for d in targets:
-                pend = self._unacked.get(d)
-                if not pend:
-                    continue
-                for seq in [s for s, p in pend.items() if p.epoch < epoch]:
-                    nbytes += pend.pop(seq).wire
-                    n += 1
-            kept = [o for o in self._outbox if not (o[3] and o[0] in targets and o[5] < epoch)]
-            n += len(self._outbox) - len(kept)
-            self._outbox = collections.deque(kept)
-        return n, nbytes
 
     def acked_by(self, dest: str, seq: int) -> int | None:
         """The incarnation of the `dest` process that acked reliable message `seq`, or None (not acked

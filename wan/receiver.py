@@ -147,10 +147,6 @@ class ReceivingMixin:
             self.rejected += 1
             self.log.emit("frame_rejected", reason=reason.split(":")[0], detail=reason, peer=via, link=link,
                           kind=msg.kind, msg_epoch=msg.epoch, msg_run=msg.run, src=msg.src)
-            if msg.seq > 0 and reason.startswith("stale_epoch"):
-                # A final verdict: the fence only rises, so a resend is rejected again. Acked, the
-                # sender stops resending it (its identity was checked above: the verdict is the fence's).
-                self._send_ack(peer, msg)
             return
         if rid is not None:
             self._note_connection(msg.src, fd)

@@ -80,13 +80,13 @@ class SendingMixin:
             with self._lock:
                 if not self._outbox:
                     return
-                dest, frames, cls, reliable, seq, epoch = self._outbox.popleft()
+                dest, frames, cls, reliable, seq = self._outbox.popleft()
                 if reliable:
                     now = time.monotonic_ns()
                     pend = self._unacked[dest]
                     if not pend:
                         self._last_ack_ns[dest] = now  # the no-progress clock starts when something is outstanding
-                    pend[seq] = Pending(frames, cls, wire_size(frames, self.wan.curve), now, now, epoch=epoch)
+                    pend[seq] = Pending(frames, cls, wire_size(frames, self.wan.curve), now, now)
             if dest in self._dealers and not self._route_up(dest):
                 if not reliable:
                     self.dropped_while_down += 1
