@@ -8,7 +8,7 @@ the learning-relevant config. The report (analysis/learning_refs.py) puts this f
 every between-policy difference, and uses it only when the comparison's dataset id and config
 hash are the record's: a floor measured for another recipe is never reused silently.
 
-`xdc noise-floor --study studies/protocols/controller-heldout.yaml --arm fixed-local` measures the
+`xdc noise-floor --study studies/protocols/controller-heldout.yaml --arm fixed-h8` measures the
 floor of one study arm's learning config instead (the run config of that arm in a stratum of the
 study's evaluation split, the first unless `--stratum` names one; faults left out), and writes
 bench/results/noise_floor_<study>-v<version>.json; the study's artifact uses the record whose config
