@@ -48,7 +48,7 @@ def sent(c: Coordinator) -> list[tuple[str, Message]]:
     """(destination, message) of everything the coordinator queued to send."""
     w = c.cfg.wan
     return [(d, decode(f, max_frame_bytes=w.max_frame_bytes, max_header_bytes=w.max_header_bytes))
-            for d, f, _c, _r, _s in list(c.node._outbox)]
+            for d, f, *_ in list(c.node._outbox)]
 
 
 def formed(tmp_path: Path, **recovery: Any) -> Coordinator:

@@ -29,6 +29,7 @@ class Pending:
     first_sent_ns: int
     last_sent_ns: int
     handed: bool = False  # handed to ZeroMQ at least once (a later send is a resend)
+    epoch: int | None = None  # the epoch the receiver's fence checks; None for an unfenced kind
 
 
 class Inbox(queue.Queue):

@@ -72,7 +72,7 @@ import zmq
 from wan import keys as keymod
 from wan.counters import ByteCounters
 from wan.delivery import INBOX_MAX_BYTES, INBOX_MAX_MESSAGES, INCARNATIONS_KEPT, SEQ_WINDOW, Inbox, Pending, SeqWindow
-from wan.frames import Fence, encode
+from wan.frames import UNFENCED_KINDS, Fence, encode
 from wan.monitor import ConnectionMonitorMixin
 from wan.receiver import ROUTING_ID_SEP, ReceivingMixin
 from wan.sender import DOUBT_WINDOW_NS, SendingMixin
@@ -141,7 +141,9 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
         self._ctx = zmq.Context(io_threads=1)
         self._auth = None
         self._lock = threading.Lock()
-        self._outbox: collections.deque[tuple[str, list[Any], str, bool, int]] = collections.deque()
+        # (dest, frames, cls, reliable, seq, fenced epoch: the message's epoch, or None for a kind the
+        # receiver's fence does not check, which can never be superseded)
+        self._outbox: collections.deque[tuple[str, list[Any], str, bool, int, int | None]] = collections.deque()
         self._seq: dict[str, int] = collections.defaultdict(int)
         self._unacked: dict[str, collections.OrderedDict[int, Pending]] = collections.defaultdict(collections.OrderedDict)
         self._last_ack_ns: dict[str, int] = collections.defaultdict(int)
@@ -170,6 +172,7 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
         self.crashed: str | None = None
         self.duplicates = 0
         self.retransmits = 0
+        self.superseded = 0  # unacked reliable messages dropped: their receiver's fence moved past their epoch
         # ROUTER connections, for the coordinator's failure detection (`lost_connections`): the
         # member each connection (file descriptor, ZMQ_SRCFD) last authenticated as, the newest
         # connection of each member, and member -> mono ns at which its newest connection closed,
@@ -226,10 +229,11 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
             if reliable:
                 self._seq[dest] += 1
                 seq = self._seq[dest]
-            frames = encode(kind=kind, cls=cls, run=self.run_id, epoch=self.epoch if epoch is None else epoch,
+            ep = self.epoch if epoch is None else epoch
+            frames = encode(kind=kind, cls=cls, run=self.run_id, epoch=ep,
                             step=self.step if step is None else step, src=self.name, inc=self.inc, seq=seq,
                             body=body, arrays=owned)
-            self._outbox.append((dest, frames, cls, reliable, seq))
+            self._outbox.append((dest, frames, cls, reliable, seq, None if kind in UNFENCED_KINDS else ep))
         self._wake()
         return seq
 
@@ -247,7 +251,7 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
     def unacked(self, dest: str | None = None) -> int:
         """Reliable messages not yet acked, including those still queued to be sent."""
         with self._lock:
-            queued = sum(1 for d, _f, _c, rel, _s in self._outbox if rel and (dest is None or d == dest))
+            queued = sum(1 for d, _f, _c, rel, *_ in self._outbox if rel and (dest is None or d == dest))
             if dest is not None:
                 return queued + len(self._unacked.get(dest, {}))
             return queued + sum(len(v) for v in self._unacked.values())
@@ -282,7 +286,8 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
     def final_counters(self) -> dict[str, Any]:
         """The last counters of this incarnation (log them after `close()`, when nothing can be sent)."""
         return {"counters": self.counters.snapshot(), "rejected": self.rejected, "duplicates": self.duplicates,
-                "retransmits": self.retransmits, "dropped_while_down": self.dropped_while_down, "final": True}
+                "retransmits": self.retransmits, "superseded": self.superseded,
+                "dropped_while_down": self.dropped_while_down, "final": True}
 
     def close(self, timeout_s: float = 2.0) -> None:
         self._stop.set()

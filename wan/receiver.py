@@ -3,7 +3,9 @@
 Every received multipart message is taken off the socket within bounds (`_recv_bounded`), decoded,
 checked against the identity of its connection and the node's fence, counted, then either an ack
 (clears the sender's pending message) or delivered once to its kind's inbox and acked. Anything
-rejected is counted and logged as `frame_rejected` with its reason; the node goes on.
+rejected is counted and logged as `frame_rejected` with its reason; the node goes on. A reliable
+message refused only for its stale epoch is answered with a stale notice (`_send_stale_notice`), so its
+sender stops resending what this node's fence will never admit.
 
 `ReceivingMixin` holds methods only: `WanNode` (wan/node.py) owns the state they use.
 """
@@ -136,9 +138,12 @@ class ReceivingMixin:
         self.counters.add("rx", link, direction, msg.cls, msg.wire_bytes + wire_overhead(
             [len(p.buffer) for p in parts], self.wan.curve))
         reason = self._identity_error(msg, peer, rid)
+        stale = False
         if reason is None:
-            ok, why = check_fence(msg, self._fence)
+            fence = self._fence
+            ok, why = check_fence(msg, fence)
             reason = None if ok else why
+            stale = not ok and why.startswith("stale_epoch") and msg.seq > 0
         if reason is None and msg.kind != "ack" and msg.kind not in self._queues:
             reason = f"unknown_kind: no inbox for kind {safe_repr(msg.kind)}"
         if reason is None and msg.seq > 0 and not self._window(msg).in_window(msg.seq):
@@ -147,6 +152,8 @@ class ReceivingMixin:
             self.rejected += 1
             self.log.emit("frame_rejected", reason=reason.split(":")[0], detail=reason, peer=via, link=link,
                           kind=msg.kind, msg_epoch=msg.epoch, msg_run=msg.run, src=msg.src)
+            if stale:
+                self._send_stale_notice(peer, msg, fence.epoch)
             return
         if rid is not None:
             self._note_connection(msg.src, fd)
@@ -179,6 +186,21 @@ class ReceivingMixin:
                      src=self.name, inc=self.inc, seq=0, body={"seq": msg.seq, "inc": msg.inc})
         self._raw_send(peer, ack, "control")
 
+    def _send_stale_notice(self, peer: str, msg: Message, fence_epoch: int) -> None:
+        """Tell the sender of a reliable message refused as stale that this fence stands at `fence_epoch`.
+
+        Not an ack: the message was not delivered and `acked_by` never learns of it. The sender
+        drops what it holds for this node below that epoch (`_drop_superseded`) instead of
+        resending it for ever. It goes only over a route this node already has to `peer` (a
+        ROUTER replies through the routing id that last delivered an accepted message from it:
+        a stale message never re-routes replies), so a member whose route is not learned yet
+        hears it after its next accepted message, when its resends come again.
+        """
+        notice = encode(kind="ack", cls="control", run=self.run_id, epoch=self.epoch, step=self.step,
+                        src=self.name, inc=self.inc, seq=0,
+                        body={"seq": msg.seq, "inc": msg.inc, "stale_fence": fence_epoch})
+        self._raw_send(peer, notice, "control")
+
     def _window(self, msg: Message) -> SeqWindow:
         """The sequence window of (msg.src, msg.inc); only the latest INCARNATIONS_KEPT per member are kept."""
         per_src = self._seen[msg.src]
@@ -201,6 +223,11 @@ class ReceivingMixin:
         seq = msg.body.get("seq")
         if msg.body.get("inc") != self.inc or not isinstance(seq, int):
             return  # an ack for a previous incarnation of this process
+        stale_fence = msg.body.get("stale_fence")
+        if stale_fence is not None:  # a stale-epoch notice (`_send_stale_notice`), not an ack
+            if isinstance(stale_fence, int) and not isinstance(stale_fence, bool):
+                self._drop_superseded(msg.src, stale_fence, msg.inc)
+            return
         with self._lock:
             pend = self._unacked.get(msg.src)
             p = pend.pop(seq, None) if pend is not None else None

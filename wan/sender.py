@@ -80,13 +80,13 @@ class SendingMixin:
             with self._lock:
                 if not self._outbox:
                     return
-                dest, frames, cls, reliable, seq = self._outbox.popleft()
+                dest, frames, cls, reliable, seq, fenced_epoch = self._outbox.popleft()
                 if reliable:
                     now = time.monotonic_ns()
                     pend = self._unacked[dest]
                     if not pend:
                         self._last_ack_ns[dest] = now  # the no-progress clock starts when something is outstanding
-                    pend[seq] = Pending(frames, cls, wire_size(frames, self.wan.curve), now, now)
+                    pend[seq] = Pending(frames, cls, wire_size(frames, self.wan.curve), now, now, epoch=fenced_epoch)
             if dest in self._dealers and not self._route_up(dest):
                 if not reliable:
                     self.dropped_while_down += 1
@@ -129,6 +129,34 @@ class SendingMixin:
             self.log.emit("retransmit", dest=dest, messages=resent, wire_bytes=nbytes, reason=why)
         if first:
             self.log.emit("parked_sent", dest=dest, messages=first, reason=why)
+
+    def _drop_superseded(self, dest: str, fence_epoch: int, peer_inc: int) -> None:
+        """Forget the unacked messages to `dest` that its fence now refuses for ever.
+
+        `dest` said (in a stale-epoch notice, wan/receiver.py) that its fence stands at
+        `fence_epoch`. A fence only rises, so every pending message of a fenced kind and an earlier
+        epoch would be refused at every resend: without this, the sender resent them every
+        retransmit timeout for the rest of the run, and after a long collapse the current epoch's
+        messages queued behind tens of megabytes of superseded ones (a livelock). Only `dest`
+        can say this about its own fence (the notice passed the identity checks), so a key holder
+        can at most give up messages addressed to itself. Messages of an unfenced kind, or of an
+        epoch the fence still admits, stay and are resent as before: a peer that is still in an
+        earlier epoch is never starved.
+        """
+        with self._lock:
+            pend = self._unacked.get(dest)
+            if not pend:
+                return
+            gone = [seq for seq, p in pend.items() if p.epoch is not None and p.epoch < fence_epoch]
+            nbytes = 0
+            for seq in gone:
+                nbytes += pend.pop(seq).wire
+            if gone:
+                self._last_ack_ns[dest] = time.monotonic_ns()  # progress: what is left gets a fresh timeout
+        if gone:
+            self.superseded += len(gone)
+            self.log.emit("superseded_dropped", dest=dest, messages=len(gone), wire_bytes=nbytes,
+                          fence_epoch=fence_epoch, peer_inc=peer_inc)
 
     def _check_retransmit(self) -> None:
         """Resend what is unacked to a destination when no ack has come from it for the timeout, or
