@@ -18,6 +18,15 @@ every input file with its sha256. What is fitted:
                         started -> ready)
   start_s               the launcher's process_started -> the site's first site_joined
   fault_poll_s          the triggering commit -> fault_injected
+  ack_bytes             control bytes / messages on the links between sites (only acks cross them)
+  frame_overhead_bytes  per site: (collective bytes it counted on its links - its collective spans'
+                        payload_bytes_sent - what it resent to sites) / (collective messages - resent ones)
+  telemetry_message_bytes  telemetry bytes / messages
+  control_message_bytes the links to the coordinator, both directions: (control bytes - ack_bytes x
+                        acks) / (messages - acks), where acks = (messages - heartbeats) / 2 (each
+                        reliable message has one ack; the heartbeats are the coordinator's logged
+                        heartbeat inputs)
+The byte sizes come from each process's last `wan_counters` per incarnation (sim/wan_bytes.py).
 
 A parameter without evidence in the runs is left out (it stays `prior` in SimModel).
 """
@@ -49,7 +58,9 @@ def samples_of(run: Path) -> dict[str, list[float]]:
     est: dict[str, list[float]] = {k: [] for k in ("compute_s_per_token", "collective_cpu_s",
                                                    "checkpoint_write_bytes_per_s", "checkpoint_read_bytes_per_s",
                                                    "eval_s", "restart_s", "standby_restart_s", "standby_prepare_s",
-                                                   "start_s", "fault_poll_s")}
+                                                   "start_s", "fault_poll_s", "ack_bytes",
+                                                   "frame_overhead_bytes", "telemetry_message_bytes",
+                                                   "control_message_bytes")}
     coll: dict[tuple[int, int], list[tuple[float, list[str]]]] = {}
     members: dict[int, tuple[str, ...]] = {}
     standbys: dict[str, list[tuple[int, int]]] = {}  # site -> (site_started ns, standby ready ns), in order
@@ -102,12 +113,63 @@ def samples_of(run: Path) -> dict[str, list[float]]:
             c = next((x for x in coord if x["event"] == "commit" and x.get("useful_tokens", 0) >= want), None)
             if c is not None and c["mono_ns"] <= e["mono_ns"]:
                 est["fault_poll_s"].append((e["mono_ns"] - c["mono_ns"]) / 1e9)
+    _byte_sizes(run, sites, coord, est)
     for e in launcher:
         if e["event"] == "process_started" and e.get("name") in sites:
             nxt = next((t for t, s in joins if s == e["name"] and t >= e["mono_ns"]), None)
             if nxt is not None and not any(t < e["mono_ns"] for t, s in joins if s == e["name"]):
                 est["start_s"].append((nxt - e["mono_ns"]) / 1e9)
     return est
+
+
+def _last_counters(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tx rows of each incarnation's last `wan_counters` (cumulative per pid)."""
+    last: dict[int, dict[str, Any]] = {}
+    for e in events:
+        if e["event"] == "wan_counters":
+            last[e.get("pid", 0)] = e
+    return [r for e in last.values() for r in e.get("counters", []) if r.get("side") == "tx"]
+
+
+def _byte_sizes(run: Path, sites: list[str], coord: list[dict[str, Any]], est: dict[str, list[float]]) -> None:
+    """Per-message wire sizes from the processes' byte counters (module doc); a run without counters adds none."""
+    site_set = set(sites)
+    acks = [0, 0]
+    tele = [0, 0]
+    to_coord = [0, 0]
+    for s in [*sites, "coord"]:
+        evs = _events(run, s)
+        rows = _last_counters(evs)
+        for r in rows:
+            src, _, dst = r["link"].partition("_to_")
+            if r["cls"] == "control" and src in site_set and dst in site_set:
+                acks[0] += r["bytes"]
+                acks[1] += r["messages"]
+            elif r["cls"] == "telemetry":
+                tele[0] += r["bytes"]
+                tele[1] += r["messages"]
+            elif r["cls"] == "control" and dst == "coord":
+                to_coord[0] += r["bytes"]
+                to_coord[1] += r["messages"]
+        if s in site_set:
+            coll = [r for r in rows if r["cls"] == "collective"]
+            n = sum(r["messages"] for r in coll)
+            payload = sum(int(e.get("payload_bytes_sent") or 0) for e in evs if e["event"] == "collective")
+            # Resent messages are counted again (mostly collective parts by size); the model has none.
+            resent = [e for e in evs if e["event"] == "retransmit" and e.get("dest") in site_set]
+            n -= sum(int(e.get("messages") or 0) for e in resent)
+            extra = sum(r["bytes"] for r in coll) - payload - sum(int(e.get("wire_bytes") or 0) for e in resent)
+            if n > 0 and payload and extra >= 0:
+                est["frame_overhead_bytes"].append(extra / n)
+    if acks[1]:
+        est["ack_bytes"].append(acks[0] / acks[1])
+    if tele[1]:
+        est["telemetry_message_bytes"].append(tele[0] / tele[1])
+    beats = sum(1 for e in coord if e["event"] == "coord_input" and e.get("kind") == "heartbeat")
+    n_acks = (to_coord[1] - beats) / 2
+    if acks[1] and beats and 0 < n_acks < to_coord[1]:
+        a = acks[0] / acks[1]
+        est["control_message_bytes"].append((to_coord[0] - a * n_acks) / (to_coord[1] - n_acks))
 
 
 def _standby_wait_s(standbys: list[tuple[int, int]], assigned_ns: int) -> float:

@@ -73,6 +73,13 @@ class SimModel:
     coord_restart_s: float = 1.5
     # The pseudo-gradient agreement the adaptive controller reads (cosine with the mean).
     update_cosine: float = 0.9
+    # Wire sizes for the modeled WAN byte counters (sim/wan_bytes.py), bytes as the emulator counts
+    # them (header, payload, ZeroMQ and CurveZMQ framing). Priors: a collective part and an ack
+    # encoded by wan.frames with a representative header; a control message guessed.
+    frame_overhead_bytes: float = 333.0  # per payload message, beyond its payload
+    ack_bytes: float = 157.0
+    control_message_bytes: float = 300.0  # mean of the reliable control messages and heartbeats
+    telemetry_message_bytes: float = 180.0
     evidence: Mapping[str, str] = field(default_factory=dict, compare=False)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
     # The learning curve (sim/learning_fit.py LearningCurve.to_json()); None: the prior.

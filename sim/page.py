@@ -85,7 +85,8 @@ def _graph_nodes(doc: dict[str, Any], sim_art: dict[str, Any]) -> tuple[list[tup
     outputs = [("time to target", "virtual seconds to the target useful tokens", "modeled"),
                ("idle time, lost and replayed tokens", "from the same ledgers as the emulator's", "modeled"),
                ("held-out NLL", "the learning curve at the useful tokens reached", learning.get("evidence", "prior")),
-               ("inter-site bytes by class", "not modeled yet (no WAN byte counters)", "unavailable")]
+               ("inter-site bytes by class", "the WAN endpoints' counters: payload + per-message framing, acks, "
+                "control and telemetry messages (sim/wan_bytes.py)", "modeled")]
     return inputs, mechanisms, outputs
 
 
@@ -161,7 +162,7 @@ def _results(emu_art: dict[str, Any], sim_art: dict[str, Any], doc: dict[str, An
             by_class = (run.get("bytes") or {}).get("by_class") or {}
             inter = sum(by_class.values()) if by_class else None
             if side == "simulator" and not inter:
-                inter = None  # no WAN byte counters in a simulation (sim.json `not_modeled`), not zero bytes
+                inter = None  # a simulated run without byte counters (made before they were modeled), not zero bytes
             energy = run.get("energy") or {}
             dur, dur_e = _v(run, "duration")
             rows.append(f"<tr><td>{escape(pol)}</td><td>{side}</td>{_cell(h, 'prior', 'd')}{_cell(ppf, ppf_e, '.3e', 'nats/FLOP')}"

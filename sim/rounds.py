@@ -232,6 +232,10 @@ class Rounds:
         assert plan is not None
         sent, parts = self.payload(len(plan.members), s.setting.compression)
         comm_s = (w.clock.now_ns - t_arrive) / 1e9
+        if w.wan is not None and len(plan.members) > 1:  # an equal share of the parts to every peer
+            peers = [m for m in plan.members if m != s.name]
+            for p in peers:
+                w.wan.payload(s.name, p, "collective", sent // len(peers), parts // len(peers))
         if w.write_logs:
             s.log.span_at("collective", t_arrive, w.clock.now_ns, round=rnd, payload_values=w.n_params,
                           payload_bytes_sent=sent, messages_sent=parts, rejected=0, cpu_s=w.model.collective_cpu_s)
@@ -251,6 +255,9 @@ class Rounds:
         if w.write_logs:
             s.log.emit("round_done", round=rnd, param_hash=s.phash, cursor_start=cs, cursor_end=ce,
                        retained_samples=ce, samples_sha256=w.prefix_sha(ce))
+        if w.wan is not None:  # as the agent: the round's telemetry message (counted, not simulated), the counters
+            w.wan.control(s.name, "coord", reliable=False, cls="telemetry")
+            w.wan.emit(s.log, s.name, s.pid, final=False)
         last = ce >= w.target
         cfg = w.cfg.train
         if s.leader and ((rnd + 1) % cfg.eval_every_rounds == 0 or last):

@@ -94,6 +94,8 @@ class SimStore:
         self.last_durable = mh
         s.log.span_at("checkpoint_save", t0, w.clock.now_ns, ckpt_id=ckpt, round=rnd, manifest_hash=mh, bytes=nbytes,
                       bytes_uploaded=nbytes)
+        if w.wan is not None:
+            w.wan.payload(s.name, "store", "checkpoint", nbytes)
         s.log.span_at("checkpoint_write", t0, w.clock.now_ns, round=rnd, samples_sha256=sha, canonical_sha256=sha,
                       samples=cursor, cursor=cursor, manifest_hash=mh)
         s.send("checkpoint_durable", {"manifest_hash": mh, "round": rnd, "cursor": cursor})

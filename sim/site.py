@@ -108,8 +108,14 @@ class SimSite:
             self.log.emit("preemption_announced", round=self.round)
         self.w.clock.after(rtt, self._exit, inc)
 
+    def final_counters(self) -> None:
+        """A clean exit logs the incarnation's final WAN counters (a killed one cannot)."""
+        if self.w.wan is not None and self.alive:
+            self.w.wan.emit(self.log, self.name, self.pid, final=True)
+
     def _exit(self, inc: int) -> None:
         if inc == self.inc and self.alive:
+            self.final_counters()
             self.log.emit("site_stopped", reason="signal", rc=0)
             self.kill()
 
@@ -121,6 +127,7 @@ class SimSite:
         if not self.alive:
             return
         if kind == "shutdown":
+            self.final_counters()
             self.alive, self.gen = False, self.gen + 1
             done = self.done_epoch >= 0
             self.log.emit("site_stopped", reason="completed" if done else f"shutdown: {body.get('reason')}",
@@ -247,6 +254,8 @@ class SimSite:
         read_s = self.w.model.checkpoint_fixed_s + man["bytes"] / self.w.model.checkpoint_read_bytes_per_s
         self.log.span_at("checkpoint_load", t0, t0 + ns(read_s), ckpt_id=man["ckpt_id"], round=man["round"],
                          manifest_hash=plan.manifest_hash, bytes=man["bytes"])
+        if self.w.wan is not None:
+            self.w.wan.payload("store", self.name, "checkpoint", man["bytes"])
         self.phash, self.retained = man["params_hash"], man["cursor"]
         sp.update(source="store", manifest_hash=plan.manifest_hash, params_hash=self.phash, round=man["round"],
                   _s=read_s)

@@ -8,8 +8,12 @@ scenario.json, and both run directories are measured by the same functions:
   idle_s             analysis' idle_time_all_sites
   lost_tokens        analysis' lost_tokens (attempted, not in the commit record)
   bytes per class    the sites' own logged payloads: collective spans' payload_bytes_sent, state_sent
-                     bytes, checkpoint_save bytes_uploaded (the simulator has no Toxiproxy counters,
-                     so the application's bytes are what both can be compared on)
+                     bytes, checkpoint_save bytes_uploaded
+  wan_bytes          inter-site bytes per class through the WAN, as the byte ledger counts them from
+                     every process's `wan_counters` (the emulator's WanNode counters; the simulator's
+                     modeled ones, sim/wan_bytes.py): collective (with its aborted part), state
+                     transfer, checkpoint, control. Toxiproxy's own counters are not compared (the
+                     simulator has none).
   recovery_s         the first injected fault -> the first commit of an epoch formed after it
 
 Claims (issue 15's goals), each with its falsifier and a status: survived (every held-out run
@@ -30,6 +34,7 @@ from sim.model import SimModel
 from sim.runs import simulate_run
 
 BYTE_CLASSES = ("collective", "state_transfer", "checkpoint")
+WAN_CLASSES = ("collective", "state_transfer", "checkpoint", "control")
 GOALS = {"time_to_target_s": 0.10, "bytes": 0.02, "lost_tokens": 0.0}
 
 
@@ -49,9 +54,14 @@ def measure(run_dir: Path) -> dict[str, Any]:
                 by_class["state_transfer"] += int(e.get("bytes") or 0)
             elif ev == "checkpoint_save" and "error" not in e:
                 by_class["checkpoint"] += int(e.get("bytes_uploaded") or e.get("bytes") or 0)
+    ledger = r["bytes"]["by_class"]
+    wan = None  # a run whose processes logged no counters has no WAN bytes to compare (not zero bytes)
+    if any(ledger.get(c) for c in WAN_CLASSES):
+        wan = {c: int(ledger.get(c, 0)) for c in WAN_CLASSES}
+        wan["collective"] += int(ledger.get("aborted_collective", 0))
     return {"policy": r["policy"], "time_to_target_s": m.get("active_time"), "idle_s": m.get("idle_time_all_sites"),
             "lost_tokens": m.get("lost_tokens"), "useful_tokens": m.get("useful_tokens"), "bytes": by_class,
-            "recovery_s": recovery_s(run_dir)}
+            "wan_bytes": wan, "recovery_s": recovery_s(run_dir)}
 
 
 def recovery_s(run_dir: Path) -> float | None:
@@ -92,6 +102,8 @@ def compare(emu: dict[str, Any], sim: dict[str, Any]) -> dict[str, Any]:
             "lost_tokens_diff": (None if sim["lost_tokens"] is None or emu["lost_tokens"] is None
                                  else sim["lost_tokens"] - emu["lost_tokens"]),
             "bytes": {c: _rel(sim["bytes"][c], emu["bytes"][c]) for c in BYTE_CLASSES},
+            "wan_bytes": ({c: _rel(sim["wan_bytes"][c], emu["wan_bytes"][c]) for c in WAN_CLASSES}
+                          if sim.get("wan_bytes") and emu.get("wan_bytes") else {}),
             "recovery": _rel(sim["recovery_s"], emu["recovery_s"])}
 
 
@@ -112,6 +124,9 @@ def claims(comparisons: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]
              if r["error"]["time_to_target"] is None or r["error"]["time_to_target"] > GOALS["time_to_target_s"]]
     b_bad = [f"{r['scenario']}/{r['policy']} {c}: {e:.1%}" for r in rows for c, e in r["error"]["bytes"].items()
              if e is not None and e > GOALS["bytes"]]
+    w_rows = [r for r in rows if r["error"].get("wan_bytes")]
+    w_bad = [f"{r['scenario']}/{r['policy']} {c}: {e:.1%}" for r in w_rows for c, e in r["error"]["wan_bytes"].items()
+             if e is not None and e > GOALS["bytes"]]
     l_bad = [f"{r['scenario']}/{r['policy']}: {r['error']['lost_tokens_diff']:+,}" for r in rows
              if r["progress_triggered"] and r["error"]["lost_tokens_diff"] != 0]
     n_l = sum(1 for r in rows if r["progress_triggered"])
@@ -124,6 +139,10 @@ def claims(comparisons: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]
         {"claim": "bytes per class (collective, state transfer, checkpoint) within 2 %",
          "falsifier": "a held-out run whose logged bytes of one class differ by more than 2 %",
          "status": status(b_bad, len(rows)), "against": b_bad, "runs": len(rows)},
+        {"claim": "inter-site bytes per class through the WAN (collective, state transfer, checkpoint, control) "
+                  "within 2 %",
+         "falsifier": "a held-out run whose WAN endpoints counted more than 2 % more or fewer bytes of one class",
+         "status": status(w_bad, len(w_rows)), "against": w_bad, "runs": len(w_rows)},
         {"claim": "lost tokens exact for progress-triggered faults",
          "falsifier": "a held-out run with only progress-triggered faults whose lost tokens differ at all",
          "status": status(l_bad, n_l), "against": l_bad, "runs": n_l},
@@ -149,7 +168,8 @@ def table_md(comparisons: dict[str, list[dict[str, Any]]]) -> str:
         return "-" if x is None else fmt.format(x)
 
     head = ["| held-out | policy | time to target s emu / sim (err) | idle s emu / sim (err) | lost tokens emu / sim "
-            "| collective / state / checkpoint bytes err | recovery s emu / sim (err) |", "|---|---|---|---|---|---|---|"]
+            "| collective / state / checkpoint bytes err | WAN collective / state / checkpoint / control err "
+            "| recovery s emu / sim (err) |", "|---|---|---|---|---|---|---|---|"]
     lines = []
     for name, rs in comparisons.items():
         for r in rs:
@@ -157,6 +177,7 @@ def table_md(comparisons: dict[str, list[dict[str, Any]]]) -> str:
             lines.append(f"| {name} | {r['policy']} | {num(e['time_to_target_s'])} / {num(s['time_to_target_s'])} "
                          f"({pct(x['time_to_target'])}) | {num(e['idle_s'])} / {num(s['idle_s'])} ({pct(x['idle'])}) | "
                          f"{num(e['lost_tokens'], '{:,}')} / {num(s['lost_tokens'], '{:,}')} | "
-                         + " / ".join(pct(x["bytes"][c]) for c in BYTE_CLASSES)
+                         + " / ".join(pct(x["bytes"][c]) for c in BYTE_CLASSES) + " | "
+                         + (" / ".join(pct(x["wan_bytes"].get(c)) for c in WAN_CLASSES) if x.get("wan_bytes") else "-")
                          + f" | {num(e['recovery_s'])} / {num(s['recovery_s'])} ({pct(x['recovery'])}) |")
     return "\n".join(head + lines)

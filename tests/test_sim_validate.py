@@ -40,10 +40,11 @@ def test_a_run_simulated_again_with_its_own_model_has_no_error_and_every_claim_s
         assert e == s and e["recovery_s"] and e["bytes"]["collective"] > 0 and e["time_to_target_s"] > 0
         err = validate.compare(e, s)
         assert err["time_to_target"] == 0 and err["lost_tokens_diff"] == 0 and set(err["bytes"].values()) <= {0.0, None}
+        assert e["wan_bytes"]["collective"] > 0 and set(err["wan_bytes"].values()) <= {0.0, None}
         rows.append({"scenario": "crash-b", "policy": policy, "emulator": e, "simulator": s, "error": err,
                      "progress_triggered": validate.progress_triggered(emu)})
     claims = validate.claims({"stand-in": rows})
-    assert [c["status"] for c in claims] == ["survived"] * 4
+    assert [c["status"] for c in claims] == ["survived"] * 5
     # a slower compute model: the time claim is falsified, and says where
     slow = validate.measure(validate.simulate_like(tmp_path / "emu" / "stall", SimModel(compute_s_per_token=0.001),
                                                    tmp_path / "slow"))

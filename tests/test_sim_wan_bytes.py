@@ -1,0 +1,81 @@
+"""The simulator's modeled WAN byte counters (sim/wan_bytes.py) and their calibration (sim/calibrate.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from analysis.artifact import build_artifact
+from chaos.scenario import Scenario
+from ground.config import load_config
+from sim.calibrate import samples_of
+from sim.model import SimModel
+from sim.wan_bytes import WanTally
+from sim.world import simulate
+
+MODEL = SimModel(frame_overhead_bytes=100.0, ack_bytes=50.0, control_message_bytes=200.0, telemetry_message_bytes=70.0)
+
+
+def rows(t: WanTally, proc: str, pid: int) -> dict[tuple[str, str, str, str], tuple[int, int]]:
+    return {(r["side"], r["link"], r["direction"], r["cls"]): (r["bytes"], r["messages"]) for r in t.snapshot(proc, pid)}
+
+
+def test_a_payload_between_sites_travels_the_senders_link_and_is_acked_over_the_receivers() -> None:
+    pids = {"a": 1, "b": 2, "coord": 11}
+    t = WanTally(1_000_000, MODEL, pids.get)
+    t.payload("a", "b", "collective", 2_500_000)  # three chunks of at most 1,000,000 bytes
+    assert rows(t, "a", 1) == {("tx", "a_to_b", "up", "collective"): (2_500_300, 3),
+                               ("rx", "b_to_a", "up", "control"): (150, 3)}
+    assert rows(t, "b", 2) == {("rx", "a_to_b", "up", "collective"): (2_500_300, 3),
+                               ("tx", "b_to_a", "up", "control"): (150, 3)}
+
+
+def test_the_coordinator_answers_on_the_sites_link_and_heartbeats_are_not_acked() -> None:
+    pids = {"a": 1, "coord": 11}
+    t = WanTally(1_000_000, MODEL, pids.get)
+    t.control("coord", "a")
+    t.control("a", "coord", reliable=False)  # a heartbeat
+    t.control("a", "coord", reliable=False, cls="telemetry")
+    assert rows(t, "coord", 11) == {("tx", "a_to_coord", "down", "control"): (200, 1),
+                                    ("rx", "a_to_coord", "up", "control"): (250, 2),
+                                    ("rx", "a_to_coord", "up", "telemetry"): (70, 1)}
+
+
+def test_nothing_is_received_or_acked_by_a_process_that_is_not_running() -> None:
+    pids = {"a": 1, "b": None}
+    t = WanTally(1_000_000, MODEL, pids.get)
+    t.payload("a", "b", "state_transfer", 10)
+    assert rows(t, "a", 1) == {("tx", "a_to_b", "up", "state_transfer"): (110, 1)}
+    assert t.snapshot("b", None) == []
+
+
+def test_a_simulated_runs_ledger_counts_payload_plus_framing_and_an_ack_per_part(tmp_path: Path) -> None:
+    cfg = load_config({"run_id": "wan-bytes", "train": {"target_useful_tokens": 98_304, "checkpoint_every_rounds": 2}})
+    simulate(cfg, None, MODEL, tmp_path / "run")
+    run = build_artifact([tmp_path / "run"])["runs"][0]
+    assert run["bytes"]["processes_without_counters"] == []
+    by_class = run["bytes"]["by_class"]
+    spans = [json.loads(line) for s in cfg.cluster.sites
+             for line in (tmp_path / "run" / "logs" / f"{s}.jsonl").read_text().splitlines()]
+    coll = [e for e in spans if e["event"] == "collective"]
+    saves = [e for e in spans if e["event"] == "checkpoint_save"]
+    assert coll and saves
+    parts = sum(e["messages_sent"] for e in coll)
+    assert by_class["collective"] == sum(e["payload_bytes_sent"] for e in coll) + 100 * parts
+    chunks = sum(-(-e["bytes_uploaded"] // cfg.wan.chunk_bytes) for e in saves)
+    assert by_class["checkpoint"] == sum(e["bytes_uploaded"] for e in saves) + 100 * chunks
+    # Every part is acked; the control messages between the sites are those acks alone.
+    site_links = {k: v for k, v in run["bytes"]["by_link_class"].items() if not k.endswith(("_to_coord", "_to_store"))}
+    assert sum(v.get("control", 0) for v in site_links.values()) == 50 * parts
+    assert by_class["telemetry"] == 70 * len(coll)  # one per round and site
+
+
+def test_calibration_reads_the_sizes_back_from_a_simulated_runs_counters(tmp_path: Path) -> None:
+    """The fit inverts the model: on a simulated run it recovers the sizes the run was made with."""
+    cfg = load_config({"run_id": "wan-fit", "train": {"target_useful_tokens": 98_304}})
+    simulate(cfg, Scenario.build("none", "no faults"), MODEL, tmp_path / "run")
+    est = samples_of(tmp_path / "run")
+    assert est["ack_bytes"] == [50.0]
+    assert est["telemetry_message_bytes"] == [70.0]
+    assert est["frame_overhead_bytes"] == [100.0] * len(cfg.cluster.sites)
+    assert est["control_message_bytes"] == [200.0]  # acks told apart by the coordinator's heartbeat inputs
