@@ -149,7 +149,7 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
         self._last_ack_ns: dict[str, int] = collections.defaultdict(int)
         self._acked_sent_ns: dict[str, int] = {}  # dest -> latest send time (mono ns) of a message it acked
         # dest -> seq -> incarnation of the peer process that acked it (the last ACKED_KEPT per dest),
-        # and member -> incarnation of its newest ack of our messages: together they tell a waiting
+        # and member -> incarnation it was last heard from (`peer_incarnation`): together they tell a waiting
         # request that the process which took it is gone (`acked_by`, `peer_incarnation`).
         self._acked_by: dict[str, collections.OrderedDict[int, int]] = collections.defaultdict(collections.OrderedDict)
         self._peer_inc: dict[str, int] = {}
@@ -263,11 +263,13 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
             return self._acked_by.get(dest, {}).get(seq)
 
     def peer_incarnation(self, member: str) -> int | None:
-        """The incarnation of the `member` process that sent the newest ack (or stale notice) of one of this
-        process's messages, or None (none yet). Data messages do not count: an insider holding
-        `member`'s key could send them from a connection of its own with any incarnation and make a
-        waiting request believe its process restarted (tests/test_insider_fuzz.py found this); an ack
-        names this process's random incarnation, which only a process that received its messages knows."""
+        """The incarnation of the `member` process heard from last, or None (none yet): any message that
+        came over this node's own client connection to `member` (its server key verified), or an ack
+        (or stale notice) of one of this process's messages from anywhere. Other messages on the
+        ROUTER do not count: an insider holding `member`'s key could send them from a connection of
+        its own with any incarnation and make a waiting request believe its process restarted
+        (tests/test_insider_fuzz.py found this); an ack names this process's random incarnation,
+        which only a process that received its messages knows."""
         return self._peer_inc.get(member)
 
     def wait_acked(self, timeout_s: float, dest: str | None = None) -> bool:

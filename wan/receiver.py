@@ -158,6 +158,11 @@ class ReceivingMixin:
         if rid is not None:
             self._note_connection(msg.src, fd)
             self._learn_peer(msg.src, rid)
+        if rid is None:
+            # Over this node's own client connection to msg.src, whose server key the handshake
+            # verified: the process answering there is msg.src's current incarnation. (A message on
+            # the ROUTER may come from any holder of msg.src's key: only its acks count, `_on_ack`.)
+            self._peer_inc[msg.src] = msg.inc  # one dict store: atomic under the GIL, read by other threads
         if msg.kind == "ack":
             self._on_ack(msg)
             return
@@ -222,9 +227,9 @@ class ReceivingMixin:
         seq = msg.body.get("seq")
         if msg.body.get("inc") != self.inc or not isinstance(seq, int):
             return  # an ack for a previous incarnation of this process
-        # Only an ack names this incarnation, which only a process that received our messages can
-        # know: another holder of the peer's key, on a connection of its own, cannot move this.
-        self._peer_inc[msg.src] = msg.inc  # one dict store: atomic under the GIL, read by other threads
+        # An ack names this incarnation, which only a process that received our messages can know:
+        # another holder of the peer's key, on a connection of its own, cannot move this.
+        self._peer_inc[msg.src] = msg.inc
         stale_fence = msg.body.get("stale_fence")
         if stale_fence is not None:  # a stale-epoch notice (`_send_stale_notice`), not an ack
             if isinstance(stale_fence, int) and not isinstance(stale_fence, bool):
