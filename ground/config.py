@@ -170,11 +170,23 @@ class WanConfig:
     heartbeat_timeout_ms: int = 3000
     retransmit_timeout_ms: int = 10_000  # no ack progress on a link for this long -> resend
     zmq_heartbeat_ivl_ms: int = 1000  # ZMTP PING, detects silent blackholes under live TCP
+    # How long a connection may stay silent before ZMTP closes it (HEARTBEAT_TIMEOUT, and the TTL
+    # told to the peer). Longer than any SIGSTOP a scenario gives a process (site_hang, store_outage
+    # mode stop: at most 25 s): libzmq 4.3.5 can abort a process resumed after its peers closed its
+    # connections during the stop (`!_io_error` in out_event, upstream issue #4841). A blackhole is
+    # still noticed by the collective's stall detector, and when it heals the bytes it swallowed
+    # break the stream, which ZMTP then resets.
+    zmq_heartbeat_timeout_ms: int = 30_000
     linger_ms: int = 200
     collective_timeout_ms: int = 120_000
     # A peer that delivers nothing of a round for this long while we wait is reported unreachable
     # (a partition or a blackholed link, which heartbeats to the coordinator cannot see).
     collective_stall_ms: int = 15_000
+
+    def __post_init__(self) -> None:
+        if self.zmq_heartbeat_ivl_ms > 0 and self.zmq_heartbeat_timeout_ms <= self.zmq_heartbeat_ivl_ms:
+            raise ConfigError(f"wan.zmq_heartbeat_timeout_ms ({self.zmq_heartbeat_timeout_ms}) must exceed "
+                              f"wan.zmq_heartbeat_ivl_ms ({self.zmq_heartbeat_ivl_ms})")
 
 
 # recovery.warm_standby: after a standby became a site, the launcher starts the next one this much

@@ -320,8 +320,9 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
         s.setsockopt(zmq.LINGER, w.linger_ms)
         # ZMTP heartbeats notice a silent blackhole where TCP stays up (values in ms).
         s.setsockopt(zmq.HEARTBEAT_IVL, w.zmq_heartbeat_ivl_ms)
-        s.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(w.zmq_heartbeat_ivl_ms * 3, 1000))
-        s.setsockopt(zmq.HEARTBEAT_TTL, max(w.zmq_heartbeat_ivl_ms * 3, 1000))
+        # Timeout and TTL well past the longest stop a fault gives a process (ground/config.py).
+        s.setsockopt(zmq.HEARTBEAT_TIMEOUT, w.zmq_heartbeat_timeout_ms)
+        s.setsockopt(zmq.HEARTBEAT_TTL, w.zmq_heartbeat_timeout_ms)
         # Checked per frame before allocation; the header frame limit is separate and smaller.
         s.setsockopt(zmq.MAXMSGSIZE, w.max_frame_bytes + 1024)
         s.setsockopt(zmq.SNDHWM, 10_000)
