@@ -46,13 +46,22 @@ def heldout_comparisons(root: Path) -> list[Path]:
 
 
 def extra_runs(dirs: list[Path]) -> list[Path]:
-    """Run directories named, or found under a study directory's runs/ (each with its config.json)."""
-    out: list[Path] = []
+    """Run directories named, or found in a comparison's directory or under a study directory's runs/
+    (each with its config.json). A run reached twice (e.g. through a comparison's `latest` link) counts
+    once."""
+    found: list[Path] = []
     for d in dirs:
         if (d / "config.json").exists():
-            out.append(d)
+            found.append(d)
         else:
-            out += sorted(p for p in (d / "runs").glob("*") if (p / "config.json").exists() and not p.is_symlink())
+            found += sorted(p for p in (*d.glob("*"), *(d / "runs").glob("*"))
+                            if (p / "config.json").exists() and not p.is_symlink())
+    out: list[Path] = []
+    seen: set[Path] = set()
+    for p in found:
+        if p.resolve() not in seen:
+            seen.add(p.resolve())
+            out.append(p)
     return out
 
 

@@ -73,3 +73,18 @@ def test_extra_calibration_runs_are_found_in_a_study_directory(tmp_path: Path) -
     single.mkdir()
     (single / "config.json").write_text("{}")
     assert [p.name for p in extra_runs([study, single])] == ["s1--a", "s1--b", "one-run"]
+
+
+def test_a_run_named_twice_through_a_comparisons_latest_link_counts_once(tmp_path: Path) -> None:
+    """A comparison directory holds its runs directly; naming it, or naming its `latest` link beside
+    the run it points to, adds each run once."""
+    from bench.sim_validate import extra_runs
+
+    comp = tmp_path / "compare-preemption"
+    for name in ("elastic-1", "stall-2"):
+        (comp / name).mkdir(parents=True)
+        (comp / name / "config.json").write_text("{}")
+    (comp / "latest").symlink_to(comp / "stall-2")
+    assert [p.name for p in extra_runs([comp])] == ["elastic-1", "stall-2"]
+    named = [comp / "elastic-1", comp / "latest", comp / "stall-2"]
+    assert [p.name for p in extra_runs(named)] == ["elastic-1", "latest"]
