@@ -19,6 +19,7 @@ INBOX_MAX_BYTES = 256 * 1024 * 1024  # per inbox, wire bytes of the messages it 
 SEQ_WINDOW = 65_536  # a reliable seq may be at most this far above its window's low mark
 INCARNATIONS_KEPT = 8  # sequence windows kept per member (its latest incarnations)
 ACKED_KEPT = 4096  # per destination: which peer incarnation acked each of the latest reliable messages
+HELD_ACKS_MAX = 4096  # per peer: acks held while this node's own route to it is down (oldest dropped)
 
 
 @dataclass

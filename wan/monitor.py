@@ -64,6 +64,7 @@ class ConnectionMonitorMixin:
                     self.log.emit("link_up", peer=peer, link=self.routes[peer].link, reconnect=True)
                     for _interval, _fn, last in self._periodic:
                         last[0] = 0.0  # heartbeats go out at once: the peer hears we are alive
+                self._send_held_acks(peer)
                 self._resend_all(peer, "reconnected" if reconnect else "connected")
             elif name.startswith("handshake_failed"):
                 self.log.emit("handshake_failed", peer=peer, link=self.routes[peer].link, zmq_event=name, code=ev["value"])

@@ -71,7 +71,8 @@ import zmq
 
 from wan import keys as keymod
 from wan.counters import ByteCounters
-from wan.delivery import INBOX_MAX_BYTES, INBOX_MAX_MESSAGES, INCARNATIONS_KEPT, SEQ_WINDOW, Inbox, Pending, SeqWindow
+from wan.delivery import (HELD_ACKS_MAX, INBOX_MAX_BYTES, INBOX_MAX_MESSAGES, INCARNATIONS_KEPT, SEQ_WINDOW, Inbox,
+                          Pending, SeqWindow)
 from wan.frames import UNFENCED_KINDS, Fence, encode
 from wan.monitor import ConnectionMonitorMixin
 from wan.receiver import ROUTING_ID_SEP, ReceivingMixin
@@ -180,6 +181,10 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
         self._fd_peer: dict[int, str] = {}
         self._peer_fd: dict[str, int] = {}
         self._lost: dict[str, int] = {}
+        # Acks for a peer this node reaches over its own client route, held while that route is down
+        # and sent when it is up again (wan/receiver.py `_send_ack`).
+        self._held_acks: dict[str, collections.deque[list[Any]]] = collections.defaultdict(
+            lambda: collections.deque(maxlen=HELD_ACKS_MAX))
 
     # ---------------------------------------------------------------- public API
     def inbox(self, *kinds: str, max_messages: int = INBOX_MAX_MESSAGES, max_bytes: int = INBOX_MAX_BYTES) -> Inbox:

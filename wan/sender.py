@@ -105,9 +105,12 @@ class SendingMixin:
                     continue
                 return
 
-    def _resend_all(self, dest: str, why: str) -> None:
+    def _resend_all(self, dest: str, why: str, sent_before_ns: int | None = None) -> None:
+        """Send every unacked message to `dest` again (or, with `sent_before_ns`, only those last
+        handed to ZeroMQ before that time); a parked one goes for the first time."""
         with self._lock:
-            pend = list(self._unacked.get(dest, {}).items())
+            pend = [(s, p) for s, p in self._unacked.get(dest, {}).items()
+                    if sent_before_ns is None or (p.handed and p.last_sent_ns <= sent_before_ns)]
         if not pend:
             return
         now = time.monotonic_ns()
