@@ -96,7 +96,7 @@ compose-smoke: setup compose-setup
 # runs/studies/<name>-v<version>/. Measured on the 2-core machine (README "Results at full size"):
 # version 1: learning-efficiency 22 min, equal-work 32 min, controller-heldout 25 of 42 runs in 70 min (not finished);
 # version 2 (2026-12-02): learning-efficiency 11 min 28 s, equal-work 14 min; controller-heldout
-# version 5: 42 runs in 100 min beside a clean-clone CI (79 min in an earlier run).
+# version 5: 42 runs in 98 min at b9d60b3, mostly beside a clean-clone CI (100 and 79 min in earlier runs).
 STUDIES ?= learning-efficiency equal-work controller-heldout
 .PHONY: studies
 studies: setup
