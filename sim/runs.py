@@ -10,6 +10,7 @@ so `xdc analyze DIR` reads simulated and emulated comparisons the same way.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,28 @@ from sim.model import SimModel
 from sim.world import MANIFEST, SimResult, simulate
 
 
+def fresh_run_dir(run_dir: Path) -> None:
+    """Make `run_dir` ready for a new simulated run. An earlier simulated run there (its sim.json) is
+    replaced: the logs are appended to, so a second simulation into the same directory would mix two
+    histories (the validation bench, run twice, counted every lost token twice). Anything else that
+    is not empty (an emulated run, someone's files) is refused, never deleted."""
+    if not run_dir.exists():
+        return
+    if not run_dir.is_dir():
+        raise FileExistsError(f"{run_dir} exists and is not a directory: a simulated run needs its own directory")
+    if (run_dir / MANIFEST).is_file():
+        shutil.rmtree(run_dir)
+    elif any(run_dir.iterdir()):
+        raise FileExistsError(f"{run_dir} is not empty and holds no simulated run ({MANIFEST} missing): "
+                              f"refusing to write a simulation into it (choose another directory)")
+
+
 def simulate_run(cfg: RunConfig, scenario: Scenario | None, model: SimModel, run_dir: Path | None, *,
                  max_sim_s: float = 36_000.0, extra: dict[str, Any] | None = None) -> SimResult:
-    """Simulate one run into `run_dir` (None: no logs) and record its policy, `extra` and result in sim.json."""
+    """Simulate one run into `run_dir` (None: no logs; an earlier simulated run there is replaced, see
+    `fresh_run_dir`) and record its policy, `extra` and result in sim.json."""
+    if run_dir is not None:
+        fresh_run_dir(run_dir)
     res = simulate(cfg, scenario, model, run_dir, max_sim_s=max_sim_s)
     if run_dir is not None:
         doc = json.loads((run_dir / MANIFEST).read_text())

@@ -208,7 +208,10 @@ class World:
 
 
 def write_manifest(run_dir: Path, cfg: RunConfig, scenario: Scenario | None, model: SimModel) -> None:
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    logs = run_dir / "logs"
+    if logs.is_dir() and any(logs.iterdir()):  # the event logs are appended to: two runs would be one history
+        raise FileExistsError(f"{logs} already holds a run's logs: a simulation writes a fresh run directory")
+    logs.mkdir(parents=True, exist_ok=True)
     (run_dir / "coordinator").mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.json")
     if scenario is not None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from bench.sim_validate import run as validate_run
 from chaos.scenario import Scenario
 from ground.config import load_config, merge
@@ -88,3 +90,23 @@ def test_a_run_named_twice_through_a_comparisons_latest_link_counts_once(tmp_pat
     assert [p.name for p in extra_runs([comp])] == ["elastic-1", "stall-2"]
     named = [comp / "elastic-1", comp / "latest", comp / "stall-2"]
     assert [p.name for p in extra_runs(named)] == ["elastic-1", "latest"]
+
+
+def test_simulating_again_into_the_same_directory_replaces_the_run_and_never_mixes_histories(tmp_path: Path) -> None:
+    # The bench, run twice with the same --out, once counted every simulated lost token twice: the
+    # second simulation appended its events to the first one's logs.
+    emu = _stand_in(tmp_path / "emu", "stall")
+    out = tmp_path / "sim" / "stall"
+    first = validate.measure(validate.simulate_like(emu, SimModel(), out))
+    again = validate.measure(validate.simulate_like(emu, SimModel(), out))
+    assert again == first and first["lost_tokens"] > 0
+    # a directory that holds something other than a simulated run is refused, and left as it was
+    other = tmp_path / "someone"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="holds no simulated run"):
+        validate.simulate_like(emu, SimModel(), other)
+    assert (other / "notes.txt").read_text() == "mine" and not (other / "logs").exists()
+    # and simulate() itself refuses a run directory whose logs are already written
+    with pytest.raises(FileExistsError, match="already holds a run's logs"):
+        simulate(load_config(merge(COMPARE_CFG, {"run_id": "again"})), None, SimModel(), out=out)
