@@ -110,3 +110,45 @@ def test_simulating_again_into_the_same_directory_replaces_the_run_and_never_mix
     # and simulate() itself refuses a run directory whose logs are already written
     with pytest.raises(FileExistsError, match="already holds a run's logs"):
         simulate(load_config(merge(COMPARE_CFG, {"run_id": "again"})), None, SimModel(), out=out)
+
+
+def _row(scen: str, policy: str, emu_s: float, sim_s: float) -> dict:
+    return {"scenario": scen, "policy": policy, "emulator": {"time_to_target_s": emu_s},
+            "simulator": {"time_to_target_s": sim_s},
+            "error": {"time_to_target": abs(sim_s - emu_s) / emu_s, "bytes": {}, "wan_bytes": {},
+                      "lost_tokens_diff": 0}, "progress_triggered": False}
+
+
+def test_a_simulated_time_inside_the_emulators_own_spread_is_undecided_and_one_outside_it_is_falsified() -> None:
+    # Two repeats of one scenario on the emulator (its run-to-run noise). stall: the simulator is 15 %
+    # off the emulator's mean of 100 s but between its two runs (80 and 120 s): the emulator disagrees
+    # with itself by more than the simulator does. restart: 15 % off and faster than either run.
+    comps = {"rep1": [_row("s", "stall", 80.0, 115.0), _row("s", "restart", 100.0, 85.0)],
+             "rep2": [_row("s", "stall", 120.0, 115.0), _row("s", "restart", 100.0, 85.0)]}
+    c = claims_by_name(validate.claims(comps))
+    time = c["time to target within 10 % of the emulator's"]
+    assert time["status"] == "falsified" and time["against"] == ["s/restart: 15.0% off the emulator's mean of 2 run(s)"]
+    assert time["undecided"] == ["s/stall: 15.0% off the mean, inside the emulator's own spread of 50.0%"]
+    # without the restart row's miss, the claim is undecided, not survived
+    only = {k: [r for r in v if r["policy"] == "stall"] for k, v in comps.items()}
+    assert claims_by_name(validate.claims(only))["time to target within 10 % of the emulator's"]["status"] == "undecided"
+    # the ranking: the emulator's repeats rank stall first once (80 < 100) and restart first once (100 < 120);
+    # by mean (100 vs 100, a tie broken by name) restart leads; the simulator ranks restart first too
+    rank = c["the ranking of the policies by time to target is preserved"]
+    assert rank["status"] == "survived"
+
+
+def test_a_ranking_the_emulators_repeats_disagree_on_is_undecided_and_one_they_agree_on_is_falsified() -> None:
+    flip = {"rep1": [_row("s", "stall", 80.0, 95.0), _row("s", "restart", 90.0, 90.0)],
+            "rep2": [_row("s", "stall", 100.0, 95.0), _row("s", "restart", 95.0, 90.0)]}
+    rank = claims_by_name(validate.claims(flip))["the ranking of the policies by time to target is preserved"]
+    assert rank["status"] == "undecided" and "repeats rank differently" in rank["undecided"][0]
+    agree = {"rep1": [_row("s", "stall", 80.0, 95.0), _row("s", "restart", 90.0, 90.0)],
+             "rep2": [_row("s", "stall", 82.0, 95.0), _row("s", "restart", 95.0, 90.0)]}
+    rank = claims_by_name(validate.claims(agree))["the ranking of the policies by time to target is preserved"]
+    assert rank["status"] == "falsified" and rank["against"] == ["s: emulator ['stall', 'restart'] vs simulator "
+                                                                 "['restart', 'stall']"]
+
+
+def claims_by_name(cs: list[dict]) -> dict[str, dict]:
+    return {c["claim"]: c for c in cs}
