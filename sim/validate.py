@@ -148,6 +148,29 @@ def time_groups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def lost_token_verdicts(rows: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """(falsifiers, undecided) of the lost-token claim, per (scenario, policy) of progress-triggered
+    runs. Where the emulator's repeats lost the same tokens the simulator must too; where they lost
+    different amounts (how far the round in flight got before the failure was seen is a matter of
+    time, not progress), a simulated count between the emulator's fewest and most is undecided."""
+    bad, unsure = [], []
+    for (scen, pol), rs in sorted(_groups([r for r in rows if r["progress_triggered"]]).items()):
+        emu = [r["emulator"].get("lost_tokens") for r in rs]
+        diffs = [r["error"]["lost_tokens_diff"] for r in rs]
+        if any(d is None for d in diffs) or any(e is None for e in emu):
+            bad.append(f"{scen}/{pol}: lost tokens not measured on one side")
+            continue
+        sim = emu[0] + diffs[0]
+        if len(set(emu)) == 1:
+            if sim != emu[0]:
+                bad.append(f"{scen}/{pol}: {sim - emu[0]:+,}")
+        elif min(emu) <= sim <= max(emu):
+            unsure.append(f"{scen}/{pol}: simulated {sim:,} between the emulator's repeats {sorted(emu)}")
+        else:
+            bad.append(f"{scen}/{pol}: simulated {sim:,} outside the emulator's repeats {sorted(emu)}")
+    return bad, unsure
+
+
 def _mean_ranking(rows: list[dict[str, Any]]) -> list[str]:
     by = _groups(rows)
     mean = {p: sum(r["emulator"]["time_to_target_s"] or float("inf") for r in rs) / len(rs)
@@ -180,8 +203,7 @@ def claims(comparisons: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]
     w_rows = [r for r in rows if r["error"].get("wan_bytes")]
     w_bad = [f"{r['scenario']}/{r['policy']} {c}: {e:.1%}" for r in w_rows for c, e in r["error"]["wan_bytes"].items()
              if e is not None and e > GOALS["bytes"]]
-    l_bad = [f"{r['scenario']}/{r['policy']}: {r['error']['lost_tokens_diff']:+,}" for r in rows
-             if r["progress_triggered"] and r["error"]["lost_tokens_diff"] != 0]
+    l_bad, l_unsure = lost_token_verdicts(rows)
     n_l = sum(1 for r in rows if r["progress_triggered"])
     by_scen: dict[str, list[list[dict[str, Any]]]] = {}
     for rs in comparisons.values():
@@ -213,8 +235,9 @@ def claims(comparisons: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]
          "falsifier": "a held-out run whose WAN endpoints counted more than 2 % more or fewer bytes of one class",
          "status": status(w_bad, len(w_rows)), "against": w_bad, "runs": len(w_rows)},
         {"claim": "lost tokens exact for progress-triggered faults",
-         "falsifier": "a held-out run with only progress-triggered faults whose lost tokens differ at all",
-         "status": status(l_bad, n_l), "against": l_bad, "runs": n_l},
+         "falsifier": "a held-out scenario with only progress-triggered faults whose simulated lost tokens differ "
+                      "from the emulator's where its repeats agree, or lie outside their range where they do not",
+         "status": status(l_bad, n_l, l_unsure), "against": l_bad, "undecided": l_unsure, "runs": n_l},
         {"claim": "the ranking of the policies by time to target is preserved",
          "falsifier": "a held-out scenario whose emulator ranking (by mean time over its repeats) differs from the "
                       "simulated one while the emulator's repeats agree on it",

@@ -152,3 +152,21 @@ def test_a_ranking_the_emulators_repeats_disagree_on_is_undecided_and_one_they_a
 
 def claims_by_name(cs: list[dict]) -> dict[str, dict]:
     return {c["claim"]: c for c in cs}
+
+
+def test_lost_tokens_must_be_exact_where_the_emulators_repeats_agree_and_inside_their_range_where_they_do_not() -> None:
+    def row(policy: str, emu: int, sim: int) -> dict:
+        r = _row("s", policy, 100.0, 100.0)
+        r["emulator"]["lost_tokens"] = emu
+        r["error"]["lost_tokens_diff"] = sim - emu
+        r["progress_triggered"] = True
+        return r
+
+    comps = {"rep1": [row("stall", 8448, 6400), row("restart", 30976, 30976), row("elastic", 512, 768)],
+             "rep2": [row("stall", 6144, 6400), row("restart", 30976, 30976), row("elastic", 512, 768)]}
+    lost = claims_by_name(validate.claims(comps))["lost tokens exact for progress-triggered faults"]
+    assert lost["status"] == "falsified" and lost["against"] == ["s/elastic: +256"]
+    assert lost["undecided"] == ["s/stall: simulated 6,400 between the emulator's repeats [6144, 8448]"]
+    comps["rep2"][2] = row("elastic", 1024, 768)
+    assert claims_by_name(validate.claims(comps))["lost tokens exact for progress-triggered faults"]["status"] == \
+        "undecided"
