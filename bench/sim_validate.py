@@ -24,7 +24,11 @@ Result: ratio = the largest time-to-target error against the emulator's mean tim
 policy) over its repeats / 10 % (goal <= 1; with one run each, the largest error of a run); passed =
 every claim survived.
 
-    python -m bench.sim_validate [--runs-root runs] [--out runs/sim-validate] [--calibration-extra DIR ...]
+    make sim-validate     # the emulator runs (about 30 min), then this bench on them
+    python -m bench.sim_validate [--runs-root DIR] [--out runs/sim-validate] [--calibration-extra DIR ...]
+
+Without --runs-root it reads `make sim-validate`'s runs (runs/sim-validation/root, with its fit
+comparison as the calibration extra) where they exist, else runs/.
 """
 
 from __future__ import annotations
@@ -39,6 +43,10 @@ from sim import validate
 from sim.calibrate import calibrate
 from sim.faults import MODELED_KINDS
 from sim.model import SimModel
+
+
+SIMVAL_ROOT = ROOT / "runs" / "sim-validation" / "root"  # the Makefile's sim-validate target writes these
+SIMVAL_FIT = ROOT / "runs" / "sim-validation" / "fit" / "compare-preemption"
 
 
 def heldout_comparisons(root: Path) -> list[Path]:
@@ -124,11 +132,16 @@ def run_to_run(comparisons: dict[str, list[dict[str, Any]]]) -> list[dict[str, A
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs-root", default=str(ROOT / "runs"))
+    ap.add_argument("--runs-root", default=None,
+                    help=f"default: {SIMVAL_ROOT.relative_to(ROOT)} (`make sim-validate`) where it exists, else runs/")
     ap.add_argument("--out", default=str(ROOT / "runs" / "sim-validate"))
     ap.add_argument("--calibration-extra", action="append", default=[], type=Path, metavar="DIR",
                     help="emulator run directories (or a study directory) added to the calibration")
     args = ap.parse_args(argv)
+    if args.runs_root is None:  # `make sim-validate`'s runs, with its fit comparison, where they exist
+        args.runs_root = SIMVAL_ROOT if SIMVAL_ROOT.is_dir() else ROOT / "runs"
+        if SIMVAL_ROOT.is_dir() and not args.calibration_extra and SIMVAL_FIT.is_dir():
+            args.calibration_extra = [SIMVAL_FIT]
     raw = run(Path(args.runs_root), Path(args.out), args.calibration_extra)
     groups = validate.time_groups([r for rs in raw.get("comparisons", {}).values() for r in rs])
     errs = [g["error_vs_mean"] for g in groups if "error_vs_mean" in g]
