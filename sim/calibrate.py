@@ -22,6 +22,8 @@ every input file with its sha256. What is fitted:
   frame_overhead_bytes  per site: (collective bytes it counted on its links - its collective spans'
                         payload_bytes_sent - what it resent to sites) / (collective messages - resent ones)
   telemetry_message_bytes  telemetry bytes / messages
+  store_message_bytes   the store's replies: its checkpoint-class bytes / messages, in runs where no
+                        site restored from the store (then every one is a small reply, no blob part)
   control_message_bytes the links to the coordinator, both directions: (control bytes - ack_bytes x
                         acks) / (messages - acks), where acks = (messages - heartbeats) / 2 (each
                         reliable message has one ack; the heartbeats are the coordinator's logged
@@ -60,7 +62,7 @@ def samples_of(run: Path) -> dict[str, list[float]]:
                                                    "eval_s", "restart_s", "standby_restart_s", "standby_prepare_s",
                                                    "start_s", "fault_poll_s", "ack_bytes",
                                                    "frame_overhead_bytes", "telemetry_message_bytes",
-                                                   "control_message_bytes")}
+                                                   "control_message_bytes", "store_message_bytes")}
     coll: dict[tuple[int, int], list[tuple[float, list[str]]]] = {}
     members: dict[int, tuple[str, ...]] = {}
     standbys: dict[str, list[tuple[int, int]]] = {}  # site -> (site_started ns, standby ready ns), in order
@@ -137,9 +139,18 @@ def _byte_sizes(run: Path, sites: list[str], coord: list[dict[str, Any]], est: d
     acks = [0, 0]
     tele = [0, 0]
     to_coord = [0, 0]
-    for s in [*sites, "coord"]:
+    replies = [0, 0]
+    restored = False
+    for s in [*sites, "coord", "store"]:
         evs = _events(run, s)
         rows = _last_counters(evs)
+        restored = restored or any(e["event"] == "checkpoint_load" for e in evs)
+        if s == "store":
+            for r in rows:
+                if r["cls"] == "checkpoint":
+                    replies[0] += r["bytes"]
+                    replies[1] += r["messages"]
+            continue
         for r in rows:
             src, _, dst = r["link"].partition("_to_")
             if r["cls"] == "control" and src in site_set and dst in site_set:
@@ -163,6 +174,8 @@ def _byte_sizes(run: Path, sites: list[str], coord: list[dict[str, Any]], est: d
                 est["frame_overhead_bytes"].append(extra / n)
     if acks[1]:
         est["ack_bytes"].append(acks[0] / acks[1])
+    if replies[1] and not restored:
+        est["store_message_bytes"].append(replies[0] / replies[1])
     if tele[1]:
         est["telemetry_message_bytes"].append(tele[0] / tele[1])
     beats = sum(1 for e in coord if e["event"] == "coord_input" and e.get("kind") == "heartbeat")

@@ -80,6 +80,10 @@ class SimModel:
     ack_bytes: float = 157.0
     control_message_bytes: float = 300.0  # mean of the reliable control messages and heartbeats
     telemetry_message_bytes: float = 180.0
+    # The checkpoint store's small reliable messages (class checkpoint): a blob's finish, the manifest,
+    # a range request and their replies (checkpoint_store/client.py). Prior: the emulator's replies
+    # measured once (11,043 B in 40 messages).
+    store_message_bytes: float = 276.0
     evidence: Mapping[str, str] = field(default_factory=dict, compare=False)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
     # The learning curve (sim/learning_fit.py LearningCurve.to_json()); None: the prior.
@@ -148,4 +152,11 @@ def payload_bytes_sent(n: int, payload_values: int, compression: str = "none") -
 
 def state_bytes(m: ModelConfig, cursor: int) -> int:
     """A site's packed state: params + AdamW moments + outer state (4 x P float32) + retained ids."""
-    return 16 * n_params(m) + 8 * cursor
+    return sum(checkpoint_blob_bytes(m, cursor))
+
+
+def checkpoint_blob_bytes(m: ModelConfig, cursor: int) -> tuple[int, int, int, int]:
+    """The blobs a checkpoint uploads one after the other (site_agent/trainer.py state_tensors plus
+    the lineage): model (P float32), inner AdamW moments (2P), outer state (P), retained ids (int64)."""
+    p = n_params(m)
+    return 4 * p, 8 * p, 4 * p, 8 * cursor

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from sim.engine import ns
 from sim.learning_fit import LearningCurve
-from sim.model import state_bytes
+from sim.model import checkpoint_blob_bytes, state_bytes
 
 if TYPE_CHECKING:
     from sim.site import SimSite
@@ -95,7 +95,7 @@ class SimStore:
         s.log.span_at("checkpoint_save", t0, w.clock.now_ns, ckpt_id=ckpt, round=rnd, manifest_hash=mh, bytes=nbytes,
                       bytes_uploaded=nbytes)
         if w.wan is not None:
-            w.wan.payload(s.name, "store", "checkpoint", nbytes)
+            w.wan.checkpoint_upload(s.name, checkpoint_blob_bytes(w.cfg.model, cursor))
         s.log.span_at("checkpoint_write", t0, w.clock.now_ns, round=rnd, samples_sha256=sha, canonical_sha256=sha,
                       samples=cursor, cursor=cursor, manifest_hash=mh)
         s.send("checkpoint_durable", {"manifest_hash": mh, "round": rnd, "cursor": cursor})

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ground.plans import EpochPlan, Restore
 from ground.setting import base_setting
 from sim.engine import ns
-from sim.model import state_bytes
+from sim.model import checkpoint_blob_bytes, state_bytes
 from sim.services import UPLOAD_BLOCKED_NS
 from site_agent.epochs import interrupts, next_plan, not_for_this_process
 
@@ -255,7 +255,7 @@ class SimSite:
         self.log.span_at("checkpoint_load", t0, t0 + ns(read_s), ckpt_id=man["ckpt_id"], round=man["round"],
                          manifest_hash=plan.manifest_hash, bytes=man["bytes"])
         if self.w.wan is not None:
-            self.w.wan.payload("store", self.name, "checkpoint", man["bytes"])
+            self.w.wan.checkpoint_read(self.name, checkpoint_blob_bytes(self.w.cfg.model, man["cursor"]))
         self.phash, self.retained = man["params_hash"], man["cursor"]
         sp.update(source="store", manifest_hash=plan.manifest_hash, params_hash=self.phash, round=man["round"],
                   _s=read_s)

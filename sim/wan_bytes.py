@@ -11,7 +11,12 @@ Sizes (wire bytes, as the emulator counts them: header, payload and ZeroMQ/Curve
   * a payload message (a collective part, a state chunk, a checkpoint chunk) is its payload plus
     `SimModel.frame_overhead_bytes`; a payload of B bytes travels in ceil(B / chunk_bytes) messages;
   * a control message is `control_message_bytes`, a telemetry message `telemetry_message_bytes`;
-  * every reliable message is acked: `ack_bytes`, class control, from the receiver.
+  * every reliable message is acked: `ack_bytes`, class control, from the receiver;
+  * a checkpoint speaks the store's protocol (checkpoint_store/client.py): per blob its chunks,
+    then a `ckpt_finish` answered by `ckpt_blob_ok`, then the manifest answered by `ckpt_durable`;
+    a restore asks for the manifest, then each blob chunk by chunk (one `ckpt_blob_get` per chunk,
+    answered by the chunk). These requests and replies are `store_message_bytes` each, class
+    checkpoint, reliable (so each is acked).
 These sizes are `prior` until `xdc sim calibrate` fits them from emulator runs' counters.
 
 Links and directions, as the emulator's topology has them: a site reaches a peer over its own
@@ -30,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 SERVICES = ("coord", "store")
 
@@ -81,6 +86,27 @@ class WanTally:
         """`payload_bytes` from src to dst in `messages` reliable messages (default: chunk_bytes each)."""
         n = messages if messages is not None else max(1, math.ceil(payload_bytes / self.chunk_bytes))
         self._send(src, dst, cls, payload_bytes + round(self.m.frame_overhead_bytes * n), n, True)
+
+    def store_message(self, src: str, dst: str, messages: int = 1) -> None:
+        """Requests to the checkpoint store or its replies: small, class checkpoint, reliable."""
+        self._send(src, dst, "checkpoint", round(self.m.store_message_bytes * messages), messages, True)
+
+    def checkpoint_upload(self, site: str, blobs: Sequence[int]) -> None:
+        """One checkpoint: each blob's chunks and its finish (answered), then the manifest (answered)."""
+        for size in blobs:
+            self.payload(site, "store", "checkpoint", size)
+            self.store_message(site, "store")  # ckpt_finish
+            self.store_message("store", site)  # ckpt_blob_ok
+        self.store_message(site, "store")  # ckpt_manifest
+        self.store_message("store", site)  # ckpt_durable
+
+    def checkpoint_read(self, site: str, blobs: Sequence[int]) -> None:
+        """One restore: the manifest asked for (answered), then each blob fetched chunk by chunk."""
+        self.store_message(site, "store")  # ckpt_frontier_get
+        self.store_message("store", site)  # ckpt_frontier
+        for size in blobs:
+            self.store_message(site, "store", max(1, math.ceil(size / self.chunk_bytes)))  # ckpt_blob_get
+            self.payload("store", site, "checkpoint", size)  # ckpt_blob_part
 
     # ------------------------------------------------------------------ the events
     def snapshot(self, proc: str, pid: int | None) -> list[dict[str, Any]]:

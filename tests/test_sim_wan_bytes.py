@@ -9,11 +9,12 @@ from analysis.artifact import build_artifact
 from chaos.scenario import Scenario
 from ground.config import load_config
 from sim.calibrate import samples_of
-from sim.model import SimModel
+from sim.model import SimModel, checkpoint_blob_bytes
 from sim.wan_bytes import WanTally
 from sim.world import simulate
 
-MODEL = SimModel(frame_overhead_bytes=100.0, ack_bytes=50.0, control_message_bytes=200.0, telemetry_message_bytes=70.0)
+MODEL = SimModel(frame_overhead_bytes=100.0, ack_bytes=50.0, control_message_bytes=200.0, telemetry_message_bytes=70.0,
+                 store_message_bytes=30.0)
 
 
 def rows(t: WanTally, proc: str, pid: int) -> dict[tuple[str, str, str, str], tuple[int, int]]:
@@ -49,6 +50,24 @@ def test_nothing_is_received_or_acked_by_a_process_that_is_not_running() -> None
     assert t.snapshot("b", None) == []
 
 
+def test_a_checkpoint_speaks_the_stores_protocol_blob_by_blob() -> None:
+    """As checkpoint_store/client.py: per blob its chunks and a finish the store answers, then the
+    manifest the store answers; every one of them reliable, so acked."""
+    pids = {"a": 1, "store": 21}
+    t = WanTally(1_000_000, MODEL, pids.get)
+    t.checkpoint_upload("a", (1_500_000, 3_000_000, 1_500_000, 80))  # 2 + 3 + 2 + 1 chunks
+    assert rows(t, "a", 1) == {("tx", "a_to_store", "up", "checkpoint"): (6_000_080 + 8 * 100 + 5 * 30, 13),
+                               ("rx", "a_to_store", "down", "checkpoint"): (5 * 30, 5),
+                               ("rx", "a_to_store", "down", "control"): (13 * 50, 13),
+                               ("tx", "a_to_store", "up", "control"): (5 * 50, 5)}
+    t2 = WanTally(1_000_000, MODEL, pids.get)
+    t2.checkpoint_read("a", (1_500_000, 80))  # the manifest, then 2 + 1 ranges, each asked for
+    assert rows(t2, "store", 21) == {("rx", "a_to_store", "up", "checkpoint"): (4 * 30, 4),
+                                     ("tx", "a_to_store", "down", "checkpoint"): (1_500_080 + 3 * 100 + 30, 4),
+                                     ("tx", "a_to_store", "down", "control"): (4 * 50, 4),
+                                     ("rx", "a_to_store", "up", "control"): (4 * 50, 4)}
+
+
 def test_a_simulated_runs_ledger_counts_payload_plus_framing_and_an_ack_per_part(tmp_path: Path) -> None:
     cfg = load_config({"run_id": "wan-bytes", "train": {"target_useful_tokens": 98_304, "checkpoint_every_rounds": 2}})
     simulate(cfg, None, MODEL, tmp_path / "run")
@@ -62,8 +81,12 @@ def test_a_simulated_runs_ledger_counts_payload_plus_framing_and_an_ack_per_part
     assert coll and saves
     parts = sum(e["messages_sent"] for e in coll)
     assert by_class["collective"] == sum(e["payload_bytes_sent"] for e in coll) + 100 * parts
-    chunks = sum(-(-e["bytes_uploaded"] // cfg.wan.chunk_bytes) for e in saves)
-    assert by_class["checkpoint"] == sum(e["bytes_uploaded"] for e in saves) + 100 * chunks
+    # Each blob travels in its own chunks; five requests (four finishes, the manifest) and their replies.
+    params_bytes = sum(checkpoint_blob_bytes(cfg.model, 0))  # what does not grow with the retained ids (8 B each)
+    blobs = [checkpoint_blob_bytes(cfg.model, (e["bytes_uploaded"] - params_bytes) // 8) for e in saves]
+    assert all(sum(b) == e["bytes_uploaded"] for b, e in zip(blobs, saves))
+    chunks = sum(-(-size // cfg.wan.chunk_bytes) for b in blobs for size in b)
+    assert by_class["checkpoint"] == sum(e["bytes_uploaded"] for e in saves) + 100 * chunks + 30 * 10 * len(saves)
     # Every part is acked; the control messages between the sites are those acks alone.
     site_links = {k: v for k, v in run["bytes"]["by_link_class"].items() if not k.endswith(("_to_coord", "_to_store"))}
     assert sum(v.get("control", 0) for v in site_links.values()) == 50 * parts
@@ -78,4 +101,5 @@ def test_calibration_reads_the_sizes_back_from_a_simulated_runs_counters(tmp_pat
     assert est["ack_bytes"] == [50.0]
     assert est["telemetry_message_bytes"] == [70.0]
     assert est["frame_overhead_bytes"] == [100.0] * len(cfg.cluster.sites)
-    assert est["control_message_bytes"] == [200.0]  # acks told apart by the coordinator's heartbeat inputs
+    assert est["control_message_bytes"] == [200.0]
+    assert est["store_message_bytes"] == [30.0]  # no restore: every store message is a small reply  # acks told apart by the coordinator's heartbeat inputs
