@@ -279,13 +279,17 @@ class Rounds:
             got = self._payload[key] = (sent, parts)
         return got
 
-    def abandon(self, s: SimSite) -> None:
-        """A newer epoch interrupts the compute: the inner steps begun so far were attempted (and lost)."""
+    def abandon(self, s: SimSite, killed: bool = False) -> None:
+        """The compute stops: the inner steps done so far were attempted (and lost). A newer epoch or a
+        SIGTERM is noticed at the next step's start, so the step in progress is finished first (as
+        site_agent/rounds.py checks before each step); a SIGKILL ends it unfinished, and the agent logs
+        a step's `work_attempted` only once it is done."""
         if s.cur is None:
             return
         rnd, _cs, _ce, h_steps, t0, t_step, first, layout = s.cur
         s.cur = None
-        done = min(h_steps, first + math.ceil((self.w.clock.now_ns - t0) / max(1, ns(t_step))))
+        elapsed, per = self.w.clock.now_ns - t0, max(1, ns(t_step))
+        done = min(h_steps, first + (elapsed // per if killed else math.ceil(elapsed / per)))
         self.work(s, rnd, layout, first, done)
 
     def finish(self, s: SimSite) -> None:

@@ -83,7 +83,7 @@ class SimSite:
 
     def kill(self) -> None:
         """SIGKILL: everything in flight is lost; the coordinator sees the connection close."""
-        self.w.rounds.abandon(self)
+        self.w.rounds.abandon(self, killed=True)
         self.alive, self.busy = False, False
         self.gen += 1
         self.w.coord.connection_lost(self.name)

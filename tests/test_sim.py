@@ -284,10 +284,12 @@ def test_step_all_is_a_fold_of_step_on_a_simulated_runs_inputs(tmp_path: Path) -
 
 def test_survivors_keep_their_steps_of_the_round_in_flight_as_the_emulators_sites_do(tmp_path: Path) -> None:
     """Plan.carry in the simulator (sim/rounds.py), as tests/test_carry_live.py checks it on real sites:
-    b dies while every site has taken its 4 inner steps of round 2 (all waiting in the collective);
-    elastic's two survivors take round 2 over and keep the steps the carried layout asks of them
-    (a keeps 3, c keeps 2), log them as `work_carried`, and redo only the rest. Lost: b's 4 steps
-    and the survivors' dropped ones (a 1, c 2), 7 steps of 8 samples of 128 tokens."""
+    b is SIGKILLed during its 4th inner step of round 2 while a and c have taken their 4 and wait in
+    the collective; elastic's two survivors take round 2 over and keep the steps the carried layout
+    asks of them (a keeps 3, c keeps 2), log them as `work_carried`, and redo only the rest. Lost:
+    b's 3 finished steps (a killed site never logs the step it was in, as site_agent/rounds.py logs
+    `work_attempted` after a step) and the survivors' dropped ones (a 1, c 2), 6 steps of 8 samples
+    of 128 tokens."""
     from ground.eventlog import process_events
 
     out = tmp_path / "run"
@@ -302,8 +304,10 @@ def test_survivors_keep_their_steps_of_the_round_in_flight_as_the_emulators_site
     redone = {s: [e["inner_step"] for e in process_events(out, s) if e["event"] == "work_attempted"
                   and e["epoch"] == 2 and e["round"] == 2] for s in "ac"}
     assert redone == {"a": [3], "c": [2, 3]}  # only the steps not kept
+    b_steps = [e["inner_step"] for e in process_events(out, "b") if e["event"] == "work_attempted" and e["round"] == 2]
+    assert b_steps == [0, 1, 2]  # the 4th was cut short by the SIGKILL
     art = build_artifact([out])
-    assert art["runs"][0]["metrics"]["lost_tokens"]["value"] == (4 + 1 + 2) * 8 * 128
+    assert art["runs"][0]["metrics"]["lost_tokens"]["value"] == (3 + 1 + 2) * 8 * 128
     status = {c["name"]: c["status"] for c in art["checks"]}
     assert status["work_ledger"] == "pass" and status["lineage"] == "pass", status
 
