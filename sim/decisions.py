@@ -10,8 +10,9 @@ are compared and reported separately.
 An emulated run on a shared machine can fail a site the scenario never touched (a heartbeat
 timeout under load). Decisions from the first such unscheduled failure on follow from it, not
 from the scenario: only the prefix before it is comparable, and the comparison says so. Likewise
-a run can end before a site the scenario restarted has joined again (a slow restart under load):
-simulated decisions that only add that site back are reported as a prefix match, with the reason.
+either run can end before a site the scenario restarted has joined again (a slow restart under
+load, or a simulated run that reached its target first): the other run's decisions that only add
+that site back are reported as a prefix match, with the reason.
 """
 
 from __future__ import annotations
@@ -107,18 +108,28 @@ class Comparison:
         return dict(self.__dict__)
 
 
+def _censored(late: dict[str, float], extra: list[dict[str, Any]]) -> bool:
+    """Whether every decision one run made beyond the other's end only adds back a site the shorter
+    run restarted but had not seen join again (`late`): beyond what the shorter run showed, not against it."""
+    return bool(late) and bool(extra) and all(set(d["joiners"]) & set(late) for d in extra)
+
+
 def compare_runs(emulated: Path, simulated: Path, policy: str = "") -> Comparison:
     coord, chaos = _logs(emulated)
     bad = _unscheduled(coord, chaos)
     emu = _decisions(coord, bad)
-    sim, _ = run_decisions(simulated)
+    sim_coord, sim_chaos = _logs(simulated)
+    sim = _decisions(sim_coord, _unscheduled(sim_coord, sim_chaos))
     n = len(emu)
     mism, timing = [], []
+    # One run ended before a restarted site came back, the other saw it join: the emulator's restart
+    # was slow on a loaded machine, or the simulated run reached its target first (its restart time is
+    # a fitted median). The decisions that only add that site back cannot be compared.
     late = _unjoined(coord, chaos) if bad is None and len(sim) > n else {}
-    # The emulator's run ended before a restarted site came back (a slow restart on a loaded machine):
-    # simulated decisions that only add that site back are beyond what the emulator showed, not against it.
-    censored = bool(late) and all(set(d["joiners"]) & set(late) for d in sim[n:])
-    if len(sim) < n or (bad is None and len(sim) != n and not censored):
+    late_sim = _unjoined(sim_coord, sim_chaos) if bad is None and len(sim) < n else {}
+    censored = _censored(late, sim[n:])
+    censored_sim = _censored(late_sim, emu[len(sim):])
+    if (len(sim) < n and not censored_sim) or (bad is None and len(sim) > n and not censored):
         mism.append(f"{len(emu)} emulator decisions{' (comparable prefix)' if bad else ''}, {len(sim)} simulated")
     for a, b in zip(emu, sim[:n]):
         diff = [k for k in STRUCTURE if a[k] != b[k]]
@@ -130,8 +141,9 @@ def compare_runs(emulated: Path, simulated: Path, policy: str = "") -> Compariso
     why = None
     if bad is not None:
         why = f"{bad['id']}: {bad.get('site')} failed ({bad.get('reason')}), which no fault of the scenario caused"
-    if censored and not mism:
-        why = "the emulator's run ended before " + ", ".join(
-            f"{site} joined again ({t:.1f} s after its restart)" for site, t in sorted(late.items()))
-    status = "mismatch" if mism else ("prefix match" if bad is not None or censored else "match")
+    if (censored or censored_sim) and not mism:
+        which, gone = ("emulator's", late) if censored else ("simulated", late_sim)
+        why = f"the {which} run ended before " + ", ".join(
+            f"{site} joined again ({t:.1f} s after its restart)" for site, t in sorted(gone.items()))
+    status = "mismatch" if mism else ("prefix match" if bad is not None or censored or censored_sim else "match")
     return Comparison(policy, status, min(n, len(sim)), len(emu), len(sim), mism, timing, why)

@@ -64,3 +64,24 @@ def test_the_same_decisions_match(tmp_path):
     sim = _run(tmp_path, "sim", FIRST_TWO + [REJOIN], KILL)
     c = compare_runs(emu, sim, "restart")
     assert (c.status, c.compared, c.disturbed_by) == ("match", 3, None)
+
+
+def test_a_simulated_run_that_ended_before_the_restarted_site_joined_is_a_prefix_of_the_emulated_one(tmp_path):
+    """The mirror case: the simulated run reached its target before its (fitted, median) restart
+    brought b back, while the emulator's b joined in time. The emulator's last decision only adds b
+    back; it is beyond what the simulated run showed, not against it."""
+    emu = _run(tmp_path, "emu", FIRST_TWO + [REJOIN], KILL)
+    sim = _run(tmp_path, "sim", FIRST_TWO + [{"event": "run_finished", "mono_ns": 11 * S}], KILL)
+    c = compare_runs(emu, sim, "oracle")
+    assert (c.status, c.compared, c.emulator_decisions, c.simulator_decisions) == ("prefix match", 2, 3, 2)
+    assert c.structural_mismatches == []
+    assert c.disturbed_by == "the simulated run ended before b joined again (4.0 s after its restart)"
+
+
+def test_a_missing_simulated_decision_that_is_not_the_late_sites_return_is_a_mismatch(tmp_path):
+    other = _epoch(3, 12, ["a"], reason="c failed")
+    emu = _run(tmp_path, "emu", FIRST_TWO + [other], KILL)
+    sim = _run(tmp_path, "sim", FIRST_TWO + [{"event": "run_finished", "mono_ns": 11 * S}], KILL)
+    c = compare_runs(emu, sim, "elastic")
+    assert c.status == "mismatch"
+    assert c.structural_mismatches == ["3 emulator decisions, 2 simulated"]
