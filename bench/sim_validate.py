@@ -16,7 +16,12 @@ out, e.g. a study's runs (`runs/studies/<name>-v<version>`: every run directory 
 and the fit takes restart times (and every other parameter's events) from them too. A held-out
 comparison whose scenario name is among the calibration runs' is refused.
 
-Repeats: two comparisons of one scenario are the emulator's repeats; the time and ranking claims are
+Held-out link profiles: a comparison whose site links differ from every calibration run's is its
+own held-out condition ("one-outage over site links 60±2 ms 1,000 KB/s (held out)"), judged apart
+from the same scenario over the fitted links: the model's collective and transfer times must carry
+over to links it was not fitted on.
+
+Repeats: two comparisons of one scenario (over the same links) are the emulator's repeats; the time and ranking claims are
 then judged against the emulator's mean, and are "undecided" where the emulator's own repeats
 disagree by more than the simulator does (sim/validate.claims).
 
@@ -59,6 +64,21 @@ def heldout_comparisons(root: Path) -> list[Path]:
     return out
 
 
+def links_of(run_dir: Path) -> str:
+    """The run's WAN as a short label: the site links' latency, jitter and bandwidth per direction
+    (and the number of per-link overrides). Held-out runs are grouped by scenario *and* this label:
+    the same scenario over other links is another held-out condition, not a repeat."""
+    wan = json.loads((run_dir / "config.json").read_text()).get("wan", {})
+    shown = {}
+    for d in ("up", "down"):
+        p = (wan.get("site_link") or {}).get(d, {})
+        bw = p.get("bandwidth_kbps", 0)
+        shown[d] = f"{p.get('latency_ms', 0)}±{p.get('jitter_ms', 0)} ms " + (f"{bw:,} KB/s" if bw else "unshaped")
+    label = "site links " + (shown["up"] if shown["up"] == shown["down"] else f"up {shown['up']}, down {shown['down']}")
+    n = len(wan.get("link_overrides") or ())
+    return label + (f", {n} link override(s)" if n else "")
+
+
 def extra_runs(dirs: list[Path]) -> list[Path]:
     """Run directories named, or found in a comparison's directory or under a study directory's runs/
     (each with its config.json). A run reached twice (e.g. through a comparison's `latest` link) counts
@@ -93,6 +113,8 @@ def run(runs_root: Path, out: Path, extra: list[Path] | None = None) -> dict[str
     cal = calibrate(cal_runs)
     cal_scenarios = {json.loads((p / "scenario.json").read_text()).get("name") for p in cal_runs
                      if (p / "scenario.json").exists()}
+    cal_links = {links_of(p) for p in cal_runs}
+    raw["calibration_links"] = sorted(cal_links)
     model = SimModel.from_calibration(cal)
     raw["calibration"] = {k: {"value": v["value"], "n": v["n"], "half_iqr": v["uncertainty"]["value"]}
                           for k, v in cal["parameters"].items()}
@@ -106,12 +128,16 @@ def run(runs_root: Path, out: Path, extra: list[Path] | None = None) -> dict[str
         for r in index["runs"]:
             emu_dir = Path(r["run_dir"])
             emu_dir = emu_dir if emu_dir.exists() else comp / emu_dir.name
+            links = links_of(emu_dir)
+            # The held-out condition: the scenario, and the links where the fit never saw them.
+            cond = scen if links in cal_links else f"{scen} over {links} (held out)"
             sim_dir = validate.simulate_like(emu_dir, model, out / comp.name / emu_dir.name)
             emu, sim = validate.measure(emu_dir), validate.measure(sim_dir)
-            rows.append({"scenario": scen, "comparison": comp.name, "policy": emu["policy"], "emulator": emu,
+            rows.append({"scenario": cond, "links": links, "links_held_out": links not in cal_links,
+                         "comparison": comp.name, "policy": emu["policy"], "emulator": emu,
                          "simulator": sim, "error": validate.compare(emu, sim),
                          "progress_triggered": validate.progress_triggered(emu_dir)})
-        comparisons[f"{comp.name} ({scen})"] = rows
+        comparisons[f"{comp.name} ({rows[0]['scenario'] if rows else scen})"] = rows
     raw["comparisons"] = comparisons
     raw["claims"] = validate.claims(comparisons)
     raw["table_md"] = validate.table_md(comparisons)

@@ -189,3 +189,54 @@ def test_bytes_are_judged_against_the_emulators_repeats() -> None:
                             "[7176442, 7176442]"]
     assert b["undecided"] == ["s/elastic state_transfer: 100.0% off the emulator's mean of 2 run(s), inside their "
                               "range [0, 7176442]"]
+
+
+def _comparison(root: Path, name: str, links: dict, scen: Scenario) -> None:
+    """A stand-in `xdc compare` directory: stall and elastic simulated over `links`, with its index."""
+    import json
+
+    runs = []
+    for policy in ("stall", "elastic"):
+        cfg = load_config(merge(COMPARE_CFG, {"run_id": f"{name}-{policy}", "recovery": {"policy": policy},
+                                              "wan": {"site_link": links}}))
+        out = root / name / f"{policy}-run"
+        simulate(cfg, scen, SimModel(), out=out)
+        (out / "scenario.json").write_text(json.dumps(scen.to_dict()))
+        runs.append({"policy": policy, "run_dir": str(out)})
+    (root / name / "index.json").write_text(json.dumps({"scenario": scen.to_dict(), "runs": runs,
+                                                        "interrupted": False}))
+
+
+def test_the_same_scenario_over_links_the_fit_never_saw_is_its_own_held_out_condition(tmp_path: Path) -> None:
+    """Held-out link profiles: a comparison over other site links is judged apart (not as a repeat of
+    the same scenario over the fitted links), labelled with its links and marked held out."""
+    from bench.sim_validate import links_of
+
+    root = tmp_path / "root"
+    fit = root / "noise-floor" / "noise-seed0"
+    simulate(load_config(merge(COMPARE_CFG, {"run_id": "fit"})), None, SimModel(), out=fit)
+    scen = Scenario.build("crash-b", "").crash("b", at_useful_tokens=36_864, restart_after_s=2)
+    slow = {"up": {"latency_ms": 40, "bandwidth_kbps": 1000}, "down": {"latency_ms": 40, "bandwidth_kbps": 1000}}
+    _comparison(root, "compare-fitted-links", {}, scen)
+    _comparison(root, "compare-slow-links", slow, scen)
+    assert links_of(fit) == "site links 5±0 ms unshaped"
+    assert links_of(root / "compare-slow-links" / "stall-run") == "site links 40±0 ms 1,000 KB/s"
+    raw = validate_run(root, tmp_path / "out")
+    assert raw["calibration_links"] == ["site links 5±0 ms unshaped"]
+    by_comp = {k: {(r["scenario"], r["links_held_out"]) for r in rs} for k, rs in raw["comparisons"].items()}
+    assert by_comp == {
+        "compare-fitted-links (crash-b)": {("crash-b", False)},
+        "compare-slow-links (crash-b over site links 40±0 ms 1,000 KB/s (held out))":
+            {("crash-b over site links 40±0 ms 1,000 KB/s (held out)", True)}}
+    # two conditions of one run each, not one condition with two repeats
+    groups = validate.time_groups([r for rs in raw["comparisons"].values() for r in rs])
+    assert sorted((g["scenario"], g["policy"], len(g["emulator_s"])) for g in groups) == [
+        ("crash-b", "elastic", 1), ("crash-b", "stall", 1),
+        ("crash-b over site links 40±0 ms 1,000 KB/s (held out)", "elastic", 1),
+        ("crash-b over site links 40±0 ms 1,000 KB/s (held out)", "stall", 1)]
+    # the stand-ins were simulated with the priors, the bench with the fit: the slower links take longer
+    slow_t = {r["policy"]: r["emulator"]["time_to_target_s"] for r in raw["comparisons"][
+        "compare-slow-links (crash-b over site links 40±0 ms 1,000 KB/s (held out))"]}
+    fast_t = {r["policy"]: r["emulator"]["time_to_target_s"] for r in raw["comparisons"][
+        "compare-fitted-links (crash-b)"]}
+    assert all(slow_t[p] > fast_t[p] for p in ("stall", "elastic"))
