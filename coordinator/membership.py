@@ -142,11 +142,19 @@ def apply(m: Membership, d: Decision) -> Membership:
     return replace(m, sites=sites)
 
 
+def heard(site: SiteRecord, now_ns: int, incarnation: int = 0) -> SiteRecord:
+    """The record after a heartbeat at `now_ns` (the incarnation learned if given). Built with the
+    constructor, not `dataclasses.replace`: it runs once per heartbeat, millions of times in a
+    simulated hour of 1,000 sites, and replace costs five times as much (tests/test_membership.py
+    checks that the two agree on every field)."""
+    return SiteRecord(site.name, site.state, now_ns, incarnation or site.incarnation, site.disconnected_ns)
+
+
 def on_heartbeat(m: Membership, name: str, now_ns: int, incarnation: int = 0) -> Membership:
     if name not in m.sites:
         return m
     sites = dict(m.sites)
-    sites[name] = replace(sites[name], last_heartbeat_ns=now_ns, incarnation=incarnation or sites[name].incarnation)
+    sites[name] = heard(sites[name], now_ns, incarnation)
     return replace(m, sites=sites)
 
 

@@ -253,7 +253,7 @@ class Rules:
             return  # membership.on_heartbeat ignores an unknown site
         learned = msg.inc if not known.incarnation else 0
         # membership.on_heartbeat's record, written into this step's own site map (O(1), not a copy).
-        site = replace(known, last_heartbeat_ns=now_ns, incarnation=learned or known.incarnation)
+        site = membership.heard(known, now_ns, learned)
         self._sites_for_write()[msg.src] = site
         # A member we removed is still alive (it hung, or was partitioned): tell it, so it rejoins.
         # (The cheap conditions first: every term is side-effect free.)

@@ -214,3 +214,18 @@ def test_events_that_do_not_apply_leave_state_unchanged(state: SiteState, event:
 def test_decision_none_changes_nothing() -> None:
     m = formed()
     assert apply(m, Decision(Action.NONE)) == m
+
+
+def test_a_heartbeat_record_built_by_hand_equals_dataclasses_replace_on_every_field() -> None:
+    """membership.heard builds the record with the constructor (speed); it must say what replace says,
+    including on a field added later (then the constructor call misses it and this fails)."""
+    from dataclasses import fields, replace
+
+    from coordinator.membership import SiteRecord, SiteState, heard
+
+    site = SiteRecord("b", SiteState.SUSPECT, 5, incarnation=3, disconnected_ns=7)
+    assert [f.name for f in fields(SiteRecord)] == ["name", "state", "last_heartbeat_ns", "incarnation",
+                                                   "disconnected_ns"]
+    assert heard(site, 9) == replace(site, last_heartbeat_ns=9)
+    assert heard(replace(site, incarnation=0), 9, 4) == replace(site, last_heartbeat_ns=9, incarnation=4)
+    assert heard(site, 9, 4) == replace(site, last_heartbeat_ns=9, incarnation=4)  # as on_heartbeat: a given one wins
