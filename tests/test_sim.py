@@ -183,6 +183,16 @@ def test_a_small_scale_run_is_consistent() -> None:
     assert res.useful_tokens % per_round == 0 and res.useful_tokens >= res.commits * 49 * per_round
 
 
+def test_a_wall_budget_stops_a_large_run_even_when_its_messages_arrive_in_batches() -> None:
+    """`wall_stop` is polled every 4,096 clock entries: 200 sites' same-instant heartbeats and round
+    reports run as batches, and the budget must still be looked at (here: spent at the first look)."""
+    sites = [f"s{i:03d}" for i in range(200)]
+    cfg = load_config({"cluster": {"sites": sites}, "train": {"target_useful_tokens": 10 ** 12}})
+    looks: list[int] = []
+    res = simulate(cfg, None, SimModel(), max_sim_s=3600, wall_stop=lambda: looks.append(1) is None)
+    assert looks == [1] and not res.complete and res.sim_s < 600
+
+
 def test_calibrating_on_a_simulated_run_recovers_its_timing_model(tmp_path: Path) -> None:
     """The round trip: fit sim/calibrate.py to a run the simulator wrote with known parameters."""
     truth = SimModel(compute_s_per_token=0.0007, eval_s=2.5, restart_s=12.0, fault_poll_s=0.8,
