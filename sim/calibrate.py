@@ -24,10 +24,14 @@ every input file with its sha256. What is fitted:
   telemetry_message_bytes  telemetry bytes / messages
   store_message_bytes   the store's replies: its checkpoint-class bytes / messages, in runs where no
                         site restored from the store (then every one is a small reply, no blob part)
-  control_message_bytes the links to the coordinator, both directions: (control bytes - ack_bytes x
-                        acks) / (messages - acks), where acks = (messages - heartbeats) / 2 (each
-                        reliable message has one ack; the heartbeats are the coordinator's logged
-                        heartbeat inputs)
+  control_message_bytes, heartbeat_message_bytes
+                        the links to the coordinator, both directions, per run: control bytes -
+                        ack_bytes x acks = heartbeat size x heartbeats + control size x others, where
+                        the heartbeats are the coordinator's logged heartbeat inputs, acks = (messages
+                        - heartbeats) / 2 (each reliable message has one) and others the rest; the
+                        two sizes by least squares over the runs (their mixes differ: a stall adds
+                        heartbeats, not reports), each with its standard error. Runs that cannot
+                        tell them apart (one run, or the same mix) give one mean for both.
 The byte sizes come from each process's last `wan_counters` per incarnation (sim/wan_bytes.py).
 
 A parameter without evidence in the runs is left out (it stays `prior` in SimModel).
@@ -62,7 +66,7 @@ def samples_of(run: Path) -> dict[str, list[float]]:
                                                    "eval_s", "restart_s", "standby_restart_s", "standby_prepare_s",
                                                    "start_s", "fault_poll_s", "ack_bytes",
                                                    "frame_overhead_bytes", "telemetry_message_bytes",
-                                                   "control_message_bytes", "store_message_bytes")}
+                                                   "control_mix", "store_message_bytes")}
     coll: dict[tuple[int, int], list[tuple[float, list[str]]]] = {}
     members: dict[int, tuple[str, ...]] = {}
     standbys: dict[str, list[tuple[int, int]]] = {}  # site -> (site_started ns, standby ready ns), in order
@@ -181,8 +185,40 @@ def _byte_sizes(run: Path, sites: list[str], coord: list[dict[str, Any]], est: d
     beats = sum(1 for e in coord if e["event"] == "coord_input" and e.get("kind") == "heartbeat")
     n_acks = (to_coord[1] - beats) / 2
     if acks[1] and beats and 0 < n_acks < to_coord[1]:
-        a = acks[0] / acks[1]
-        est["control_message_bytes"].append((to_coord[0] - a * n_acks) / (to_coord[1] - n_acks))
+        # (bytes less the acks', heartbeats, other control messages): solved across runs in `calibrate`
+        est["control_mix"].append((to_coord[0] - acks[0] / acks[1] * n_acks, beats, to_coord[1] - n_acks - beats))
+
+
+# Two runs whose heartbeat shares differ by less than this cannot tell the two sizes apart.
+MIN_MIX_SPREAD = 0.01
+
+
+def control_sizes(mix: list[tuple[tuple[float, float, float], str]]) -> dict[str, Any]:
+    """heartbeat_message_bytes and control_message_bytes from each run's (bytes less acks,
+    heartbeats, other messages): least squares through the origin, with standard errors from the
+    residuals; one pooled mean for both when the runs' mixes do not separate them."""
+    import numpy as np
+
+    runs = sorted({r for _, r in mix})
+    x = np.array([[b, o] for (_, b, o), _ in mix], dtype=float)
+    y = np.array([v for (v, _, _), _ in mix], dtype=float)
+    share = x[:, 0] / x.sum(axis=1)
+    if len(mix) >= 3 and share.max() - share.min() >= MIN_MIX_SPREAD:
+        coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+        dof = len(mix) - 2
+        s2 = float(((y - x @ coef) ** 2).sum()) / dof
+        se = np.sqrt(np.diag(s2 * np.linalg.inv(x.T @ x)))
+        if (coef > 0).all():
+            return {k: {"value": float(c), "evidence": "fitted", "n": len(mix),
+                        "uncertainty": {"kind": "standard error (least squares over runs)", "value": float(e)},
+                        "source_runs": runs}
+                    for k, c, e in (("heartbeat_message_bytes", coef[0], se[0]),
+                                    ("control_message_bytes", coef[1], se[1]))}
+    mean = float(y.sum() / x.sum())
+    one = {"value": mean, "evidence": "fitted", "n": len(mix), "source_runs": runs,
+           "uncertainty": {"kind": "none: one mean for heartbeats and other control messages (the runs' mixes "
+                                   "do not tell them apart)", "value": None}}
+    return {"heartbeat_message_bytes": dict(one), "control_message_bytes": dict(one)}
 
 
 def _standby_wait_s(standbys: list[tuple[int, int]], assigned_ns: int) -> float:
@@ -206,6 +242,9 @@ def calibrate(runs: Iterable[str | Path]) -> dict[str, Any]:
         for k, vals in samples_of(r).items():
             pooled.setdefault(k, []).extend((v, r.name) for v in vals)
     params: dict[str, Any] = {}
+    mix = pooled.pop("control_mix", [])
+    if mix:
+        params.update(control_sizes(mix))
     for k, vals in sorted(pooled.items()):
         if not vals:
             continue

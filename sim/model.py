@@ -75,10 +75,14 @@ class SimModel:
     update_cosine: float = 0.9
     # Wire sizes for the modeled WAN byte counters (sim/wan_bytes.py), bytes as the emulator counts
     # them (header, payload, ZeroMQ and CurveZMQ framing). Priors: a collective part and an ack
-    # encoded by wan.frames with a representative header; a control message guessed.
+    # encoded by wan.frames with a representative header; a heartbeat and a reliable control message
+    # measured once (least squares over make sim-validate's 28 emulator runs at 72f2283: heartbeats
+    # are small, round reports carry their sample ids; one mean for both was 1.5-4.7 % off where
+    # longer rounds change the mix).
     frame_overhead_bytes: float = 333.0  # per payload message, beyond its payload
     ack_bytes: float = 157.0
-    control_message_bytes: float = 300.0  # mean of the reliable control messages and heartbeats
+    control_message_bytes: float = 560.0  # mean of the reliable control messages (reports, plans, joins)
+    heartbeat_message_bytes: float = 190.0  # a heartbeat (unreliable: never acked)
     telemetry_message_bytes: float = 180.0
     # The checkpoint store's small reliable messages (class checkpoint): a blob's finish, the manifest,
     # a range request and their replies (checkpoint_store/client.py). Prior: the emulator's replies

@@ -10,7 +10,8 @@ work on a simulated run. Every number is `modeled`.
 Sizes (wire bytes, as the emulator counts them: header, payload and ZeroMQ/CurveZMQ framing):
   * a payload message (a collective part, a state chunk, a checkpoint chunk) is its payload plus
     `SimModel.frame_overhead_bytes`; a payload of B bytes travels in ceil(B / chunk_bytes) messages;
-  * a control message is `control_message_bytes`, a telemetry message `telemetry_message_bytes`;
+  * a control message is `control_message_bytes` (a heartbeat `heartbeat_message_bytes`), a telemetry
+    message `telemetry_message_bytes`;
   * every reliable message is acked: `ack_bytes`, class control, from the receiver;
   * a checkpoint speaks the store's protocol (checkpoint_store/client.py): per blob its chunks,
     then a `ckpt_finish` answered by `ckpt_blob_ok`, then the manifest answered by `ckpt_durable`;
@@ -79,7 +80,9 @@ class WanTally:
 
     # ------------------------------------------------------------------ what the processes send
     def control(self, src: str, dst: str, *, reliable: bool = True, cls: str = "control") -> None:
-        size = self.m.telemetry_message_bytes if cls == "telemetry" else self.m.control_message_bytes
+        # The only unreliable control message is a heartbeat (telemetry has its own class).
+        size = (self.m.telemetry_message_bytes if cls == "telemetry" else
+                self.m.control_message_bytes if reliable else self.m.heartbeat_message_bytes)
         self._send(src, dst, cls, round(size), 1, reliable)
 
     def payload(self, src: str, dst: str, cls: str, payload_bytes: int, messages: int | None = None) -> None:
