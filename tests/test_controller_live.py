@@ -62,21 +62,28 @@ def test_collapse_moves_to_cheaper_communication_and_back(collapse_run):
     for d in changes:
         recent = [o["setting"] for r, o in obs.items() if d["round"] - guard < r <= d["round"]]
         assert _setting(d["setting"]).label() not in recent, (d["round"], d["setting"], recent)
-    # The link collapses right after round `cut` commits, with round cut+1 in flight: rounds from
-    # cut+2 on are trained entirely on the collapsed link. The evidence is sufficient at the first
-    # decision whose whole window is such rounds; the change must come within one cycle of it.
+    # The link collapses once the chaos driver sees round `cut` commit: after its poll, so one or two
+    # more rounds may still finish on the good link (a CI run: the fault came 250 ms after the commit
+    # and round cut+1 committed 30 ms before it). The collapsed rounds are the ones whose measured
+    # goodput fell below 2 MB/s (20 MB/s before, about 0.4 MB/s after). The evidence is sufficient at
+    # the first decision whose whole window is collapsed rounds; the change must come within one
+    # cycle of it.
+    collapsed = sorted(r for r, o in obs.items() if cut < r <= heal and o["goodput_bps"] < 2_000_000)
+    assert collapsed, [(r, o["goodput_bps"]) for r, o in obs.items() if r > cut][:8]
     during = [d for d in changes if cut < d["round"] <= heal]
     assert during, [(d["round"], d["action"], d["reason"]) for d in decisions if d["round"] > cut][:8]
     first = during[0]
     window = load_config(ADAPTIVE).train.adaptive.window_cycles
     sufficient = next(d for d in decisions if d["round"] > cut and len(d["evidence"]["window_rounds"]) == window
-                      and min(d["evidence"]["window_rounds"]) >= cut + 2)
-    assert first["round"] <= sufficient["round"] + 1, (cut, sufficient, first)
+                      and min(d["evidence"]["window_rounds"]) >= collapsed[0])
+    assert first["round"] <= sufficient["round"] + 1, (cut, collapsed[0], sufficient, first)
     assert _rank(_setting(first["setting"])) > _rank(_setting(first["current"])), first
     assert obs[first["round"]]["goodput_bps"] < 2_000_000, obs[first["round"]]
-    # While the window straddles the collapse, it abstained (a link in flux) rather than guess.
-    straddle = [d for d in decisions if cut < d["round"] < first["round"]]
-    assert all(d["action"] == "abstain" for d in straddle), straddle
+    # While the window straddles the collapse (good and collapsed rounds in it), it abstained (a link
+    # in flux) rather than guess; a window of good rounds alone may keep the setting.
+    straddle = [d for d in decisions if cut < d["round"] < first["round"]
+                and set(d["evidence"]["window_rounds"]) & set(collapsed)]
+    assert straddle and all(d["action"] == "abstain" for d in straddle), straddle
     # After the heal it comes back to cheaper-to-learn settings (less compression or smaller H).
     after = [d for d in changes if d["round"] > heal]
     assert after and _rank(_setting(after[-1]["setting"])) < _rank(_setting(first["setting"])), after
