@@ -204,8 +204,9 @@ def _elapsed_ns(a: dict[str, Any], b: dict[str, Any]) -> int:
 
 
 def wall_clock_step_s(h: RunHistory) -> float:
-    """How far the wall clock moved against the monotonic one over the run (0 if it never stepped)."""
-    offs = [int(e["wall_ns"]) - int(e["mono_ns"]) for evs in h.logs.values() for e in evs
+    """How far the wall clock moved against the monotonic one over the run (0 if it never stepped).
+    A step is the host's: the coordinator's log, which spans the run, shows it."""
+    offs = [int(e["wall_ns"]) - int(e["mono_ns"]) for e in h.events("coord")
             if e.get("wall_ns") is not None and e.get("mono_ns") is not None]
     return (max(offs) - min(offs)) / 1e9 if offs else 0.0
 

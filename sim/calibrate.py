@@ -45,6 +45,8 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable
 
+import numpy as np
+
 from ground.config import config_from_json
 from ground.eventlog import process_events as _events
 from sim.learning_fit import fit_learning
@@ -197,8 +199,6 @@ def control_sizes(mix: list[tuple[tuple[float, float, float], str]]) -> dict[str
     """heartbeat_message_bytes and control_message_bytes from each run's (bytes less acks,
     heartbeats, other messages): least squares through the origin, with standard errors from the
     residuals; one pooled mean for both when the runs' mixes do not separate them."""
-    import numpy as np
-
     runs = sorted({r for _, r in mix})
     x = np.array([[b, o] for (_, b, o), _ in mix], dtype=float)
     y = np.array([v for (v, _, _), _ in mix], dtype=float)

@@ -123,8 +123,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     doc = write_calibration(args.runs, args.out)
     for k, p in sorted(doc["parameters"].items()):
         u = p["uncertainty"]["value"]
-        print(f"{k} = {p['value']:.6g}{f' ± {u:.2g}' if u is not None else ''} "
-              f"({p['uncertainty']['kind'] if u is None else 'n=' + str(p['n'])}, {', '.join(p['source_runs'])})")
+        spread = f" ± {u:.2g}" if u is not None else f" ({p['uncertainty']['kind']})"
+        print(f"{k} = {p['value']:.6g}{spread} (n={p['n']}, {', '.join(p['source_runs'])})")
     print(f"not fitted (prior): {', '.join(doc['not_fitted'])}\ncalibration: {args.out}")
     return 0
 

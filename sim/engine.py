@@ -33,10 +33,6 @@ class Clock:
         self._seq = itertools.count()
         self.events_run = 0
         self._batched: dict[Callable[..., None], Callable[[list[tuple[Any, ...]]], None]] = {}
-        # The last entry pushed, when it is a batched function's group still in the heap: (time, fn,
-        # its argument tuples). A push of the same function at the same time with nothing pushed or
-        # popped in between joins that group (it would run right after it anyway) instead of the heap.
-        self._tail: tuple[int, Callable[..., None], list[tuple[Any, ...]]] | None = None
         # Suspended owners (a SIGSTOPped process): owner -> (since ns, its entries pulled from the heap,
         # the entries that fell due while it was stopped). See `suspend`.
         self._suspended: dict[int, tuple[Any, int, list[tuple[int, int, Callable[..., None], tuple[Any, ...]]],
@@ -80,25 +76,11 @@ class Clock:
 
     def batch(self, fn: Callable[..., None], many: Callable[[list[tuple[Any, ...]]], None]) -> None:
         """Run `many(args_list)` for runs of consecutive same-instant entries of `fn` (see the module doc).
-        `fn` must be the object scheduled (a bound method kept in an attribute, not a fresh one), and
-        no process `suspend` stops may own its entries (its first arguments are not owners)."""
+        `fn` must be the object scheduled (a bound method kept in an attribute, not a fresh one)."""
         self._batched[fn] = many
 
     def at(self, t_ns: int, fn: Callable[..., None], *args: Any) -> None:
-        t = max(int(t_ns), self.now_ns)
-        if fn not in self._batched:
-            self._tail = None
-            heapq.heappush(self._heap, (t, next(self._seq), fn, args))
-            return
-        # A batched function's entry holds a list of argument tuples (see `_tail`): a thousand
-        # heartbeats crossing equal links at one instant are one heap entry, not a thousand.
-        tail = self._tail
-        if tail is not None and tail[0] == t and tail[1] is fn:
-            tail[2].append(args)
-            return
-        group = [args]
-        self._tail = (t, fn, group)
-        heapq.heappush(self._heap, (t, next(self._seq), fn, group))
+        heapq.heappush(self._heap, (max(int(t_ns), self.now_ns), next(self._seq), fn, args))
 
     def after(self, delay_s: float, fn: Callable[..., None], *args: Any) -> None:
         self.at(self.now_ns + ns(delay_s), fn, *args)
@@ -110,19 +92,18 @@ class Clock:
             if t > until_ns:
                 break
             pop(heap)
-            self._tail = None  # the group a push could join may be the one just popped
             self.now_ns = t
+            self.events_run += 1
+            if self._suspended and self._held(fn, args):
+                continue
             many = batched.get(fn) if batched else None
             if many is None:
-                self.events_run += 1
-                if self._suspended and self._held(fn, args):
-                    continue
                 fn(*args)
                 continue
-            group = args  # a batched entry's argument tuples (never a suspended owner's: see `batch`)
+            group = [args]
             while heap and heap[0][0] == t and heap[0][2] is fn:
-                group += pop(heap)[3]
-            self.events_run += len(group)
+                group.append(pop(heap)[3])
+            self.events_run += len(group) - 1
             many(group)
 
     def pending(self) -> int:

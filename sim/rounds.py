@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ground.plans import EpochPlan, Restore
-from ground.schedule import carried_steps, kept_steps, steps_to_keep, round_span
+from ground.schedule import carried_steps, kept_steps, steps_to_keep, round_span, site_positions
 from ground.setting import step_after_round
 from sim.engine import ns
 from sim.model import payload_bytes_sent
@@ -110,11 +110,7 @@ class Rounds:
                 self._carried = {key: whole}  # one plan at a time: the previous one is done with
             return list(whole[s.name])
         idx, b = self.w.member_index(s.plan.members)[s.name], cfg.train.per_site_batch
-        # ground.schedule.site_positions for h = 0..h_steps-1, inlined (once per site and round at
-        # 1,000 sites): step h covers [lo, lo + b) cut at ce, lo = cs + h*n*b + idx*b.
-        stride = n * b
-        return [(tuple(range(min(lo, ce), min(lo + b, ce))), min(lo - idx * b, ce))
-                for lo in range(cs + idx * b, cs + idx * b + h_steps * stride, stride)]
+        return [(tuple(site_positions(cfg, n, cs, h, idx, ce)), min(cs + h * n * b, ce)) for h in range(h_steps)]
 
     def carry_over(self, s: SimSite, plan: EpochPlan, sp: dict[str, Any]) -> bool:
         """Keep the inner steps already taken in the round a carried epoch takes over (the agent's
