@@ -33,17 +33,36 @@ def _steps(path: Any, rnd: int) -> int:
     return sum(1 for e in read_events(path) if e["event"] == "work_attempted" and e["round"] == rnd)
 
 
+class _StopOnEntering(dict):
+    """A site's stop flag that turns itself on when the site enters round `rnd` (its `inflight`), so
+    the site leaves before it contributes to that round however late the test's thread is scheduled.
+    Setting the flag by hand after round 0's reports raced: on a loaded host b trained and reduced
+    round 1 first, a and c committed it with b, and nothing was left in flight to carry."""
+
+    def __init__(self, rnd: int) -> None:
+        super().__init__(flag=False)
+        self.rnd = rnd
+        self.site: Any = None  # the Site, once running_sites made it
+
+    def __getitem__(self, key: str) -> Any:
+        inflight = getattr(self.site, "inflight", None)
+        if key == "flag" and inflight is not None and inflight >= self.rnd:
+            self["flag"] = True  # latched: the site leaves the round (inflight None again) and stops
+        return super().__getitem__(key)
+
+
 def test_survivors_keep_their_steps_of_the_round_in_flight_and_end_at_the_canonical_prefix(tmp_path):
     torch.set_num_threads(1)
     cfg = load_config(CFG)
-    with running_sites(tmp_path, cfg) as h:
+    stop_b = _StopOnEntering(1)  # b leaves as it enters round 1, before it contributes to it
+    with running_sites(tmp_path, cfg, stopping={"b": stop_b}) as h:
+        stop_b.site = h["sites"]["b"]  # before epoch 1 goes out: b cannot be in round 1 yet
         coord, joins, reports, done = h["coord"], h["joins"], h["reports"], h["done"]
-        stopping, rcs, threads, order = h["stopping"], h["rcs"], h["threads"], h["order"]
+        rcs, threads, order = h["rcs"], h["threads"], h["order"]
         _wait(joins, lambda g: {m.src for m in g} >= set(SITES), 60, "joins")
         for s in SITES:
             coord.send(s, "membership", "control", _plan(1, SITES, 0, 0), epoch=1)
         _wait(reports, lambda g: {m.src for m in g if m.body["round"] == 0} == set(SITES), 120, "round 0")
-        stopping["b"]["flag"] = True  # b leaves before it contributes to round 1
         deadline = time.monotonic() + 120
         while not all(_steps(tmp_path / f"{s}.jsonl", 1) == 4 for s in "ac"):
             assert time.monotonic() < deadline, "a and c did not take round 1's four steps"

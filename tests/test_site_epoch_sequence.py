@@ -81,10 +81,12 @@ def _wait(q: queue.Queue, pred: Any, timeout_s: float, what: str) -> list[Any]:
 
 
 @contextmanager
-def running_sites(tmp_path: Path, cfg: Any) -> Iterator[dict[str, Any]]:
+def running_sites(tmp_path: Path, cfg: Any, stopping: dict[str, dict[str, Any]] | None = None
+                  ) -> Iterator[dict[str, Any]]:
     """Three real Sites in threads and the scripted coordinator's node, started. Yields a dict: coord,
     its inboxes joins / reports / done, each site's stop flag (stopping), the sites' exit codes (rcs),
-    the threads, and the canonical sample order. On leaving, every site is told to stop and joined,
+    the threads, the canonical sample order and the `Site`s themselves (sites). `stopping` gives some
+    sites their own stop flag (a mapping whose "flag" turns True when the site must stop). On leaving, every site is told to stop and joined,
     and the coordinator's node is closed."""
     corpus = load_corpus(cfg.data)
     order = sample_order(corpus, SEQ, cfg.data.shuffle_seed)
@@ -92,7 +94,7 @@ def running_sites(tmp_path: Path, cfg: Any) -> Iterator[dict[str, Any]]:
     coord = nodes["coord"]
     joins, reports, done = coord.inbox("join"), coord.inbox("round_done"), coord.inbox("site_done")
     coord.inbox("heartbeat", "telemetry", "peer_unreachable", "preempt_notice")
-    stopping = {s: {"flag": False} for s in SITES}
+    stopping = {s: {"flag": False} for s in SITES} | (stopping or {})
     rcs: dict[str, Any] = {}
     sites = {s: Site(cfg, s, nodes[s].log, nodes[s], SiteTrainer(cfg, torch.device("cpu")), corpus, order,
                      pick_device("cpu"), stopping[s], None) for s in SITES}
@@ -102,7 +104,8 @@ def running_sites(tmp_path: Path, cfg: Any) -> Iterator[dict[str, Any]]:
         t.start()
     try:
         yield {"coord": coord, "joins": joins, "reports": reports, "done": done, "stopping": stopping, "rcs": rcs,
-               "threads": threads, "order": order}
+               "threads": threads, "order": order,
+               "sites": sites}
     finally:
         for s in SITES:
             stopping[s]["flag"] = True
