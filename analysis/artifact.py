@@ -204,11 +204,19 @@ def _elapsed_ns(a: dict[str, Any], b: dict[str, Any]) -> int:
 
 
 def wall_clock_step_s(h: RunHistory) -> float:
-    """How far the wall clock moved against the monotonic one over the run (0 if it never stepped).
-    A step is the host's: the coordinator's log, which spans the run, shows it."""
-    offs = [int(e["wall_ns"]) - int(e["mono_ns"]) for e in h.events("coord")
-            if e.get("wall_ns") is not None and e.get("mono_ns") is not None]
-    return (max(offs) - min(offs)) / 1e9 if offs else 0.0
+    """How far the wall clock moved against the monotonic one over the run (0 if it never stepped),
+    measured as the logs were loaded (analysis/clock.py)."""
+    return h.clock.step_ns / 1e9
+
+
+def _clock_note(h: RunHistory, step_s: float) -> str:
+    """What the page says about a step of the host's wall clock ('' for none worth saying)."""
+    if step_s <= WALL_STEP_NOTED_S:
+        return ""
+    where = ("every time on this page is on the monotonic clock, anchored to the wall clock at the run's "
+             "first event" if h.clock.steady else
+             "the logs lack monotonic stamps, so timelines drawn on the wall clock are off by as much")
+    return f"; the host's wall clock stepped by {step_s:.1f} s during the run ({where})"
 
 
 def _metrics(h: RunHistory, n: RunNumbers, site_seconds: dict[str, dict[str, float]], learning: dict[str, Any],
@@ -235,8 +243,7 @@ def _metrics(h: RunHistory, n: RunNumbers, site_seconds: dict[str, dict[str, flo
         "active_time": quantity(active_ns / 1e9 if active_ns is not None else None, "s",
                          "measured" if active_ns is not None else "unavailable",
                          note="first membership epoch to the last commit, on the monotonic clock"
-                              + (f"; the wall clock stepped by {step_s:.1f} s during the run (timelines, drawn "
-                                 "on it, are off by as much)" if step_s > WALL_STEP_NOTED_S else "")),
+                              + _clock_note(h, step_s)),
         "idle_time_all_sites": quantity(sum(v["idle_s"] for v in site_seconds.values()), "s"),
         "energy": energy_metric(energy),
     }

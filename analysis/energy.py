@@ -27,6 +27,7 @@ from typing import Any
 from analysis.load import RunHistory
 from analysis.summary import lineage
 from analysis.timeline import extract_phases
+from analysis.clock import steady_points
 from telemetry.trace import TRACE_NAME, Trace, read_trace
 from telemetry.validity import (change_times, claim_status, effective_update, energy_gate, evaluate,
                                 poll_calibration, updates_in)
@@ -293,9 +294,17 @@ def _run_measured(counters: dict[str, Counter], primary: list[str], run_b: tuple
     return _q(None, "J", "unavailable", reason=no_meter or "no run-stage points")
 
 
+def run_trace(h: RunHistory) -> Trace | None:
+    """The run's telemetry trace, its points on the run's time axis (analysis/clock.py), as its events."""
+    tr = read_trace(h.run_dir / "logs" / TRACE_NAME)
+    if tr is not None:
+        steady_points(tr.points, h.clock)
+    return tr
+
+
 def energy_section(h: RunHistory, useful_tokens: int, inv: EnergyInvalidators | None = None) -> dict[str, Any]:
     evs = h.logs.get("telemetry", [])
-    tr = read_trace(h.run_dir / "logs" / TRACE_NAME)
+    tr = run_trace(h)
     if not evs and tr is None:
         enabled = (h.config.get("telemetry") or {}).get("enabled")
         return _absent("no telemetry sampler ran in this run" + (" (telemetry.enabled is false)" if enabled is False

@@ -15,9 +15,8 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from analysis.energy import machine_timeline, phase_at, site_phases
+from analysis.energy import machine_timeline, phase_at, run_trace, site_phases
 from analysis.load import RunHistory
-from telemetry.trace import TRACE_NAME, read_trace
 
 MAX_TRACE_POINTS = 20_000
 ENERGY_TRACES = "energy_traces"  # beside the report's traces/ (which holds one event trace per run)
@@ -148,7 +147,7 @@ def write_energy_traces(histories: list[RunHistory], art: dict[str, Any], out_di
     """Each run's telemetry points as one JS call (loaded on demand): point, time, phase at timestamp, values."""
     (out_dir / ENERGY_TRACES).mkdir(parents=True, exist_ok=True)
     for h in histories:
-        tr = read_trace(h.run_dir / "logs" / TRACE_NAME)
+        tr = run_trace(h)
         if tr is None:
             continue
         key = "".join(c if c.isalnum() or c in "-_" else "_" for c in h.run_id)

@@ -2,7 +2,9 @@
 
 A run directory holds `config.json` (the resolved config), `topology.json`, optionally
 `scenario.json`, and `logs/<process>.jsonl` (one per process). `load_run` reads them into a
-`RunHistory`; it never talks to a live process. A comparison directory (what `xdc compare`
+`RunHistory`; it never talks to a live process. The events' wall stamps are put on the
+run's steady time axis (analysis/clock.py: the monotonic clock anchored to the wall clock at the
+run's first event), so a step of the host's wall clock moves no timeline. A comparison directory (what `xdc compare`
 writes) holds several run directories and an `index.json`; `expand_inputs` turns the paths a
 user gives into the run directories to analyse.
 
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from analysis.clock import RunClock, measure, put_on_steady_axis
 from ground.eventlog import _loads  # noqa: F401 (bench/analysis_speed.py times it from here)
 from ground.eventlog import BadLine, parse_events
 
@@ -36,6 +39,8 @@ class RunHistory:
     logs: dict[str, list[dict[str, Any]]]  # process name -> events in file order
     bad_lines: list[BadLine] = field(default_factory=list)
     input_hashes: dict[str, str] = field(default_factory=dict)  # relative path -> sha256
+    # The time axis of the events' wall stamps (analysis/clock.py); the default: as logged.
+    clock: RunClock = field(default_factory=lambda: RunClock(False, None, 0))
 
     @property
     def run_id(self) -> str:
@@ -114,7 +119,9 @@ def load_run(run_dir: Path) -> RunHistory:
         hashes[f"logs/{p.name}"] = digest
     if not logs:
         raise AnalysisInputError(f"{run_dir}/logs: no *.jsonl logs")
-    return RunHistory(run_dir, config, topology, scenario, logs, bad, hashes)
+    clock = measure(logs)
+    put_on_steady_axis(logs, clock)  # every timeline on one axis no wall-clock step moves
+    return RunHistory(run_dir, config, topology, scenario, logs, bad, hashes, clock)
 
 
 def is_run_dir(p: Path) -> bool:

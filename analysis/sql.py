@@ -5,7 +5,7 @@ Views (one row per event):
            pid, and `data` (the whole event as JSON: `data->>'tokens'`, `data->'samples'`)
   commits  the coordinator's commit record: run, id, epoch, round, commit_id, parent, members
   work     every work_attempted: run, process (the site), epoch, round, tokens, flops
-  spans    every span event: run, process, event, start_ns, end_ns, seconds
+  spans    every span event: run, process, event, start_ns, end_ns (wall, as logged), seconds (monotonic)
   ledger   the optimizer-commit ledger: per commit its setting (mode, H, compression), useful
            tokens, the cycle's disagreement / payload / WAN time, the controller's action and reason
 
@@ -55,7 +55,8 @@ CREATE VIEW ledger AS
 CREATE VIEW spans AS
   SELECT run, process, event, id, CAST(data->>'start_wall_ns' AS BIGINT) AS start_ns,
          CAST(data->>'end_wall_ns' AS BIGINT) AS end_ns,
-         (CAST(data->>'end_wall_ns' AS BIGINT) - CAST(data->>'start_wall_ns' AS BIGINT)) / 1e9 AS seconds
+         COALESCE(CAST(data->>'end_mono_ns' AS BIGINT) - CAST(data->>'start_mono_ns' AS BIGINT),
+                  CAST(data->>'end_wall_ns' AS BIGINT) - CAST(data->>'start_wall_ns' AS BIGINT)) / 1e9 AS seconds
   FROM events WHERE data->>'start_wall_ns' IS NOT NULL;
 """
 

@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 
 from analysis.artifact import build_artifact
+from analysis.clock import RunClock, measure, put_on_steady_axis
+from analysis.load import load_run
 from ground.config import load_config, merge
 from sim.model import SimModel
 from sim.world import simulate
@@ -44,4 +46,47 @@ def test_a_wall_clock_step_mid_run_leaves_the_time_to_target_and_is_said(tmp_pat
     _step_wall_clock(out, commits[len(commits) // 2]["mono_ns"])
     after = build_artifact([out])["runs"][0]["metrics"]["active_time"]
     assert after["value"] == before["value"]  # the monotonic clock did not move
-    assert "the wall clock stepped by 19.6 s" in after["note"]
+    assert "the host's wall clock stepped by 19.6 s" in after["note"]
+
+
+def _without_volatile(art: dict) -> dict:
+    """The artifact less what must differ: the logs' hashes, the clock note, when it was generated."""
+    art = json.loads(json.dumps(art))
+    art.pop("generated")
+    for r in art["runs"]:
+        r["provenance"].pop("input_hashes")
+        r["metrics"]["active_time"].pop("note")
+    return art
+
+
+def test_a_wall_clock_step_mid_run_moves_no_timeline(tmp_path: Path) -> None:
+    """Timelines, the commit ledger and the run's end are drawn on the run's steady axis (analysis/clock.py):
+    the artifact of the stepped logs is the artifact of the unstepped ones (before, every phase and
+    commit after the step was drawn 19.6 s late, and the run 'ended' 19.6 s later)."""
+    out = tmp_path / "run"
+    simulate(load_config(merge(COMPARE_CFG, {"run_id": "step"})), None, SimModel(), out=out)
+    before = build_artifact([out])
+    commits = [json.loads(x) for x in (out / "logs" / "coord.jsonl").read_text().splitlines()]
+    commits = [e for e in commits if e["event"] == "commit"]
+    _step_wall_clock(out, commits[len(commits) // 2]["mono_ns"])
+    h = load_run(out)
+    assert h.clock.steady and h.clock.step_ns == STEP_NS
+    after = build_artifact([out])
+    assert _without_volatile(after) == _without_volatile(before)
+    assert after["runs"][0]["timeline"]["phases"]["start_ns"] == before["runs"][0]["timeline"]["phases"]["start_ns"]
+
+
+def test_logs_without_monotonic_stamps_stay_on_the_wall_clock() -> None:
+    """A log that lacks mono_ns anywhere is left as logged (mixing the two axes would be worse)."""
+    logs = {"coord": [{"event": "a", "wall_ns": 5_000, "mono_ns": 1_000}, {"event": "b", "wall_ns": 9_000}],
+            "a": [{"event": "c", "wall_ns": 7_000, "mono_ns": 2_000, "start_wall_ns": 6_000, "start_mono_ns": 1_500,
+                   "end_wall_ns": 7_000, "end_mono_ns": 2_000}]}
+    clock = measure(logs)
+    assert clock == RunClock(False, 4_000, 1_000)
+    put_on_steady_axis(logs, clock)
+    assert logs["coord"][1]["wall_ns"] == 9_000 and logs["a"][0]["wall_ns"] == 7_000
+    del logs["coord"][1]
+    clock = measure(logs)
+    assert clock == RunClock(True, 4_000, 1_000)  # the earliest event (mono 1,000) anchors the axis
+    put_on_steady_axis(logs, clock)
+    assert logs["a"][0]["wall_ns"] == 6_000 and logs["a"][0]["start_wall_ns"] == 5_500
