@@ -57,13 +57,15 @@ bench: setup
 noise-floor: setup
 	$(BIN)/xdc noise-floor --demo --seeds 5 --out bench/results/noise_floor.json
 
-# The emulator runs the simulator's validation reads (about an hour on 2 cores), then the bench
+# The emulator runs the simulator's validation reads (about 1.5 hours on 2 cores), then the bench
 # (bench/sim_validate.py): a fit from three fault-free runs and the four policies under
 # scenarios/preemption.yaml, held out: the four policies under scenarios/one-outage.yaml three times
 # (the emulator's own run-to-run noise: whether elastic's restarted site joins before or after a
-# round's commit differs from run to run, and with it one round's membership), and twice more over
-# site links the fit never saw (SIMVAL_SLOW). Every inner step takes at least 100 ms (train.step_floor_ms, an
-# emulated device speed above the contended host's ~40 ms), so the host's speed does not set the pace.
+# round's commit differs from run to run, and with it one round's membership), twice more over
+# site links the fit never saw (SIMVAL_SLOW), and the four policies under scenarios/churn.yaml twice
+# (two preemptions at two sites: a scenario the fit never saw whose ranking the policies decide).
+# Every inner step takes at least 100 ms (train.step_floor_ms, an emulated device speed above the
+# contended host's ~40 ms), so the host's speed does not set the pace.
 SIMVAL_SET = --set train.target_useful_tokens=589824 --set train.step_floor_ms=100
 SIMVAL = runs/sim-validation
 # The held-out link profile: the fit sees only the demo's 20 ms / 5,000 KB/s site links; these are
@@ -78,6 +80,8 @@ sim-validate: setup
 	  --runs-dir $(SIMVAL)/root/runs$$i --out $(SIMVAL)/root/compare-oneoutage-$$i --quiet || exit 1; done
 	for i in 1 2; do $(BIN)/xdc compare --demo scenarios/one-outage.yaml $(SIMVAL_SET) $(SIMVAL_SLOW) \
 	  --runs-dir $(SIMVAL)/root/slow-runs$$i --out $(SIMVAL)/root/compare-oneoutage-slowlinks-$$i --quiet || exit 1; done
+	for i in 1 2; do $(BIN)/xdc compare --demo scenarios/churn.yaml $(SIMVAL_SET) \
+	  --runs-dir $(SIMVAL)/root/churn-runs$$i --out $(SIMVAL)/root/compare-churn-$$i --quiet || exit 1; done
 	$(BIN)/python -m bench.sim_validate --runs-root $(SIMVAL)/root --out $(SIMVAL)/sim --calibration-extra $(SIMVAL)/fit/compare-preemption
 
 # 20 random fault schedules per policy (about an hour on 2 cores); tally in bench/results/soak.json.
