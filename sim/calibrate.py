@@ -17,6 +17,8 @@ every input file with its sha256. What is fitted:
   standby_prepare_s     a standby's own record of its preparation (site_started.warm_standby:
                         started -> ready)
   start_s               the launcher's process_started -> the site's first site_joined
+  preempt_exit_s        a site's SIGTERM (`signal`) -> its `preemption_announced` (it notices the
+                        signal at its next check: within an inner step)
   fault_poll_s          the triggering commit -> fault_injected
   ack_bytes             control bytes / messages on the links between sites (only acks cross them)
   frame_overhead_bytes  per site: (collective bytes it counted on its links - its collective spans'
@@ -66,7 +68,7 @@ def samples_of(run: Path) -> dict[str, list[float]]:
     est: dict[str, list[float]] = {k: [] for k in ("compute_s_per_token", "collective_cpu_s",
                                                    "checkpoint_write_bytes_per_s", "checkpoint_read_bytes_per_s",
                                                    "eval_s", "restart_s", "standby_restart_s", "standby_prepare_s",
-                                                   "start_s", "fault_poll_s", "ack_bytes",
+                                                   "start_s", "preempt_exit_s", "fault_poll_s", "ack_bytes",
                                                    "frame_overhead_bytes", "telemetry_message_bytes",
                                                    "control_mix", "store_message_bytes")}
     coll: dict[tuple[int, int], list[tuple[float, list[str]]]] = {}
@@ -77,8 +79,15 @@ def samples_of(run: Path) -> dict[str, list[float]]:
         if e["event"] == "membership_epoch":
             members[e["epoch"]] = tuple(e["members"])
     for s in sites:
+        signalled: int | None = None  # the mono time of the SIGTERM this incarnation has not yet announced
         for e in _events(run, s):
             ev = e["event"]
+            if ev in ("signal", "site_started", "preemption_announced"):
+                if ev == "preemption_announced" and signalled is not None:
+                    est["preempt_exit_s"].append((e["mono_ns"] - signalled) / 1e9)
+                # A SIGTERM waits for its announcement; a new incarnation (or the announcement) ends
+                # the wait (a site that was no member announces nothing).
+                signalled = e["mono_ns"] if ev == "signal" else None
             if ev == "compute" and e.get("samples") and "error" not in e:
                 est["compute_s_per_token"].append(_dur_s(e) / (e["samples"] * cfg.model.seq_len))
             elif ev == "collective" and "error" not in e:

@@ -216,6 +216,21 @@ def test_calibrating_on_a_simulated_run_recovers_its_timing_model(tmp_path: Path
     assert fitted.evidence_of("update_cosine") == "prior"
 
 
+def test_calibration_fits_the_time_from_a_preemption_notice_to_its_announcement(tmp_path: Path) -> None:
+    """preempt_exit_s round trip: SIGTERM (`signal`) -> `preemption_announced` in the preempted site's
+    log. Its prior (0.2 s) was 2-30x the emulator's 0.006-0.086 s (the agent checks between inner steps),
+    so the simulated survivors took more steps of the round the notice voids (churn: 5,120 tokens lost
+    against the emulator's 3,072-4,864)."""
+    truth = SimModel(preempt_exit_s=0.07)
+    scen = Scenario.build("t", "").preempt("c", grace_s=1, return_after_s=2, at_useful_tokens=36_864)
+    simulate(cfg_for("stall"), scen, truth, out=tmp_path / "run")
+    cal = tmp_path / "cal.json"
+    assert sim_main(["calibrate", str(tmp_path / "run"), "--out", str(cal)]) == 0
+    p = json.loads(cal.read_text())["parameters"]
+    assert p["preempt_exit_s"]["value"] == pytest.approx(0.07, abs=1e-6)
+    assert p["preempt_exit_s"]["n"] == 1 and p["preempt_exit_s"]["source_runs"] == ["run"]
+
+
 def test_the_adaptive_controller_answers_a_simulated_bandwidth_collapse(tmp_path: Path) -> None:
     """control/controller.py through the core, on scenarios/bandwidth-collapse.yaml: a larger H or
     compression while a<->b is at 200 KB/s, and back to a cheaper-to-communicate-less setting after."""
