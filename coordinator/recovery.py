@@ -181,8 +181,21 @@ def decide_recovery(v: ClusterView, policy: Policy) -> tuple[Plan | None, str]:
                 if nxt is None:
                     continue
                 rest = tuple(m for m in v.members if m != site)
-                return (Plan(rest, False, nxt[0], nxt[1], Restore.NONE, drain=Drain(site, at_cursor)),
-                        f"oracle: {site} will fail at cursor {at_cursor}; drained and dropped it from round {nxt[0]}")
+                why = f"oracle: {site} will fail at cursor {at_cursor}; drained and dropped it from round {nxt[0]}"
+                # Members still joining at this same boundary (the current epoch, a rejoin, has not
+                # begun: their transfer is in flight, and this epoch cuts it short) get state again,
+                # as case 1 gives it. With "restore none" they failed their restore, were dropped,
+                # and rejoined a round later (churn under oracle). A joiner of an epoch already
+                # begun trains its first round under it and is proven by that round's commit.
+                pending = tuple(m for m in rest if m in v.unproven) if nxt == v.scheduled else ()
+                if not pending:
+                    return Plan(rest, False, nxt[0], nxt[1], Restore.NONE, drain=Drain(site, at_cursor)), why
+                held = [m for m in rest if m not in v.unproven]
+                if not held:
+                    continue  # nobody left to give it state: the fault is met when it fires
+                return (Plan(rest, False, nxt[0], nxt[1], Restore.DONOR, donor=held[0], joiners=pending,
+                             drain=Drain(site, at_cursor)),
+                        f"{why}; {list(pending)} hold no proven state: state from {held[0]}")
 
     # 3. Restarted sites want in (with them, members whose state is not proven get state again).
     if v.joiners:

@@ -63,6 +63,27 @@ def test_oracle_drops_the_victim_at_the_boundary_before_its_fault():
     assert decide_recovery(far, Policy.ORACLE) == (None, "no change")
 
 
+def test_oracle_drain_right_after_a_rejoin_gives_the_joiner_state_again():
+    """Churn under oracle (make sim-validate): b rejoined by transfer from a at round 9 (epoch 3),
+    and the oracle at once drained c "from round 9" (epoch 4) with restore none. b, its transfer cut
+    short by epoch 4, held no state: `restore_failed: no snapshot of round 9`, then b was declared
+    failed, a trained round 9 alone, and b rejoined at round 10. A member not yet in a commit since
+    it got state is a joiner of the drain's plan too."""
+    v = replace(BASE, drop_before=(("c", 600),), unproven=("b",), scheduled=(6, 576))
+    plan, why = decide_recovery(v, Policy.ORACLE)
+    assert plan == Plan(("a", "b"), False, 6, 576, Restore.DONOR, donor="a", joiners=("b",), drain=Drain("c", 600))
+    assert why == ("oracle: c will fail at cursor 600; drained and dropped it from round 6; ['b'] hold no "
+                   "proven state: state from a")
+    # Nobody proven left besides the victim: no drain (the fault is met when it fires).
+    alone = replace(v, members=("b", "c"))
+    assert decide_recovery(alone, Policy.ORACLE) == (None, "no change")
+    # The rejoin's epoch already began (b trains round 5 under it; nothing is scheduled): b keeps
+    # its state into the drain's round 6, which begins after round 5 proves it.
+    begun = replace(v, scheduled=None)
+    assert decide_recovery(begun, Policy.ORACLE)[0] == Plan(("a", "b"), False, 6, 576, Restore.NONE,
+                                                              drain=Drain("c", 600))
+
+
 def test_oracle_does_not_drain_before_the_first_commit():
     # Soak schedule 1004: a's hang fired at the end of round 0; draining it "from round 1" before
     # anything committed let a slow-starting a skip round 0 altogether and stall b and c.
