@@ -31,25 +31,35 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
+from analysis.clock import measure, put_on_steady_axis
 from ground.eventlog import process_events as _events
 
 ENERGY_HOOK: Callable[[Path, dict[str, Any]], dict[str, Any]] | None = None  # set by the energy meter
 
 
+def _steady_logs(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
+    """Every log of the run, its wall stamps on the run's steady axis (analysis/clock.py), the axis
+    the run's summary (its learning curve's `wall_ns`) is on."""
+    logs = {p.stem: _events(run_dir, p.stem) for p in sorted((Path(run_dir) / "logs").glob("*.jsonl"))}
+    put_on_steady_axis(logs, measure(logs))
+    return logs
+
+
 def opportunity_ticks(run_dir: Path, sites: list[str]) -> dict[str, Any]:
-    """The run's tick count, and `at_wall_ns`: the wall time each tick was first seen (sorted), so
-    a curve point can be placed on the tick axis (ticks seen by then)."""
+    """The run's tick count, and `at_wall_ns`: the time each tick was first seen (sorted, on the run's
+    steady axis), so a curve point can be placed on the tick axis (ticks seen by then)."""
     steps: dict[tuple[int, int, int], int] = {}
     rounds: dict[tuple[int, int], int] = {}
+    logs = _steady_logs(run_dir)
     for s in sites:
-        for e in _events(run_dir, s):
+        for e in logs.get(s, []):
             if e.get("event") == "work_attempted":
                 t = int(e["wall_ns"])
                 k = (int(e["epoch"]), int(e["round"]), int(e.get("inner_step", 0)))
                 steps[k] = min(steps.get(k, t), t)
                 r = (k[0], k[1])
                 rounds[r] = min(rounds.get(r, t), t)
-    epochs = [e for e in _events(run_dir, "coord") if e.get("event") == "membership_epoch"]
+    epochs = [e for e in logs.get("coord", []) if e.get("event") == "membership_epoch"]
     reconf = [int(e["wall_ns"]) for e in epochs[1:]]
     at = sorted([*steps.values(), *rounds.values(), *reconf])
     return {"value": len(at), "unit": "ticks", "evidence": "logical",

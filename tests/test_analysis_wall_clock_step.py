@@ -90,3 +90,26 @@ def test_logs_without_monotonic_stamps_stay_on_the_wall_clock() -> None:
     assert clock == RunClock(True, 4_000, 1_000)  # the earliest event (mono 1,000) anchors the axis
     put_on_steady_axis(logs, clock)
     assert logs["a"][0]["wall_ns"] == 6_000 and logs["a"][0]["start_wall_ns"] == 5_500
+
+
+def test_a_study_places_the_learning_curve_on_the_tick_axis_across_a_wall_clock_step(tmp_path: Path) -> None:
+    """studies/metrics.py reads the tick times from the logs itself and the curve's times from the
+    run's summary (load_run's steady axis): both must be on one axis, or a stepped run's curve
+    points land 19.6 s of ticks late."""
+    from analysis.summary import summarize
+    from studies.metrics import opportunity_ticks, ticks_at
+
+    out = tmp_path / "run"
+    simulate(load_config(merge(COMPARE_CFG, {"run_id": "step"})), None, SimModel(), out=out)
+
+    def curve_ticks() -> list[int]:
+        summary = summarize(out, proxy_bytes={}, exit_codes={})
+        ticks = opportunity_ticks(out, ["a", "b", "c"])
+        return [ticks_at(ticks["at_wall_ns"], p["wall_ns"]) for p in summary["heldout_nll_curve"]]
+
+    before = curve_ticks()
+    assert len(before) >= 3 and before == sorted(before) and before[-1] > before[0]
+    commits = [json.loads(x) for x in (out / "logs" / "coord.jsonl").read_text().splitlines()]
+    commits = [e for e in commits if e["event"] == "commit"]
+    _step_wall_clock(out, commits[len(commits) // 2]["mono_ns"])
+    assert curve_ticks() == before
