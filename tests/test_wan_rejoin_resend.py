@@ -66,8 +66,10 @@ def test_restarted_peer_receives_a_parked_message_once(tmp_path: Path, toxiproxy
         y1.close()  # the peer dies
         _wait(lambda: any(e["event"] == "link_down" and e["peer"] == "y" for e in read_events(tmp_path / "x.jsonl")),
               10, "x to see its route to y go down")
-        x.send("y", "data", "collective", {"i": 1}, [PAYLOAD])  # parked: the route is down
+        # Counted before the send: the parked message's `parked_sent` comes after it, whenever x's
+        # route reconnects (a CI run counted after the send and waited 20 s for a second one).
         parked_before = _count(tmp_path / "x.jsonl", "parked_sent")
+        x.send("y", "data", "collective", {"i": 1}, [PAYLOAD])  # parked: the route is down
         y2 = _node(tmp_path, "y", "x", ports, proxies, wan, logs["y2"])
         q = y2.inbox("data")
         y2.start()
