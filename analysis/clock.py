@@ -27,10 +27,6 @@ class RunClock:
     offset_ns: int | None  # wall - mono at the run's earliest event (None: no event has both)
     step_ns: int  # how far wall - mono moved over the run (0: the wall clock never stepped)
 
-    def wall_of_mono(self, mono_ns: int) -> int | None:
-        """The steady axis at a monotonic stamp (another record's, e.g. a telemetry trace point)."""
-        return None if self.offset_ns is None else int(mono_ns) + self.offset_ns
-
 
 def _has_both(e: dict[str, Any]) -> bool:
     return isinstance(e.get("wall_ns"), int) and isinstance(e.get("mono_ns"), int)
@@ -72,6 +68,13 @@ def put_on_steady_axis(logs: dict[str, list[dict[str, Any]]], clock: RunClock) -
                 for w, m in SPAN_PAIRS:
                     if w in e:
                         e[w] = e[m] + off
+
+
+def to_steady_axis(logs: dict[str, list[dict[str, Any]]]) -> RunClock:
+    """A run's logs (process -> events) measured and put on the steady axis in place: its clock."""
+    clock = measure(logs)
+    put_on_steady_axis(logs, clock)
+    return clock
 
 
 def steady_points(points: list[dict[str, Any]], clock: RunClock) -> None:

@@ -24,10 +24,10 @@ from __future__ import annotations
 import bisect
 from typing import Any
 
+from analysis.clock import steady_points
 from analysis.load import RunHistory
 from analysis.summary import lineage
 from analysis.timeline import extract_phases
-from analysis.clock import steady_points
 from telemetry.trace import TRACE_NAME, Trace, read_trace
 from telemetry.validity import (change_times, claim_status, effective_update, energy_gate, evaluate,
                                 poll_calibration, updates_in)

@@ -2,11 +2,11 @@
 
 A run directory holds `config.json` (the resolved config), `topology.json`, optionally
 `scenario.json`, and `logs/<process>.jsonl` (one per process). `load_run` reads them into a
-`RunHistory`; it never talks to a live process. The events' wall stamps are put on the
-run's steady time axis (analysis/clock.py: the monotonic clock anchored to the wall clock at the
-run's first event), so a step of the host's wall clock moves no timeline. A comparison directory (what `xdc compare`
-writes) holds several run directories and an `index.json`; `expand_inputs` turns the paths a
-user gives into the run directories to analyse.
+`RunHistory`; it never talks to a live process. The events' wall stamps are put on the run's
+steady time axis (analysis/clock.py: the monotonic clock anchored to the wall clock at the run's
+first event), so a step of the host's wall clock moves no timeline. A comparison directory (what
+`xdc compare` writes) holds several run directories and an `index.json`; `expand_inputs` turns the
+paths a user gives into the run directories to analyse.
 
 Malformed lines are not silently dropped: a torn *last* line (a process killed mid-write) is
 expected and noted; any other unreadable line is recorded with its file and line number, and
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from analysis.clock import RunClock, measure, put_on_steady_axis
+from analysis.clock import RunClock, to_steady_axis
 from ground.eventlog import _loads  # noqa: F401 (bench/analysis_speed.py times it from here)
 from ground.eventlog import BadLine, parse_events
 
@@ -119,8 +119,7 @@ def load_run(run_dir: Path) -> RunHistory:
         hashes[f"logs/{p.name}"] = digest
     if not logs:
         raise AnalysisInputError(f"{run_dir}/logs: no *.jsonl logs")
-    clock = measure(logs)
-    put_on_steady_axis(logs, clock)  # every timeline on one axis no wall-clock step moves
+    clock = to_steady_axis(logs)  # every timeline on one axis no wall-clock step moves
     return RunHistory(run_dir, config, topology, scenario, logs, bad, hashes, clock)
 
 

@@ -187,10 +187,11 @@ def decide_recovery(v: ClusterView, policy: Policy) -> tuple[Plan | None, str]:
                 # as case 1 gives it. With "restore none" they failed their restore, were dropped,
                 # and rejoined a round later (churn under oracle). A joiner of an epoch already
                 # begun trains its first round under it and is proven by that round's commit.
-                pending = tuple(m for m in rest if m in v.unproven) if nxt == v.scheduled else ()
+                # (No member failed here: `proven` and `unproven` split all of them.)
+                pending = tuple(m for m in unproven if m != site) if nxt == v.scheduled else ()
                 if not pending:
                     return Plan(rest, False, nxt[0], nxt[1], Restore.NONE, drain=Drain(site, at_cursor)), why
-                held = [m for m in rest if m not in v.unproven]
+                held = [m for m in proven if m != site]
                 if not held:
                     continue  # nobody left to give it state: the fault is met when it fires
                 return (Plan(rest, False, nxt[0], nxt[1], Restore.DONOR, donor=held[0], joiners=pending,

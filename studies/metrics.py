@@ -31,7 +31,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
-from analysis.clock import measure, put_on_steady_axis
+from analysis.clock import to_steady_axis
 from ground.eventlog import process_events as _events
 
 ENERGY_HOOK: Callable[[Path, dict[str, Any]], dict[str, Any]] | None = None  # set by the energy meter
@@ -41,7 +41,7 @@ def _steady_logs(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
     """Every log of the run, its wall stamps on the run's steady axis (analysis/clock.py), the axis
     the run's summary (its learning curve's `wall_ns`) is on."""
     logs = {p.stem: _events(run_dir, p.stem) for p in sorted((Path(run_dir) / "logs").glob("*.jsonl"))}
-    put_on_steady_axis(logs, measure(logs))
+    to_steady_axis(logs)
     return logs
 
 
