@@ -37,7 +37,7 @@ from ground.eventlog import process_events as _events
 ENERGY_HOOK: Callable[[Path, dict[str, Any]], dict[str, Any]] | None = None  # set by the energy meter
 
 
-def _steady_logs(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
+def steady_logs(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
     """Every log of the run, its wall stamps on the run's steady axis (analysis/clock.py), the axis
     the run's summary (its learning curve's `wall_ns`) is on."""
     logs = {p.stem: _events(run_dir, p.stem) for p in sorted((Path(run_dir) / "logs").glob("*.jsonl"))}
@@ -50,7 +50,7 @@ def opportunity_ticks(run_dir: Path, sites: list[str]) -> dict[str, Any]:
     steady axis), so a curve point can be placed on the tick axis (ticks seen by then)."""
     steps: dict[tuple[int, int, int], int] = {}
     rounds: dict[tuple[int, int], int] = {}
-    logs = _steady_logs(run_dir)
+    logs = steady_logs(run_dir)
     for s in sites:
         for e in logs.get(s, []):
             if e.get("event") == "work_attempted":

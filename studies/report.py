@@ -17,6 +17,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from studies.metrics import steady_logs
+
 CSS = """
 body{font-family:system-ui,sans-serif;max-width:1180px;margin:2em auto;padding:0 1em;color:#1b1b1b;line-height:1.45}
 h1{font-size:1.6em}h2{margin-top:2em;border-bottom:1px solid #ccc}
@@ -346,17 +348,12 @@ def write_traces(art: dict[str, Any], out_dir: Path) -> None:
     (out_dir / "traces").mkdir(parents=True, exist_ok=True)
     keep = ("id", "event", "epoch", "round", "useful_tokens", "heldout_nll", "wall_ns", "members", "reason")
     for r in art["runs"]:
-        events = []
-        logs = Path(r["run_dir"]) / "logs"
-        for p in sorted(logs.glob("*.jsonl")) if logs.is_dir() else []:
-            for line in p.read_text().splitlines():
-                if any(f'"{n}"' in line for n in TRACE_EVENTS):
-                    try:
-                        e = json.loads(line)
-                    except json.JSONDecodeError:
-                        continue
-                    if e.get("event") in TRACE_EVENTS:
-                        events.append({k: e[k] for k in keep if k in e})
+        # On the run's steady axis (analysis/clock.py), as the run's summary and the tick axis are:
+        # sorted by the raw wall clock, a step mid-run moved (or, stepping back, reordered) every
+        # later event of the trace.
+        logs = steady_logs(Path(r["run_dir"])) if (Path(r["run_dir"]) / "logs").is_dir() else {}
+        events = [{k: e[k] for k in keep if k in e}
+                  for name in sorted(logs) for e in logs[name] if e.get("event") in TRACE_EVENTS]
         events.sort(key=lambda e: int(e.get("wall_ns", 0)))
         k = _key(r["key"])
         (out_dir / "traces" / f"{k}.js").write_text(

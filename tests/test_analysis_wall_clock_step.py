@@ -113,3 +113,27 @@ def test_a_study_places_the_learning_curve_on_the_tick_axis_across_a_wall_clock_
     commits = [e for e in commits if e["event"] == "commit"]
     _step_wall_clock(out, commits[len(commits) // 2]["mono_ns"])
     assert curve_ticks() == before
+
+
+def test_a_study_trace_keeps_its_times_and_order_across_a_wall_clock_step(tmp_path: Path) -> None:
+    """The study page's per-run trace (studies/report.write_traces) is on the run's steady axis too:
+    sorted by the raw wall clock, a step moved every later commit and eval by 19.6 s, and a step
+    back would have put them before the events that preceded them."""
+    from studies.report import write_traces
+
+    out = tmp_path / "run"
+    simulate(load_config(merge(COMPARE_CFG, {"run_id": "trace"})), None, SimModel(), out=out)
+    art = {"runs": [{"run_dir": str(out), "key": "elastic/seed 1"}]}
+
+    def trace() -> list[dict]:
+        write_traces(art, tmp_path / "page")
+        text = (tmp_path / "page" / "traces" / "elastic_seed_1.js").read_text()
+        return json.loads(text[text.index(", ") + 2:text.rindex(");")])["events"]
+
+    before = trace()
+    assert sum(e["event"] == "commit" for e in before) >= 3
+    assert [e["wall_ns"] for e in before] == sorted(e["wall_ns"] for e in before)
+    commits = [json.loads(x) for x in (out / "logs" / "coord.jsonl").read_text().splitlines()]
+    commits = [e for e in commits if e["event"] == "commit"]
+    _step_wall_clock(out, commits[len(commits) // 2]["mono_ns"])
+    assert trace() == before
