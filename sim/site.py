@@ -141,7 +141,9 @@ class SimSite:
         self.pending.append(plan)
         if not self.busy:
             self.next_control()
-        elif self.waiting_state is not None and interrupts(self.pending, self.epoch, None):
+        elif self.waiting_state is not None and self.plan is not None and interrupts(self.pending, self.epoch,
+                                                                                    self.plan.start_round):
+            # As the agent's receive_from_donor: only an epoch from this plan's first round on voids the state.
             self.log.emit("restore_abandoned", epoch=self.epoch, reason="a newer epoch arrived while we restored")
             self._idle()
         elif self.inflight is not None and interrupts(self.pending, self.epoch, self.inflight):

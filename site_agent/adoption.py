@@ -171,9 +171,15 @@ class EpochAdoption:
     def receive_from_donor(self, plan: EpochPlan, sp: dict[str, Any]) -> None:
         donor = plan.donor
         assert donor is not None  # parse_plan: a donor restore names one
+        # Only an epoch that takes effect by this plan's first round makes the state void. One from a
+        # later round (the oracle draining a site at the next boundary) needs this state and the
+        # rounds up to it: the members wait for us in this plan's first round (churn under oracle:
+        # b dropped its transfer for round 8 when a drain from round 9 came, failed its restore, and
+        # was declared failed while the others waited for it).
         try:
             data, meta = receive_state(self.state_q, donor, self.epoch, timeout_s=120.0,
-                                       interrupted=self.newer_plan_waiting, max_total=self.max_state_bytes(),
+                                       interrupted=lambda: self.newer_plan_waiting(plan.start_round),
+                                       max_total=self.max_state_bytes(),
                                        reject=self._reject_state_chunk)
         except StateTransferError as e:
             sp["error_detail"] = str(e)

@@ -248,8 +248,9 @@ class Site(EpochAdoption, RoundLoop, Checkpointing):
                 self.pending = [m for m in self.pending if not (isinstance(m, EpochPlan) and m.epoch == typed.epoch)]
             self.pending.append(typed)
 
-    def newer_plan_waiting(self) -> bool:
-        """True when a stop, a shutdown, or a newer epoch that takes effect by the round in flight waits.
+    def newer_plan_waiting(self, by_round: int | None = None) -> bool:
+        """True when a stop, a shutdown, or a newer epoch that takes effect by the round in flight
+        (or by `by_round`) waits.
 
         A newer epoch scheduled for a later round (a rejoin or a drain at the next boundary)
         lets the round in flight finish under the current epoch.
@@ -257,8 +258,8 @@ class Site(EpochAdoption, RoundLoop, Checkpointing):
         if self.stopping["flag"]:
             return True
         self._poll_ctl()
-        return any(isinstance(m, Shutdown) for m in self.pending) or interrupts(self.pending, self.epoch,
-                                                                                 self.inflight)
+        return any(isinstance(m, Shutdown) for m in self.pending) or interrupts(
+            self.pending, self.epoch, self.inflight if by_round is None else by_round)
 
     def next_control(self) -> EpochPlan | Shutdown | None:
         """Block until the next control message to act on (a plan or a shutdown); None on a stop signal.

@@ -445,3 +445,38 @@ def test_a_site_restarted_while_the_coordinator_is_down_skips_the_re_announced_e
     status = {c["name"]: c["status"] for c in build_artifact([out])["checks"]}
     assert status.pop("byte_classes") == "unknown" and status.pop("same_frontier") == "unknown"
     assert set(status.values()) == {"pass"}, status
+
+
+def test_a_joiner_finishes_its_transfer_when_a_drain_from_a_later_round_arrives(tmp_path: Path) -> None:
+    """Churn under oracle (make sim-validate's settings, restarts of 2 s): b rejoins by transfer at
+    round 8 (epoch 3); before its state arrives, the oracle drains c from round 9 (epoch 4, restore
+    none). b needs round 8's state and round 8 itself for epoch 4: it must finish the transfer, not
+    abandon it. It used to abandon it (as the emulator's agent did), fail epoch 4's restore, be
+    declared failed, and the run took seven epochs instead of five."""
+    from sim.cli import with_policy
+
+    cfg = load_config({"run_id": "churn-oracle", "model": {"n_layers": 2},
+                       "train": {"target_useful_tokens": 589_824, "step_floor_ms": 100, "per_site_batch": 2,
+                                 "inner_steps_h": 32, "checkpoint_every_rounds": 4, "eval_every_rounds": 6,
+                                 "lr_warmup_tokens": 65_536},
+                       "wan": {"site_link": {"up": {"bandwidth_kbps": 5000}, "down": {"bandwidth_kbps": 5000}}}})
+    scen = load_scenario(ROOT / "scenarios" / "churn.yaml", cfg.cluster.sites)
+    out = tmp_path / "run"
+    simulate(with_policy(cfg, "oracle", scen), scen, SimModel(restart_s=2.0), out=out, max_sim_s=400)
+    coord = [json.loads(x) for x in (out / "logs" / "coord.jsonl").read_text().splitlines()]
+    b = [json.loads(x) for x in (out / "logs" / "b.jsonl").read_text().splitlines()]
+    epochs = [(e["epoch"], e["start_round"], e["members"], e["restore"]) for e in coord
+              if e["event"] == "membership_epoch"]
+    # The case: a rejoin by transfer, then a drain from the next round before the transfer is done.
+    rejoin = next(i for i, ep in enumerate(epochs) if ep[3] == "donor" and "b" in ep[2])
+    assert epochs[rejoin + 1][1] == epochs[rejoin][1] + 1 and epochs[rejoin + 1][3] == "none"
+    assert [e["event"] for e in b if e["event"] in ("restore_abandoned", "restore_failed")] == []
+    received = [e for e in b if e["event"] == "state_received"]
+    assert [e["epoch"] for e in received] == [epochs[rejoin][0]]
+    trained = {(e["epoch"], e["round"]) for e in b if e["event"] == "round_done"}
+    assert (epochs[rejoin][0], epochs[rejoin][1]) in trained  # round 8, in the rejoin's epoch
+    assert len(epochs) == 5
+    status = {c["name"]: c["status"] for c in analyze([out], report=False).artifact["checks"]}
+    # No Toxiproxy counters in a simulation, and one run has no other run's frontier to compare with.
+    assert (status.pop("byte_classes"), status.pop("same_frontier")) == ("unknown", "unknown")
+    assert set(status.values()) == {"pass"}, status
