@@ -351,7 +351,7 @@ def write_traces(art: dict[str, Any], out_dir: Path) -> None:
         # On the run's steady axis (analysis/clock.py), as the run's summary and the tick axis are:
         # sorted by the raw wall clock, a step mid-run moved (or, stepping back, reordered) every
         # later event of the trace.
-        logs = steady_logs(Path(r["run_dir"])) if (Path(r["run_dir"]) / "logs").is_dir() else {}
+        logs = steady_logs(Path(r["run_dir"]))  # {} when the run left no logs
         events = [{k: e[k] for k in keep if k in e}
                   for name in sorted(logs) for e in logs[name] if e.get("event") in TRACE_EVENTS]
         events.sort(key=lambda e: int(e.get("wall_ns", 0)))
