@@ -261,6 +261,7 @@ def calibrate(runs: Iterable[str | Path]) -> dict[str, Any]:
         q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else [xs[0], xs[0], xs[0]]
         params[k] = {"value": statistics.median(xs), "evidence": "fitted", "n": len(xs),
                      "uncertainty": {"kind": "half interquartile range", "value": (q[2] - q[0]) / 2},
+                     "range": [xs[0], xs[-1]],  # the fewest and most seen (sim/validate.py's timing bounds)
                      "source_runs": sorted({r for _, r in vals})}
     return {"version": VERSION, "inputs": [{"run": str(r), "sha256": _hashes(r)} for r in runs],
             "parameters": params, "learning": fit_learning(runs).to_json(),

@@ -240,3 +240,49 @@ def test_the_same_scenario_over_links_the_fit_never_saw_is_its_own_held_out_cond
     fast_t = {r["policy"]: r["emulator"]["time_to_target_s"] for r in raw["comparisons"][
         "compare-fitted-links (crash-b)"]}
     assert all(slow_t[p] > fast_t[p] for p in ("stall", "elastic"))
+
+
+def test_a_miss_the_simulators_own_timing_bounds_reach_is_undecided_and_one_they_do_not_is_falsified() -> None:
+    # churn at 4a0b003: the chaos driver fired a preemption 236 ms after its commit where the fitted
+    # poll delay is 139 ms, so the emulator lost a step more per site than the simulator at its fitted
+    # values; simulated at the fitted fewest and most poll delay, the simulator's range reaches it.
+    def row(policy: str, emu: int, sim: int, lost_range: list[int] | None, emu_ctl: int, ctl_range: list[int]) -> dict:
+        r = _row("s", policy, 100.0, 100.0)
+        r["emulator"]["lost_tokens"], r["error"]["lost_tokens_diff"] = emu, sim - emu
+        r["progress_triggered"] = True
+        r["emulator"]["bytes"], r["simulator"]["bytes"] = {}, {}
+        r["emulator"]["wan_bytes"], r["simulator"]["wan_bytes"] = {"control": emu_ctl}, {"control": ctl_range[1]}
+        r["error"]["wan_bytes"] = {"control": abs(ctl_range[1] - emu_ctl) / emu_ctl}
+        r["simulator_bounds"] = {"lost_tokens": lost_range, "bytes": {}, "wan_bytes": {"control": ctl_range}}
+        return r
+
+    comps = {"rep1": [row("stall", 4096, 3072, [1536, 4608], 458_000, [465_000, 470_000]),
+                      row("restart", 4352, 3072, [3072, 3072], 458_000, [480_000, 490_000])],
+             "rep2": [row("stall", 3840, 3072, [1536, 4608], 458_000, [465_000, 470_000]),
+                      row("restart", 3840, 3072, [3072, 3072], 458_000, [480_000, 490_000])]}
+    cs = claims_by_name(validate.claims(comps))
+    lost = cs["lost tokens exact for progress-triggered faults"]
+    assert lost["status"] == "falsified"
+    assert lost["against"] == ["s/restart: simulated 3,072 outside the emulator's repeats [3840, 4352]"]
+    assert lost["undecided"] == ["s/stall: simulated 3,072 outside the emulator's repeats [3840, 4096], which the "
+                                 "simulator's own range [1536, 4608] over the fitted timing spread reaches"]
+    wan = next(c for name, c in cs.items() if name.startswith("inter-site bytes"))
+    assert wan["status"] == "falsified" and [a.split(":")[0] for a in wan["against"]] == ["s/restart control"]
+    assert [u.split(":")[0] for u in wan["undecided"]] == ["s/stall control"]
+    # repeats that agree: a miss inside the bounds is undecided, never survived
+    comps = {"rep1": [row("stall", 4096, 3072, [1536, 4608], 458_000, [458_000, 458_000])],
+             "rep2": [row("stall", 4096, 3072, [1536, 4608], 458_000, [458_000, 458_000])]}
+    lost = claims_by_name(validate.claims(comps))["lost tokens exact for progress-triggered faults"]
+    assert lost["status"] == "undecided" and "inside the simulator's own range [1536, 4608]" in lost["undecided"][0]
+
+
+def test_the_timing_bounds_set_the_restart_and_poll_delay_to_their_fitted_fewest_and_most() -> None:
+    cal = {"parameters": {"restart_s": {"value": 4.1, "range": [3.98, 4.29]},
+                          "fault_poll_s": {"value": 0.139, "range": [0.033, 0.247]},
+                          "eval_s": {"value": 1.0, "range": [0.5, 2.0]}}}
+    model = SimModel(restart_s=4.1, fault_poll_s=0.139, eval_s=1.0)
+    b = validate.timing_bounds(model, cal)
+    assert (b["fewest"].restart_s, b["fewest"].fault_poll_s, b["most"].restart_s, b["most"].fault_poll_s) == \
+        (3.98, 0.033, 4.29, 0.247)
+    assert b["fewest"].eval_s == b["most"].eval_s == 1.0  # only the timing parameters move
+    assert validate.timing_bounds(model, {"parameters": {"restart_s": {"value": 4.1}}}) == {}
