@@ -121,8 +121,7 @@ def run(runs_root: Path, out: Path, extra: list[Path] | None = None) -> dict[str
     raw["calibration_links"] = sorted(cal_links)
     model = SimModel.from_calibration(cal)
     bounds = validate.timing_bounds(model, cal)  # restart and poll delay at their fitted fewest and most
-    raw["timing_spread"] = {k: cal["parameters"][k]["range"] for k in validate.TIMING_SPREAD
-                            if k in cal["parameters"]}
+    raw["timing_spread"] = validate.timing_spread(cal)
     raw["calibration"] = {k: {"value": v["value"], "n": v["n"], "half_iqr": v["uncertainty"]["value"]}
                           for k, v in cal["parameters"].items()}
     raw["not_fitted"] = cal["not_fitted"]

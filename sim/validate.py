@@ -51,11 +51,16 @@ GOALS = {"time_to_target_s": 0.10, "bytes": 0.02, "lost_tokens": 0.0}
 TIMING_SPREAD = ("restart_s", "fault_poll_s")
 
 
+def timing_spread(calibration: dict[str, Any]) -> dict[str, list[float]]:
+    """Each TIMING_SPREAD parameter's fitted [fewest, most] (those the calibration has a range for)."""
+    params = calibration.get("parameters") or {}
+    return {k: params[k]["range"] for k in TIMING_SPREAD if k in params and params[k].get("range")}
+
+
 def timing_bounds(model: SimModel, calibration: dict[str, Any]) -> dict[str, SimModel]:
     """The model with every TIMING_SPREAD parameter at its fitted fewest ("fewest") and at its most
     ("most"); {} when the calibration has no range for any of them."""
-    params = calibration.get("parameters") or {}
-    spread = {k: params[k]["range"] for k in TIMING_SPREAD if k in params and params[k].get("range")}
+    spread = timing_spread(calibration)
     if not spread:
         return {}
     return {"fewest": replace(model, **{k: float(r[0]) for k, r in spread.items()}),
