@@ -46,7 +46,13 @@ def test_messages_below_the_receivers_fence_are_dropped_once_and_the_rest_delive
     assert sorted(m.body["i"] for m in got) == [10, 20, 30]
     assert cluster.a.wait_acked(10, "b"), f"a still holds {cluster.a.unacked('b')} messages for b"
     assert cluster.a.superseded == 3
-    dropped = events(cluster.tmp / "a.jsonl", "superseded_dropped")
+    # The counter is bumped before the log line is written: wait for the line, not only the counter.
+    deadline = time.monotonic() + 10
+    while True:
+        dropped = events(cluster.tmp / "a.jsonl", "superseded_dropped")
+        if sum(e["messages"] for e in dropped) >= 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert sum(e["messages"] for e in dropped) == 3
     assert all(e["dest"] == "b" and e["fence_epoch"] == 2 and e["peer_inc"] == cluster.b.inc for e in dropped)
     # Nothing is resent after the drop: b's count of stale refusals stops growing.
