@@ -25,6 +25,16 @@ def qcell(qty: dict[str, Any], fmt: str = ",") -> str:
     return num(qty.get("value"), qty.get("evidence", "measured"), qty.get("unit", ""), fmt)
 
 
+def energy_cell(energy: dict[str, Any]) -> str:
+    """The run-level energy cell: the measured joules while their claim stands; otherwise a dash with why
+    (no readable meter, or a frozen invalidator withdrew the claim, whose number then stays a diagnostic)."""
+    if energy.get("value") is not None and energy.get("claim") in (None, "stands"):
+        return qcell(energy, ",.0f")
+    why = (f"claim {energy.get('claim')}: a frozen invalidator fired" if energy.get("value") is not None
+           else str(energy.get("reason") or "no readable meter"))
+    return f"<td class='num' title='{escape(why)}'>—{ev('unavailable')}</td>"
+
+
 def run_key(run: dict[str, Any]) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", run["run_id"])
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from analysis import figures
 from analysis.learning import verdict
-from analysis.report_cells import ev, fig_html, num, qcell
+from analysis.report_cells import energy_cell, ev, fig_html, num, qcell
 
 
 def _se_text(se: Any) -> str:
@@ -71,7 +71,7 @@ def learning_section(art: dict[str, Any]) -> str:
         rows.append(f"<tr><td>{escape(r['run_id'])}</td><td>{escape(r['policy'])}</td>{qcell(m['final_heldout_nll'], '.4f')}"
                     f"<td class='num'>{_se_text(m['final_heldout_nll'].get('se'))}</td>"
                     f"{qcell(m['attempted_tokens'])}"
-                    f"<td class='num' title='{escape(str(energy.get('reason', '')))}'>—{ev(energy['evidence'])}</td>"
+                    f"{energy_cell(energy)}"
                     f"{qcell(m['active_time'], '.1f')}{qcell(r['duration'], '.1f')}</tr>")
     v = learning_verdict(art)
     learning_fig = figures.learning_figure(runs, reference=_refs(art).get("reference"))

@@ -200,3 +200,19 @@ def test_the_schema_refuses_a_modeled_number_passed_off_as_measured(tmp_path):
     bad["phases"][0]["energy"] = {"value": 3.0, "unit": "J", "evidence": "unavailable"}  # a number with no meter
     with pytest.raises(jsonschema.ValidationError):
         validator.validate(bad)
+
+
+def test_the_run_table_shows_measured_joules_only_while_their_claim_stands(tmp_path):
+    """The learning section's run-level energy cell (a measured H200 run once showed a dash here)."""
+    from analysis.energy import energy_metric
+    from analysis.report_cells import energy_cell
+
+    h, _ = synthetic_run(tmp_path)
+    metric = energy_metric(energy_section(h, useful_tokens=1000))
+    assert metric["evidence"] == "measured" and metric["claim"] == "stands"
+    cell = energy_cell(metric)
+    assert f"{metric['value']:,.0f} J" in cell and "ev-measured" in cell and "—" not in cell
+    withdrawn = energy_cell({**metric, "claim": "withdrawn"})
+    assert "—" in withdrawn and "invalidator" in withdrawn and "ev-unavailable" in withdrawn
+    none = energy_cell({"value": None, "unit": "J", "evidence": "unavailable", "reason": "no_device: no NVML"})
+    assert "—" in none and "no_device: no NVML" in none and "ev-unavailable" in none
