@@ -27,6 +27,7 @@ from sim.model import SimModel
 from sim.world import simulate
 
 GOAL_S = 10.0
+HOUR_S = 3600.0
 
 
 def run(sites: int, sim_s: float, budget_s: float) -> dict:
@@ -43,6 +44,8 @@ def run(sites: int, sim_s: float, budget_s: float) -> dict:
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     return {"sites": sites, "sim_s_asked": sim_s, "sim_s_reached": res.sim_s, "wall_s": wall, "cpu_s": cpu,
             "core_steps": res.core_steps, "core_s": res.core_s, "core_share": res.core_s / wall if wall else None,
+            "core_by_kind": {k: {"inputs": c, "core_s": s, "us_each": 1e6 * s / c if c else None}
+                             for k, (c, s) in sorted(res.core_by_kind.items(), key=lambda kv: -kv[1][1])},
             "events": res.events_run, "commits": res.commits, "epochs": res.epochs,
             "useful_tokens": res.useful_tokens, "heartbeat_period_ms": model.heartbeat_period_ms,
             "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
@@ -55,18 +58,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=0.0, help="stop after this many wall seconds (0: never)")
     args = ap.parse_args(argv)
     raw = run(args.sites, args.sim_s, args.budget_s)
-    done = raw["sim_s_reached"] >= args.sim_s - 60  # the last event before the hour's end
-    hour_wall = raw["wall_s"] * args.sim_s / max(raw["sim_s_reached"], 1e-9)
+    # "The hour" is one simulated hour, whatever --sim-s asked: a shorter run is extrapolated to it.
+    done = args.sim_s >= HOUR_S and raw["sim_s_reached"] >= HOUR_S - 60  # the last event before the hour's end
+    scale = HOUR_S / max(raw["sim_s_reached"], 1e-9)
+    hour_wall = raw["wall_s"] * scale
     raw["hour_wall_s"] = hour_wall
-    raw["hour_cpu_s"] = raw["cpu_s"] * args.sim_s / max(raw["sim_s_reached"], 1e-9)  # one thread: wall on an idle box
+    raw["hour_cpu_s"] = raw["cpu_s"] * scale  # one thread: wall on an idle box
     raw["hour_wall_evidence"] = "measured" if done else "extrapolated (linear in simulated time)"
     ratio = hour_wall / GOAL_S
+    # The floor: the core's own seconds for the hour (every site's heartbeat and report is one core
+    # input; the simulator around it costing nothing). Above the goal, no work outside the core meets it.
+    raw["hour_core_floor_s"] = raw["core_s"] * scale
+    kinds = ", ".join(f"{k} {v['inputs'] * scale:,.0f} x {v['us_each']:.1f} us" for k, v in raw["core_by_kind"].items()
+                      if v["core_s"] * scale >= 0.5)
     notes = (f"{args.sites} sites, {raw['sim_s_reached']:.0f} of {args.sim_s:.0f} simulated s in "
              f"{raw['wall_s']:.1f} wall s ({raw['cpu_s']:.1f} CPU s); coordinator core {raw['core_s']:.1f} s over "
              f"{raw['core_steps']:,} steps "
              f"({100 * (raw['core_share'] or 0):.0f}% of the wall time); the hour: {hour_wall:.0f} wall s, "
              f"{raw['hour_cpu_s']:.0f} CPU s ({raw['hour_wall_evidence']}). Shared 2-core machine: wall time "
-             "is noisy; the simulator is one thread, so its CPU time is what an idle machine's wall time would be.")
+             "is noisy; the simulator is one thread, so its CPU time is what an idle machine's wall time would be. "
+             f"The core alone takes {raw['hour_core_floor_s']:.0f} s of the hour ({kinds}): "
+             + ("more than the goal, so the goal needs fewer core inputs (a cohort's heartbeats or reports as one) "
+                "or a cheaper core, not a faster simulator around it."
+                if raw["hour_core_floor_s"] > GOAL_S else "within the goal."))
     goal = f"<= 1 (a {args.sites}-site simulated hour in <= {GOAL_S:.0f} s)"
     write_result("sim_scale", ratio=ratio, goal=goal, passed=ratio <= 1.0, raw=raw,
                  env=env_info("not used (no network in a simulation)"), notes=notes, reference="fixed_goal",

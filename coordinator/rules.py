@@ -17,7 +17,7 @@ from coordinator.recovery import ClusterView, Frontier, checkpoint_before_waitin
 from coordinator.replay import after_epoch, pending_checkpoints, recent_epochs
 from coordinator.settings import EpochSettings, due_change, setting_for_epoch
 from ground.config import RunConfig
-from ground.messages import (BadMessage, CheckpointDurable, Heartbeat, Join, PeerUnreachable, PreemptNotice,
+from ground.messages import (BadMessage, Built, CheckpointDurable, Heartbeat, Join, PeerUnreachable, PreemptNotice,
                              RoundDone, SiteDone, Telemetry, parse)
 from ground.plans import EpochPlan, Plan, Restore
 from ground.records import Commit, EpochRecord
@@ -337,7 +337,8 @@ class Rules:
             self._own_reports.add(key)
         got[msg.src] = r
         # The site's own timings of the cycle: the controller's evidence, never a condition of the commit.
-        self.settings.on_cycle(epoch, rnd, msg.src, msg.body.get("cycle") if isinstance(msg.body, dict) else None)
+        body = msg.body
+        self.settings.on_cycle(epoch, rnd, msg.src, body.get("cycle") if isinstance(body, (dict, Built)) else None)
         # The count first (O(1)); the sets only when it matches (once per round).
         if len(got) != len(members) or set(got) != set(members):
             return

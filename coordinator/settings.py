@@ -156,13 +156,17 @@ class EpochSettings:
         self.order.append(epoch)
 
     # ------------------------------------------------------------------ observations
-    def on_cycle(self, epoch: int, rnd: int, site: str, cycle: dict[str, Any] | None) -> None:
+    def on_cycle(self, epoch: int, rnd: int, site: str, cycle: dict[str, Any] | SiteCycle | None) -> None:
+        """A member's cycle: a map from its report, or a SiteCycle its sender built (the simulator)."""
         if cycle is None:
             return
-        try:
-            got = SiteCycle.from_json(cycle)
-        except ValueError:
-            return  # a malformed measurement is no evidence; the commit does not depend on it
+        if type(cycle) is SiteCycle:
+            got = cycle
+        else:
+            try:
+                got = SiteCycle.from_json(cycle)
+            except ValueError:
+                return  # a malformed measurement is no evidence; the commit does not depend on it
         key = (epoch, rnd)
         if key not in self._own_cycles or key not in self.cycles:  # copy on write: a copy shares its maps
             self.cycles[key] = dict(self.cycles.get(key, {}))

@@ -21,6 +21,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from control.observations import SiteCycle
+from ground.messages import Built, RoundDone
 from ground.plans import EpochPlan, Restore
 from ground.schedule import carried_steps, kept_steps, steps_to_keep, round_span, site_positions
 from ground.setting import step_after_round
@@ -247,11 +249,20 @@ class Rounds:
         tokens = len(s.mine) * w.cfg.model.seq_len
         loss = w.learning.train_loss(ce, h_steps)
         cyc = w.model.update_cosine
-        cycle = {"compute_s": s.compute_s, "inner_steps": h_steps, "comm_s": comm_s, "payload_bytes": sent,
-                 "stalls": 0, "loss": loss, "update_norm": 1.0, "update_dot_mean": cyc * cyc, "mean_norm": cyc}
-        s.send("round_done", {"round": rnd, "step": step, "param_hash": s.phash, "cursor_start": cs,
-                              "cursor_end": ce, "samples": s.mine, "tokens": tokens,
-                              "flops": tokens * w.flops_per_token, "cycle": cycle})
+        # The report, built typed (ground.messages.Built: the core takes it without parsing it again);
+        # the map a real site sends is made only for the input log.
+        flops = tokens * w.flops_per_token
+        typed = RoundDone(rnd, step, s.phash, cs, ce, tokens, float(flops), tuple(s.mine))
+        cycle = SiteCycle(float(s.compute_s), h_steps, float(comm_s), int(sent), float(loss), 1.0,
+                          float(cyc * cyc), float(cyc), 0)
+        raw = None
+        if w.write_logs:
+            raw = {"round": rnd, "step": step, "param_hash": s.phash, "cursor_start": cs, "cursor_end": ce,
+                   "samples": s.mine, "tokens": tokens, "flops": flops,
+                   "cycle": {"compute_s": s.compute_s, "inner_steps": h_steps, "comm_s": comm_s, "payload_bytes": sent,
+                             "stalls": 0, "loss": loss, "update_norm": 1.0, "update_dot_mean": cyc * cyc,
+                             "mean_norm": cyc}}
+        s.send("round_done", Built(typed, {"cycle": cycle}, raw))
         if w.write_logs:
             s.log.emit("round_done", round=rnd, param_hash=s.phash, cursor_start=cs, cursor_end=ce,
                        retained_samples=ce, samples_sha256=w.prefix_sha(ce))

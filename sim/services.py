@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING, Any
 
+from ground.messages import Built, Heartbeat
 from sim.engine import ns
 from sim.learning_fit import LearningCurve
 from sim.model import checkpoint_blob_bytes, state_bytes
@@ -113,7 +114,9 @@ class Heartbeats:
     def _beat(self, s: SimSite, gen: int, inc: int) -> None:
         if not s.alive or s.inc != inc:
             return
-        s.send("heartbeat", {"sent_mono_ns": self.w.clock.now_ns, "epoch": s.epoch, "round": s.round})
+        now = self.w.clock.now_ns
+        raw = {"sent_mono_ns": now, "epoch": s.epoch, "round": s.round} if self.w.write_logs else None
+        s.send("heartbeat", Built(Heartbeat(now, s.epoch, s.round), None, raw))  # typed (see sim/rounds.py)
         self.w.clock.at(self.w.clock.now_ns + self.period_ns, self._beat, s, gen, inc)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -50,6 +50,7 @@ class SimResult:
     events_run: int
     useful_tokens: int
     core_s: float = 0.0  # wall seconds inside coordinator.core.step
+    core_by_kind: dict[str, tuple[int, float]] = field(default_factory=dict)  # kind -> (inputs, wall s in the core)
 
 
 class World:
@@ -266,4 +267,4 @@ def simulate(cfg: RunConfig, scenario: Scenario | None, model: SimModel | None =
     st = w.coord.state
     return SimResult(out, w.clock.now_ns / 1e9, st.shutdown_sent, len(st.commits), st.membership.epoch,
                      w.coord.core_steps, w.clock.events_run, st.committed_cursor * cfg.model.seq_len,
-                     w.coord.core_ns / 1e9)
+                     w.coord.core_ns / 1e9, {k: (c, ns_ / 1e9) for k, (c, ns_) in w.coord.core_by_kind.items()})

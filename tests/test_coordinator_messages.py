@@ -161,3 +161,30 @@ def test_typed_parsers_accept_what_sites_send() -> None:
     assert parse("preempt_notice", {"grace_s": None, "round": 4}).grace_s is None
     with pytest.raises(BadMessage, match="unknown message kind"):
         parse("launch_missiles", {})
+
+
+def test_a_body_built_typed_by_the_simulator_is_taken_as_the_parse_of_its_map(tmp_path: Path) -> None:
+    """ground.messages.Built: the simulator hands the core the typed report (and its cycle) that
+    parsing the map would give; the core commits the same round with the same observation."""
+    from control.observations import SiteCycle
+    from ground.messages import Built, Heartbeat
+
+    cyc = {"compute_s": 1.5, "inner_steps": 4, "comm_s": 0.25, "payload_bytes": 4096, "stalls": 0, "loss": 3.0,
+           "update_norm": 1.0, "update_dot_mean": 0.25, "mean_norm": 0.5}
+    commits, observed = [], []
+    for i, built in enumerate((False, True)):
+        c = formed(tmp_path / str(i))
+        for s in SITES:
+            body = round_done(0, 0, 96, cycle=cyc)
+            if built:
+                body = Built(parse("round_done", body), {"cycle": SiteCycle.from_json(cyc)}, body)
+            c.handle(msg("round_done", s, body, epoch=1), 2)
+        assert not logged(c, "report_rejected")
+        commits.append([{k: v for k, v in e.items() if k not in ("wall_ns", "mono_ns")} for e in logged(c, "commit")])
+        observed.append([{k: v for k, v in e.items() if k not in ("wall_ns", "mono_ns")}
+                         for e in logged(c, "cycle_observed")])
+    assert commits[0] == commits[1] and len(commits[0]) == 1
+    assert observed[0] == observed[1] and len(observed[0]) == 1
+    # A built body of the wrong type is refused as a bad body, never taken.
+    with pytest.raises(BadMessage, match="holds a Heartbeat, not a RoundDone"):
+        parse("round_done", Built(Heartbeat(0, 1, 0)))
