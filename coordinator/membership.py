@@ -105,8 +105,11 @@ def decide(now_ns: int, m: Membership, cfg: MembershipConfig) -> tuple[Decision,
         return Decision(Action.NONE), f"waiting for {missing} to join"
     timeout_ns = cfg.heartbeat_timeout_ms * 1_000_000
     grace_ns = cfg.disconnect_grace_ms * 1_000_000
+    on_time_ns, active, sites = now_ns - timeout_ns, SiteState.ACTIVE, m.sites
     for name in m.members:
-        site = m.sites[name]
+        site = sites[name]
+        if site.state is active and site.last_heartbeat_ns >= on_time_ns and not site.disconnected_ns:
+            continue  # the common case, which no rule below applies to (a tick reads every member)
         late_ns = now_ns - site.last_heartbeat_ns
         lost_ns = now_ns - site.disconnected_ns if site.disconnected_ns else -1
         if grace_ns > 0 and site.state in (SiteState.ACTIVE, SiteState.SUSPECT) and lost_ns > grace_ns:
@@ -162,8 +165,11 @@ def on_connections(m: Membership, lost: dict[str, int]) -> Membership:
     """The connection evidence: `lost` maps a site to when its connection to us closed, with
     nothing received from it since (the WAN endpoint clears an entry when the site is heard
     again); a site not in it is connected."""
-    changed = {n: replace(s, disconnected_ns=lost.get(n, 0)) for n, s in m.sites.items()
-               if s.disconnected_ns != lost.get(n, 0)}
+    if lost:
+        changed = {n: replace(s, disconnected_ns=lost.get(n, 0)) for n, s in m.sites.items()
+                   if s.disconnected_ns != lost.get(n, 0)}
+    else:  # nothing lost (every tick of a healthy run): only a site still marked changes
+        changed = {n: replace(s, disconnected_ns=0) for n, s in m.sites.items() if s.disconnected_ns}
     return replace(m, sites={**m.sites, **changed}) if changed else m
 
 

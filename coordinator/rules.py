@@ -401,10 +401,18 @@ class Rules:
     def view(self) -> ClusterView:
         # A member back in JOINING asked to rejoin: for the current epoch it is as good as failed.
         # (The state test first: `s in members` scans a tuple; for every site it made view() O(N^2).)
-        failed = tuple(s for s, st in self.membership.sites.items() if st.state == membership.SiteState.FAILED
-                       or (st.state == membership.SiteState.JOINING and s in self.membership.members))
-        joiners = tuple(sorted(s for s, st in self.membership.sites.items()
-                               if st.state == membership.SiteState.JOINING and s not in self.membership.members))
+        # One pass; the states of the healthy majority (active, done) are passed over at once.
+        members, fail, join = member_set(self.membership.members), membership.SiteState.FAILED, \
+            membership.SiteState.JOINING
+        failed_l: list[str] = []
+        joiners_l: list[str] = []
+        for s, st in self.membership.sites.items():
+            x = st.state
+            if x == fail:
+                failed_l.append(s)
+            elif x == join:
+                (failed_l if s in members else joiners_l).append(s)
+        failed, joiners = tuple(failed_l), tuple(sorted(joiners_l))
         paused = bool(self.plan and self.plan.paused)
         # The current epoch was scheduled for a boundary the commit record has not reached yet.
         scheduled = ((self.plan.start_round, self.plan.start_cursor)
