@@ -62,6 +62,23 @@ def site_positions(cfg: RunConfig, n_members: int, cursor_start: int, step_in_ro
     return range(min(lo, cursor_end), min(lo + b, cursor_end))
 
 
+def site_round_layout(cfg: RunConfig, n_members: int, cursor_start: int, cursor_end: int, site_index: int,
+                      steps: int) -> list[tuple[range, int]]:
+    """One site's inner steps of a round: (its `site_positions`, the cluster's frontier in samples
+    before the step, cursor_start + h x n x b cut at cursor_end) for h in 0..steps-1. One call per
+    site and round: the simulator asks it of a thousand sites a round."""
+    b = cfg.train.per_site_batch
+    nb = n_members * b
+    lo = cursor_start + site_index * b
+    out = []
+    for h in range(steps):
+        first = lo + h * nb
+        frontier = cursor_start + h * nb
+        out.append((range(first if first < cursor_end else cursor_end, first + b if first + b < cursor_end else cursor_end),
+                    frontier if frontier < cursor_end else cursor_end))
+    return out
+
+
 def ids_at(order: np.ndarray, positions: range) -> list[int]:
     n = order.size
     return [int(order[p % n]) for p in positions]

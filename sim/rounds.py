@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from control.observations import SiteCycle
 from ground.messages import Built, RoundDone
 from ground.plans import EpochPlan, Restore
-from ground.schedule import carried_steps, kept_steps, steps_to_keep, round_span, site_positions
+from ground.schedule import carried_steps, kept_steps, steps_to_keep, round_span, site_round_layout
 from ground.setting import step_after_round
 from sim.engine import ns
 from sim.model import payload_bytes_sent
@@ -111,8 +111,8 @@ class Rounds:
                          carried_steps(cfg, s.plan.carry, s.plan.members, cs, ce, self.w.target).items()}
                 self._carried = {key: whole}  # one plan at a time: the previous one is done with
             return list(whole[s.name])
-        idx, b = self.w.member_index(s.plan.members)[s.name], cfg.train.per_site_batch
-        return [(tuple(site_positions(cfg, n, cs, h, idx, ce)), min(cs + h * n * b, ce)) for h in range(h_steps)]
+        idx = self.w.member_index(s.plan.members)[s.name]
+        return [(tuple(r), f) for r, f in site_round_layout(cfg, n, cs, ce, idx, h_steps)]
 
     def carry_over(self, s: SimSite, plan: EpochPlan, sp: dict[str, Any]) -> bool:
         """Keep the inner steps already taken in the round a carried epoch takes over (the agent's

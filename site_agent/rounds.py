@@ -16,13 +16,12 @@ import numpy as np
 
 from ground.config import RunConfig
 from ground.setting import ConsistencySetting, effective_config, step_after_round
-from ground.schedule import carried_steps, ids_at, kept_steps, round_span, site_positions
+from ground.schedule import carried_steps, ids_at, kept_steps, round_span, site_round_layout
 from ground.topology import COORD
 from site_agent.collective import CollectiveAborted
 from site_agent.carry import MidState, RoundProgress
 from site_agent.consistency import contribution_stats, enter_round, plan_setting
 from site_agent.data import batch_for
-from site_agent.lr_schedule import step_frontier_tokens
 from site_agent.state import merge_retained, samples_sha256, take_snapshot
 from site_agent.unwind import Interrupted
 from site_agent.worker import rank_slice
@@ -261,7 +260,8 @@ class RoundLoop:
             assert plan is not None
             mine = carried_steps(cfg, plan.carry, plan.members, cs, ce, self.target)[self.me]
             return [(r, f * cfg.model.seq_len) for r, f in mine]
-        return [(site_positions(cfg, n, cs, h, idx, ce), step_frontier_tokens(cfg, n, cs, h, ce)) for h in range(steps)]
+        seq = cfg.model.seq_len  # the frontier in tokens (site_agent.lr_schedule.step_frontier_tokens)
+        return [(r, f * seq) for r, f in site_round_layout(cfg, n, cs, ce, idx, steps)]
 
 
 def _round_samples(stats: Any, members: list[str]) -> np.ndarray:

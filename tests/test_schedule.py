@@ -34,3 +34,22 @@ def test_the_target_is_whole_site_batches_and_the_rounds_reach_it() -> None:
 def test_a_round_is_one_step_in_sync_mode_and_h_steps_in_local_mode() -> None:
     assert steps_per_round(cfg(98_304, "sync")) == 1 and steps_per_round(cfg(98_304)) == 4
     assert samples_per_round(cfg(98_304), 3) == 3 * 8 * 4
+
+
+def test_a_sites_round_layout_is_its_positions_and_the_frontier_of_every_step() -> None:
+    """ground.schedule.site_round_layout (one call per site and round) against the per-step rules,
+    full rounds and rounds cut at the target, for every member."""
+    from ground.config import load_config
+    from ground.schedule import site_positions, site_round_layout
+    from site_agent.lr_schedule import step_frontier_tokens
+
+    for b, n, steps in ((8, 3, 8), (4, 5, 3), (2, 1, 1)):
+        cfg = load_config({"cluster": {"sites": [f"s{i}" for i in range(n)]},
+                           "train": {"per_site_batch": b, "inner_steps_h": steps}})
+        full = n * b * steps
+        for cs, ce in ((0, full), (96, 96 + full), (40, 40 + full // 2 + 1), (7, 7)):
+            for idx in range(n):
+                got = site_round_layout(cfg, n, cs, ce, idx, steps)
+                assert [r for r, _f in got] == [site_positions(cfg, n, cs, h, idx, ce) for h in range(steps)]
+                assert [f * cfg.model.seq_len for _r, f in got] == [step_frontier_tokens(cfg, n, cs, h, ce)
+                                                                    for h in range(steps)]
