@@ -26,6 +26,11 @@ def ns(seconds: float) -> int:
     return int(round(seconds * NS))
 
 
+class Group(list):  # type: ignore[type-arg]
+    """The argument tuples of a run of consecutive entries of one function at one instant, kept as
+    one heap entry (see `Clock.at_group`)."""
+
+
 class Clock:
     def __init__(self) -> None:
         self.now_ns = 0
@@ -33,6 +38,8 @@ class Clock:
         self._seq = itertools.count()
         self.events_run = 0
         self._batched: dict[Callable[..., None], Callable[[list[tuple[Any, ...]]], None]] = {}
+        # Per instant, the newest entry pushed for it while that entry waits (see `at_group`).
+        self._newest: dict[int, tuple[int, int, Callable[..., None], Any]] = {}
         # Suspended owners (a SIGSTOPped process): owner -> (since ns, its entries pulled from the heap,
         # the entries that fell due while it was stopped). See `suspend`.
         self._suspended: dict[int, tuple[Any, int, list[tuple[int, int, Callable[..., None], tuple[Any, ...]]],
@@ -48,10 +55,17 @@ class Clock:
         while it is stopped (a message to it) wait too, until `resume`."""
         if id(owner) in self._suspended:
             return
-        mine = [e for e in self._heap if self._owned(owner, e[2], e[3])]
+        mine = []
+        for e in self._heap:
+            if type(e[3]) is Group:  # a group's items of this owner come out as entries of their own
+                mine += [(e[0], e[1], e[2], a) for a in e[3] if a and a[0] is owner]
+                e[3][:] = [a for a in e[3] if not (a and a[0] is owner)]
+            elif self._owned(owner, e[2], e[3]):
+                mine.append(e)
         if mine:
-            self._heap[:] = [e for e in self._heap if not self._owned(owner, e[2], e[3])]  # in place: run() holds it
-            heapq.heapify(self._heap)
+            self._heap[:] = [e for e in self._heap if type(e[3]) is Group or not self._owned(owner, e[2], e[3])]
+            heapq.heapify(self._heap)  # in place: run() holds it
+        self._newest.clear()  # (entries left the heap: nothing may join them)
         self._suspended[id(owner)] = (owner, self.now_ns, mine, [])
 
     def resume(self, owner: Any) -> None:
@@ -80,7 +94,26 @@ class Clock:
         self._batched[fn] = many
 
     def at(self, t_ns: int, fn: Callable[..., None], *args: Any) -> None:
-        heapq.heappush(self._heap, (max(int(t_ns), self.now_ns), next(self._seq), fn, args))
+        t = max(int(t_ns), self.now_ns)
+        entry = (t, next(self._seq), fn, args)
+        heapq.heappush(self._heap, entry)
+        self._newest[t] = entry
+
+    def at_group(self, t_ns: int, fn: Callable[..., None], *args: Any) -> None:
+        """As `at(t_ns, fn, *args)` for a `batch`ed fn, without an entry of its own when the newest
+        entry of that instant is a group of fn's that has not run: the entries `at` would make would
+        come one after the other in that instant (nothing else of it was scheduled between them) and
+        be handed to the batch together, so the call joins that group instead (one heap entry for a
+        thousand sites' heartbeats or reports). Items whose first argument is a suspended owner are
+        held as `at`'s would be (see `suspend`)."""
+        t = max(int(t_ns), self.now_ns)
+        newest = self._newest.get(t)
+        if newest is not None and newest[2] is fn and type(newest[3]) is Group:
+            newest[3].append(args)
+            return
+        entry = (t, next(self._seq), fn, Group([args]))
+        heapq.heappush(self._heap, entry)
+        self._newest[t] = entry
 
     def after(self, delay_s: float, fn: Callable[..., None], *args: Any) -> None:
         self.at(self.now_ns + ns(delay_s), fn, *args)
@@ -88,11 +121,20 @@ class Clock:
     def run(self, until_ns: int, stop: Callable[[], bool] = lambda: False) -> None:
         heap, batched, pop = self._heap, self._batched, heapq.heappop
         while heap and not stop():
-            t, _, fn, args = heap[0]
+            entry = heap[0]
+            t, _, fn, args = entry
             if t > until_ns:
                 break
             pop(heap)
+            if self._newest.get(t) is entry:
+                del self._newest[t]
             self.now_ns = t
+            if type(args) is Group:
+                items = [a for a in args if not self._held(fn, a)] if self._suspended else args
+                self.events_run += len(args)
+                if items:
+                    batched[fn](items)
+                continue
             self.events_run += 1
             if self._suspended and self._held(fn, args):
                 continue
@@ -101,8 +143,11 @@ class Clock:
                 fn(*args)
                 continue
             group = [args]
-            while heap and heap[0][0] == t and heap[0][2] is fn:
-                group.append(pop(heap)[3])
+            while heap and heap[0][0] == t and heap[0][2] is fn and type(heap[0][3]) is not Group:
+                e = pop(heap)
+                if self._newest.get(t) is e:
+                    del self._newest[t]
+                group.append(e[3])
             self.events_run += len(group) - 1
             many(group)
 

@@ -58,6 +58,11 @@ class Rounds:
         self.cut_colls: dict[tuple[int, int], tuple[Any, ...]] = {}  # collectives waiting on a cut proxy
         self._payload: dict[tuple[int, str], tuple[int, int]] = {}
         self._carried: dict[tuple[Any, ...], dict[str, list[Step]]] = {}  # the carried layout of the newest plan
+        # The members of a round finish their compute and their all-reduce at the same instant: the
+        # clock keeps each instant's as one entry (sim/engine.Clock.at_group), run here in order.
+        self._computed, self._reduced = self.computed, self.reduced  # one object each: grouped by identity
+        w.clock.batch(self._computed, lambda items: [self.computed(*a) for a in items])
+        w.clock.batch(self._reduced, lambda items: [self.reduced(*a) for a in items])
 
     def start(self, s: SimSite, rnd: int) -> None:
         w, plan = self.w, s.plan
@@ -91,7 +96,8 @@ class Rounds:
         t_step = max(w.model.compute_s_per_token * cfg.train.per_site_batch * cfg.model.seq_len,
                      cfg.train.step_floor_ms / 1000.0)  # the emulated device's floor, as site_agent/rounds.py
         s.cur = (rnd, cs, ce, h_steps, w.clock.now_ns, t_step, first, layout)
-        w.clock.after((h_steps - first) * t_step, self.computed, s, s.gen, rnd, cs, ce, w.clock.now_ns, h_steps, step)
+        now = w.clock.now_ns
+        w.clock.at_group(now + ns((h_steps - first) * t_step), self._computed, s, s.gen, rnd, cs, ce, now, h_steps, step)
 
     @staticmethod
     def carried(s: SimSite, rnd: int) -> bool:
@@ -201,7 +207,8 @@ class Rounds:
         dur = extra_s + w.links.collective_s(members, w.n_params, compression)
         for m in members:
             site = w.sites[m]
-            w.clock.after(dur, self.reduced, site, site.gen, rnd, cs, ce, arrived[m], h_steps, step)
+            w.clock.at_group(w.clock.now_ns + ns(dur), self._reduced, site, site.gen, rnd, cs, ce, arrived[m], h_steps,
+                             step)
 
     def on_heal(self) -> None:
         """A cut healed: every collective waiting only on cut proxies that pass data again finishes."""
