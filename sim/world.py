@@ -24,7 +24,7 @@ from ground.plans import EpochPlan
 from ground.schedule import target_samples
 from ground.setting import ConsistencySetting, effective_config
 from sim.coord import SimCoordinator
-from sim.engine import Clock, NullLog, SimLog, ns
+from sim.engine import Clock, NullLog, SimLog, few_collections, ns
 from sim.faults import SimChaos, check_supported
 from sim.links import Links
 from sim.learning_fit import LearningCurve
@@ -253,7 +253,8 @@ def simulate(cfg: RunConfig, scenario: Scenario | None, model: SimModel | None =
             return True
         return w.coord.state.shutdown_sent and not any(s.alive for s in w.sites.values())
 
-    w.clock.run(ns(max_sim_s), stop=stop)
+    with few_collections():
+        w.clock.run(ns(max_sim_s), stop=stop)
     w.chaos.finish()
     w.coord.close()
     for s in w.sites.values():
