@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from sim.world import World
 
 
-Step = tuple[tuple[int, ...], int]  # one inner step: (sample positions, lr frontier in samples)
+Step = tuple[range, int]  # one inner step: (sample positions, lr frontier in samples), as the agent's
 
 
 @dataclass
@@ -113,12 +113,11 @@ class Rounds:
             key = (s.plan.carry, s.plan.members, cs, ce, self.w.target, cfg.train.per_site_batch, h_steps)
             whole = self._carried.get(key)
             if whole is None:
-                whole = {m: [(tuple(r), f) for r, f in seq] for m, seq in
-                         carried_steps(cfg, s.plan.carry, s.plan.members, cs, ce, self.w.target).items()}
+                whole = carried_steps(cfg, s.plan.carry, s.plan.members, cs, ce, self.w.target)
                 self._carried = {key: whole}  # one plan at a time: the previous one is done with
             return list(whole[s.name])
         idx = self.w.member_index(s.plan.members)[s.name]
-        return [(tuple(r), f) for r, f in site_round_layout(cfg, n, cs, ce, idx, h_steps)]
+        return site_round_layout(cfg, n, cs, ce, idx, h_steps)
 
     def carry_over(self, s: SimSite, plan: EpochPlan, sp: dict[str, Any]) -> bool:
         """Keep the inner steps already taken in the round a carried epoch takes over (the agent's
