@@ -1,0 +1,73 @@
+"""A digest of every log line the simulator writes for a fixed set of scenarios: the check that a
+change meant to make the simulator faster changed nothing it decides or logs.
+
+Runs `xdc sim run` for 8 scenario x site-count cases under all four policies (small targets: a few
+seconds in all) and writes {log file: sha256 of its records} to OUT.json, fields that hold host
+time or host identity left out. Compare two digests (before and after a change) with `diff`.
+
+    python -m bench.sim_digest /tmp/before      # at the parent commit
+    python -m bench.sim_digest /tmp/after       # with the change
+    diff /tmp/before.json /tmp/after.json       # empty: the same 344 files, byte for byte
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+CASES = [("one-outage", 3), ("churn", 3), ("fault-storm", 3), ("partition", 3), ("flapping-link", 5),
+         ("preemption", 3), ("straggler", 4), ("one-outage", 30)]
+HOST_FIELDS = ("host", "pid", "argv", "python", "git", "started_at", "host_wall_ns", "elapsed_s", "wall_s",
+               "cpu_s_host")
+
+
+def digest(out: Path) -> dict[str, str]:
+    from sim.cli import main
+
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    real_strftime = time.strftime
+    time.strftime = lambda *a, **k: "FIXED"  # type: ignore[assignment]  (the manifests' date)
+    try:
+        for scen, n in CASES:
+            rc = main(["run", f"scenarios/{scen}.yaml", "--sites", str(n), "--policy", "all", "--out",
+                       str(out / f"{scen}-{n}"), "--set", "train.target_useful_tokens=393216"])
+            if rc:
+                raise SystemExit(f"{scen} at {n} sites: xdc sim run exited {rc}")
+    finally:
+        time.strftime = real_strftime
+    res: dict[str, str] = {}
+    for f in sorted(glob.glob(str(out / "**/*.jsonl"), recursive=True)):
+        h = hashlib.sha256()
+        for line in open(f):
+            try:
+                e = json.loads(line)
+            except ValueError:
+                h.update(line.encode())
+                continue
+            if isinstance(e, dict):
+                for k in HOST_FIELDS:
+                    e.pop(k, None)
+            h.update(json.dumps(e, sort_keys=True).encode())
+        res[os.path.relpath(f, out)] = h.hexdigest()[:16]
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", type=Path, help="directory for the runs; the digest goes to OUT.json")
+    args = ap.parse_args(argv)
+    res = digest(args.out)
+    Path(f"{args.out}.json").write_text(json.dumps(res, indent=0, sort_keys=True))
+    print(f"{len(res)} log files digested -> {args.out}.json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
