@@ -301,15 +301,11 @@ class Built:
         return self.extra.get(name, default) if self.extra is not None else default
 
 
-PARSERS: dict[str, Any] = {
-    "join": Join.from_body, "heartbeat": Heartbeat.from_body, "round_done": RoundDone.from_body,
-    "site_done": SiteDone.from_body, "telemetry": Telemetry.from_body, "preempt_notice": PreemptNotice.from_body,
-    "checkpoint_durable": CheckpointDurable.from_body, "peer_unreachable": PeerUnreachable.from_body,
-}
-TYPES: dict[str, type] = {
+TYPES: dict[str, Any] = {
     "join": Join, "heartbeat": Heartbeat, "round_done": RoundDone, "site_done": SiteDone, "telemetry": Telemetry,
     "preempt_notice": PreemptNotice, "checkpoint_durable": CheckpointDurable, "peer_unreachable": PeerUnreachable,
 }
+PARSERS: dict[str, Any] = {kind: typ.from_body for kind, typ in TYPES.items()}
 
 
 def parse(kind: str, body: Any) -> Any:

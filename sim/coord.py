@@ -56,7 +56,7 @@ class SimCoordinator:
             while j < n and getattr(events[j], "kind", "tick") == kind:
                 j += 1
             t0 = time.perf_counter_ns()
-            self.state, got = core.step_all(self.state, events[i:j] if i or j < n else events, now, self.cfg)
+            self.state, got = core.step_all(self.state, events[i:j], now, self.cfg)
             dt = time.perf_counter_ns() - t0
             acc = self.core_by_kind.get(kind)
             if acc is None:

@@ -108,9 +108,14 @@ class Clock:
                 return True
         return False
 
-    def batch(self, fn: Callable[..., None], many: Callable[[list[tuple[Any, ...]]], None]) -> None:
-        """Run `many(args_list)` for runs of consecutive same-instant entries of `fn` (see the module doc).
+    def batch(self, fn: Callable[..., None], many: Callable[[list[tuple[Any, ...]]], None] | None = None) -> None:
+        """Run `many(args_list)` for runs of consecutive same-instant entries of `fn` (see the module doc);
+        without `many`, fn once per entry in order (what grouping with `at_group` needs and no more).
         `fn` must be the object scheduled (a bound method kept in an attribute, not a fresh one)."""
+        if many is None:
+            def many(items: list[tuple[Any, ...]]) -> None:
+                for args in items:
+                    fn(*args)
         self._batched[fn] = many
 
     def at(self, t_ns: int, fn: Callable[..., None], *args: Any) -> None:

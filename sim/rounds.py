@@ -61,8 +61,8 @@ class Rounds:
         # The members of a round finish their compute and their all-reduce at the same instant: the
         # clock keeps each instant's as one entry (sim/engine.Clock.at_group), run here in order.
         self._computed, self._reduced = self.computed, self.reduced  # one object each: grouped by identity
-        w.clock.batch(self._computed, lambda items: [self.computed(*a) for a in items])
-        w.clock.batch(self._reduced, lambda items: [self.reduced(*a) for a in items])
+        w.clock.batch(self._computed)
+        w.clock.batch(self._reduced)
 
     def start(self, s: SimSite, rnd: int) -> None:
         w, plan = self.w, s.plan
@@ -264,10 +264,7 @@ class Rounds:
         raw = None
         if w.write_logs:
             raw = {"round": rnd, "step": step, "param_hash": s.phash, "cursor_start": cs, "cursor_end": ce,
-                   "samples": s.mine, "tokens": tokens, "flops": flops,
-                   "cycle": {"compute_s": s.compute_s, "inner_steps": h_steps, "comm_s": comm_s, "payload_bytes": sent,
-                             "stalls": 0, "loss": loss, "update_norm": 1.0, "update_dot_mean": cyc * cyc,
-                             "mean_norm": cyc}}
+                   "samples": s.mine, "tokens": tokens, "flops": flops, "cycle": cycle.to_json()}
         s.send("round_done", Built(typed, {"cycle": cycle}, raw))
         if w.write_logs:
             s.log.emit("round_done", round=rnd, param_hash=s.phash, cursor_start=cs, cursor_end=ce,

@@ -108,15 +108,10 @@ class Heartbeats:
         ms = w.model.heartbeat_period_ms or w.cfg.wan.heartbeat_interval_ms
         self.period_ns = ms * 1_000_000
         self._beat = self._beat_one  # one object: the clock groups its entries by identity
-        w.clock.batch(self._beat, self._beats)
+        w.clock.batch(self._beat)  # (grouped per instant: Clock.at_group)
 
     def start(self, s: SimSite) -> None:
         self.w.clock.at_group(self.w.clock.now_ns + self.period_ns, self._beat, s, s.gen, s.inc)
-
-    def _beats(self, items: list[tuple[Any, ...]]) -> None:
-        """The heartbeats of one instant (sim/engine.Clock.at_group keeps them as one entry), in order."""
-        for s, gen, inc in items:
-            self._beat_one(s, gen, inc)
 
     def _beat_one(self, s: SimSite, gen: int, inc: int) -> None:
         if not s.alive or s.inc != inc:
