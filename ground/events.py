@@ -244,6 +244,8 @@ EVENTS: dict[str, Event] = {
     "wan_counters": Event(("checkpoint_store.service", "coordinator.service", "site_agent.agent", "site_agent.rounds",
                            "sim.wan_bytes"), span=False,
         fields=("counters",)),
+    "wan_close_incomplete": Event(("wan.node",), span=False,
+        fields=("reason", "timeout_s")),
     "wan_thread_crashed": Event(("wan.node",), span=False,
         fields=("error", "exit_code")),
     "work_attempted": Event(("site_agent.rounds",), span=False,

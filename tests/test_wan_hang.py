@@ -140,3 +140,33 @@ def test_zmtp_timeout_not_above_the_ping_interval_is_refused() -> None:
     with pytest.raises(ConfigError, match="zmq_heartbeat_timeout_ms"):
         WanConfig(zmq_heartbeat_ivl_ms=1000, zmq_heartbeat_timeout_ms=1000)
     assert asdict(WanConfig(zmq_heartbeat_ivl_ms=0, zmq_heartbeat_timeout_ms=0))["zmq_heartbeat_ivl_ms"] == 0
+
+
+def test_close_with_a_wedged_io_thread_says_so_and_leaves_the_context_open(tmp_path: Path) -> None:
+    """An I/O thread still busy when `close()` gives up (here: a periodic task that blocks) keeps its
+    sockets; terminating the context would block on them, so close() returns False, leaves the
+    context open and logs `wan_close_incomplete`. Once the thread is free, close() completes."""
+    import threading
+
+    generate_cluster_keys(tmp_path / "keys", ["a", "b"])
+    log = EventLog(tmp_path / "b.jsonl", "r1", "b")
+    b = WanNode(name="b", run_id="r1", wan=WanConfig(), log=log, bind=f"tcp://127.0.0.1:{free_port()}",
+                server_links={"a": "a_to_b"}, members=["a"], keys_dir=str(tmp_path / "keys"))
+    entered, release = threading.Event(), threading.Event()
+
+    def wedge() -> None:
+        entered.set()
+        release.wait(30)
+
+    b.every(10, wedge)
+    b.start()
+    try:
+        assert entered.wait(10), "the periodic task never ran"
+        assert b.close(timeout_s=0.3) is False
+        assert not b.closed
+        got = [e for e in read_events(tmp_path / "b.jsonl") if e["event"] == "wan_close_incomplete"]
+        assert len(got) == 1 and got[0]["timeout_s"] == 0.3 and "left open" in got[0]["reason"]
+    finally:
+        release.set()
+    assert b.close(timeout_s=10) is True and b.closed
+    log.close()

@@ -68,16 +68,17 @@ def test_restarted_peer_receives_a_parked_message_once(tmp_path: Path, toxiproxy
         # for any link_down let the parked send go to the dying y1 (in doubt, then a resend, no
         # `parked_sent`: two CI runs and 2 of 8 runs under load timed out here).
         downs_before = _count(tmp_path / "x.jsonl", "link_down")
-        y1.close(timeout_s=10)  # the peer dies: its context is terminated, its listener closed
-        assert y1._ctx.closed, "y1 did not close within 10 s"
-        _wait(lambda: _count(tmp_path / "x.jsonl", "link_down") > downs_before and x._down.get("y", False),
+        # The peer dies: its context is terminated, its listener closed.
+        assert y1.close(timeout_s=10) and y1.closed, "y1 did not close within 10 s"
+        _wait(lambda: _count(tmp_path / "x.jsonl", "link_down") > downs_before and x.route_down("y"),
               10, "x to see its route to y go down")
         # Counted before the send: the parked message's `parked_sent` comes after it, whenever x's
         # route reconnects (a CI run counted after the send and waited 20 s for a second one).
         parked_before = _count(tmp_path / "x.jsonl", "parked_sent")
         x.send("y", "data", "collective", {"i": 1}, [PAYLOAD])  # parked: the route is down
-        _wait(lambda: len(x._unacked.get("y", {})) == 1, 5, "x to take the message off its outbox")
-        assert not any(p.handed for p in x._unacked["y"].values()), "the message went out: the route was up"
+        _wait(lambda: x.unacked("y") == 1 and x.parked("y") + x.handed("y") == 1, 5,
+              "x to take the message off its outbox")
+        assert x.parked("y") == 1, "the message went out: the route was up"
         y2 = _node(tmp_path, "y", "x", ports, proxies, wan, logs["y2"])
         q = y2.inbox("data")
         y2.start()

@@ -300,15 +300,47 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
                 "retransmits": self.retransmits, "superseded": self.superseded,
                 "dropped_while_down": self.dropped_while_down, "final": True}
 
-    def close(self, timeout_s: float = 2.0) -> None:
+    @property
+    def closed(self) -> bool:
+        """Whether the ZeroMQ context is terminated (after a complete `close()`)."""
+        return bool(self._ctx.closed)
+
+    def route_down(self, peer: str) -> bool:
+        """Whether this node's own route (DEALER) to `peer` is down now (between a disconnect and the
+        next handshake): reliable messages for `peer` wait, parked, until it is up again."""
+        with self._lock:
+            return self._down.get(peer, False)
+
+    def parked(self, dest: str) -> int:
+        """Reliable messages for `dest` taken off the outbox that were never handed to ZeroMQ (their
+        route was down when they were sent)."""
+        with self._lock:
+            return sum(1 for p in self._unacked.get(dest, {}).values() if not p.handed)
+
+    def handed(self, dest: str) -> int:
+        """Reliable messages for `dest` handed to ZeroMQ and not acked yet."""
+        with self._lock:
+            return sum(1 for p in self._unacked.get(dest, {}).values() if p.handed)
+
+    def close(self, timeout_s: float = 2.0) -> bool:
+        """Stop the I/O thread and terminate the ZeroMQ context: True if both happened. An I/O thread
+        still running `timeout_s` after the stop (wedged in a call) keeps its sockets open, and
+        terminating the context would block on them forever: the context is then left to the
+        process's exit, and `wan_close_incomplete` says so in the log (False)."""
         self._stop.set()
         self._wake()
         if self._thread is not None:
             self._thread.join(timeout_s)
         if self._auth is not None:
             self._auth.stop()
-        if (self._thread is None or not self._thread.is_alive()) and not self._ctx.closed:
+        if self._thread is not None and self._thread.is_alive():
+            self.log.emit("wan_close_incomplete", timeout_s=timeout_s,
+                          reason=f"the WAN I/O thread was still running {timeout_s:g} s after the stop; its "
+                                 "ZeroMQ context is left open (terminating it would block on the thread's sockets)")
+            return False
+        if not self._ctx.closed:
             self._ctx.term()
+        return True
 
     # ---------------------------------------------------------------- I/O thread
     def _wake(self) -> None:
