@@ -276,6 +276,13 @@ class SimChaos:
         self.log.emit("fault_healed", scenario=self.scenario.name, fault=i, kind=f.kind, target=f.target,
                       result=result, reason="trigger", t_s=self._t_s())
 
+    def never_fired(self) -> list[str]:
+        """Every fault of the scenario that was never injected, as `faults[i] kind target (trigger k=v)`."""
+        if self.scenario is None:
+            return []
+        return [f"faults[{i}] {f.kind} {f.target or '-'} (trigger {f.trigger.key}={f.trigger.value})"
+                for i, f in enumerate(self.scenario.faults) if i not in self.status]
+
     def finish(self) -> None:
         if self.scenario is None or self.log is None:
             return

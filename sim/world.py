@@ -51,6 +51,7 @@ class SimResult:
     useful_tokens: int
     core_s: float = 0.0  # wall seconds inside coordinator.core.step
     core_by_kind: dict[str, tuple[int, float]] = field(default_factory=dict)  # kind -> (inputs, wall s in the core)
+    never_fired: list[str] = field(default_factory=list)  # the scenario's faults never injected (SimChaos.never_fired)
 
 
 class World:
@@ -269,4 +270,5 @@ def simulate(cfg: RunConfig, scenario: Scenario | None, model: SimModel | None =
     st = w.coord.state
     return SimResult(out, w.clock.now_ns / 1e9, st.shutdown_sent, len(st.commits), st.membership.epoch,
                      w.coord.core_steps, w.clock.events_run, st.committed_cursor * cfg.model.seq_len,
-                     w.coord.core_ns / 1e9, {k: (c, ns_ / 1e9) for k, (c, ns_) in w.coord.core_by_kind.items()})
+                     w.coord.core_ns / 1e9, {k: (c, ns_ / 1e9) for k, (c, ns_) in w.coord.core_by_kind.items()},
+                     w.chaos.never_fired())

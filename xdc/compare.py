@@ -12,47 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from analysis.run_numbers import matched_frontier
+from chaos.reach import ScenarioBeyondRun, check_scenario_fits, run_end  # noqa: F401  (callers import them from here)
 from ground.config import RunConfig
 from ground.eventlog import read_events
 from ground.faults import site_kinds
 
 POLICIES = ("stall", "restart", "elastic", "oracle")
-
-
-class ScenarioBeyondRun(ValueError):
-    """A scenario has faults whose progress trigger lies past the run's target (they cannot fire)."""
-
-
-def run_end(cfg: RunConfig) -> tuple[int, int]:
-    """(useful tokens, step) of the last commit of a fault-free run with every site."""
-    from ground.schedule import rounds_for_target, steps_per_round, target_samples, target_tokens
-
-    tokens = target_tokens(cfg)
-    if cfg.train.mode == "scripted":  # each round's own H (control/scripted.py)
-        from control.scripted import planned_rounds
-
-        return tokens, sum(st.steps_per_round for *_r, st in planned_rounds(cfg, len(cfg.cluster.sites),
-                                                                           target_samples(cfg)))
-    step = rounds_for_target(cfg, len(cfg.cluster.sites)) * steps_per_round(cfg)
-    return tokens, step
-
-
-def check_scenario_fits(cfg: RunConfig, scenario: Any, *, allow_unfired: bool = False) -> list[str]:
-    """Raise ScenarioBeyondRun naming every fault whose trigger lies past the run's end (and the
-    target), unless allow_unfired; then the same lines come back as warnings."""
-    from chaos.scenario import unreachable_triggers
-
-    tokens, step = run_end(cfg)
-    bad = unreachable_triggers(scenario, end_useful_tokens=tokens, end_step=step)
-    if not bad:
-        return []
-    lines = [f"scenario {scenario.name!r}: {b}" for b in bad]
-    target = (f"train.target_useful_tokens={cfg.train.target_useful_tokens} ({tokens:,} useful tokens, "
-              f"step {step:,} with all {len(cfg.cluster.sites)} sites)")
-    if allow_unfired:
-        return [*lines, f"(--allow-unfired: running anyway; the run's target is {target})"]
-    raise ScenarioBeyondRun("\n".join([*lines, f"the run's target is {target}; raise it (e.g. --set "
-                                        f"train.target_useful_tokens=...), or pass --allow-unfired to run it anyway"]))
 
 
 def oracle_faults(scenario: Any) -> list[list[Any]]:
