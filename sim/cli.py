@@ -5,7 +5,7 @@
     calibrate RUNS... --out FILE
     report EMULATOR_DIR --out DIR [--calibration FILE]
     sweep --sites 3,10 --gpus-per-site 0,1024,8192 | --rates 0,0.5 --bandwidths 0,1000
-        --policies stall,restart,elastic --modes local,sync --sim-s 600 [--repair-s 60] [--seed 0]
+        --policies stall,restart,elastic --modes local,sync --sim-s 600 [--repair-s 60] [--seed 0] [--seeds 3]
         [--workers N | --scheduler tcp://HOST:PORT] --out DIR
 
 `run` writes one run directory (or, with --policy all, one per policy under DIR) in the
@@ -106,9 +106,12 @@ def _csv(text: str, kind: type) -> list[Any]:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from sim import sweep  # the sweep's plotting and cluster client only when sweeping
 
+    if args.seeds < 1:
+        print(f"xdc sim sweep: --seeds must be at least 1, not {args.seeds}", file=sys.stderr)
+        return 2
     rates = _csv(args.rates, float) if args.rates else [sweep.prior_rate(g) for g in _csv(args.gpus_per_site, int)]
     todo = sweep.cells(_csv(args.sites, int), rates, _csv(args.bandwidths, int), _csv(args.policies, str),
-                       _csv(args.modes, str), args.sim_s, args.repair_s, args.seed)
+                       _csv(args.modes, str), args.sim_s, args.repair_s, args.seed, args.seeds)
     bad = sorted({c.policy for c in todo} - set(POLICIES)) + sorted({c.mode for c in todo} - {"sync", "local"})
     if bad:
         print(f"xdc sim sweep: unknown policy or mode {bad}", file=sys.stderr)
@@ -128,6 +131,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     for f in doc["flips"]:
         print(f"ranking flips along {f['along']}: {f['best_before']} at {f['from']:g} -> {f['best_after']} at "
               f"{f['to']:g} ({', '.join(f'{k}={f[k]}' for k in ('sites', 'rate_per_site_h', 'bandwidth_kbps', 'mode') if k in f)})")
+    if args.seeds == 1:
+        print("one fault schedule per failure rate (--seeds 1): a ranking from a single draw, no spread to judge it by")
     print(f"{len(todo)} cells in {doc['wall_s']:.1f} s -> {out / 'sweep.json'}, {out / 'goodput.html'}")
     return 0
 
@@ -175,7 +180,9 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--modes", default="local")
     w.add_argument("--sim-s", type=float, default=600.0, help="simulated seconds per cell")
     w.add_argument("--repair-s", type=float, default=60.0, help="a crashed site is back after this (prior)")
-    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--seed", type=int, default=0, help="the first seed of the fault schedules")
+    w.add_argument("--seeds", type=int, default=3,
+                   help="fault schedules drawn per failure rate (seeds --seed, --seed+1, ...; default 3)")
     w.add_argument("--workers", type=int, default=0, help="local processes (default: one per core)")
     w.add_argument("--scheduler", default="", help="a Dask distributed scheduler's address (tcp://HOST:PORT)")
     w.add_argument("--out", required=True)

@@ -5,7 +5,11 @@ capped at a bandwidth (KB/s; 0 = the config's, unshaped), a consistency mode, a 
 site crashes drawn as a Poisson process at `rate` failures per site-hour, each site back
 `repair_s` later (a new incarnation that rejoins). The fault schedule of a cell depends on
 (seed, sites, rate, bandwidth, mode) and not on the policy, so the policies are compared on the
-same faults (paired). Goodput: useful tokens in the commit record per simulated second.
+same faults (paired). Goodput: useful tokens in the commit record per simulated second. Each failure
+rate is drawn over several seeds (`--seeds`, 3 by default): one draw of a Poisson schedule at a low
+rate may hold no crash at all, or a crash at a lucky moment, and a ranking from it says nothing; the
+summary gives the mean and range per policy, and names one policy best only where it dominates the
+others (at least as good on every seed's schedule, better on one).
 
 Where the cells run: local worker processes (concurrent.futures, one per core by default), or an
 existing Dask distributed cluster given its scheduler address (`--scheduler tcp://HOST:PORT`).
@@ -121,9 +125,14 @@ def run_cell(cell: Cell) -> dict[str, Any]:
 
 
 def cells(sites: Iterable[int], rates: Iterable[float], bandwidths: Iterable[int], policies: Iterable[str],
-          modes: Iterable[str], sim_s: float, repair_s: float, seed: int) -> list[Cell]:
-    return [Cell(n, r, b, p, m, sim_s, repair_s, seed)
-            for n, r, b, m, p in product(sites, rates, bandwidths, modes, policies)]
+          modes: Iterable[str], sim_s: float, repair_s: float, seed: int, seeds: int = 1) -> list[Cell]:
+    """Every cell, each failure rate above 0 drawn `seeds` times (seeds seed, seed+1, ...: independent
+    fault schedules, the same for every policy); a fault-free cell once (no seed changes it)."""
+    if seeds < 1:
+        raise ValueError(f"seeds must be at least 1, not {seeds}")
+    return [Cell(n, r, b, p, m, sim_s, repair_s, seed + k)
+            for n, r, b, m, p in product(sites, rates, bandwidths, modes, policies)
+            for k in range(seeds if r > 0 else 1)]
 
 
 def run_local(todo: list[Cell], workers: int | None = None) -> list[dict[str, Any]]:
@@ -158,19 +167,37 @@ def with_ratio(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def rankings(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (sites, bandwidth, mode, rate): the policies from the highest goodput down (ties by name)."""
+    """Per (sites, bandwidth, mode, rate): the policies by their mean goodput over the seeds, highest
+    first (ties by name). `best`: the top policy and every policy it does not dominate (the policies
+    meet the same faults per seed, so the comparison is paired; dominating: at least as good on every
+    seed's schedule and better on one). A policy behind the top on the mean but ahead on one draw is
+    not told apart from it by these draws; a draw without a crash ties everyone and decides nothing.
+    With one seed, `best` holds the policies of the top goodput exactly."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in results:
         groups.setdefault((r["sites"], r["bandwidth_kbps"], r["mode"], r["rate_per_site_h"]), []).append(r)
     rows = []
     for (n, bw, mode, rate), rs in sorted(groups.items()):
-        order = sorted(rs, key=lambda r: (-r["goodput_tokens_per_s"], r["policy"]))
-        top = order[0]["goodput_tokens_per_s"]
+        per: dict[str, dict[int, float]] = {}
+        crashes: dict[int, int] = {}
+        for r in rs:
+            per.setdefault(r["policy"], {})[r["seed"]] = r["goodput_tokens_per_s"]
+            crashes[r["seed"]] = r["faults"]  # the same for every policy (Cell.fault_key)
+        mean = {p: sum(g.values()) / len(g) for p, g in per.items()}
+        order = sorted(per, key=lambda p: (-mean[p], p))
+        top = order[0]
+        best = [p for p in order if p == top or not _dominates(per[top], per[p])]
         rows.append({"sites": n, "bandwidth_kbps": bw, "mode": mode, "rate_per_site_h": rate,
-                     "ranking": [r["policy"] for r in order],
-                     "best": [r["policy"] for r in order if r["goodput_tokens_per_s"] == top],  # ties: all
-                     "goodput": {r["policy"]: r["goodput_tokens_per_s"] for r in order}})
+                     "seeds": sorted(crashes), "crashes": [crashes[k] for k in sorted(crashes)],
+                     "ranking": order, "best": best, "goodput": {p: mean[p] for p in order},
+                     "goodput_range": {p: [min(per[p].values()), max(per[p].values())] for p in order}})
     return rows
+
+
+def _dominates(a: dict[int, float], b: dict[int, float]) -> bool:
+    """Whether goodputs `a` (seed -> tokens/s) are at least `b`'s on every seed both have and above on one."""
+    common = a.keys() & b.keys()
+    return bool(common) and all(a[k] >= b[k] for k in common) and any(a[k] > b[k] for k in common)
 
 
 def flips(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -192,26 +219,33 @@ def flips(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def table_md(results: list[dict[str, Any]], ranks: list[dict[str, Any]]) -> str:
+    """The rankings as a Markdown table: per policy its mean goodput (its ratio to the same cell
+    without faults) and, over several seeds, the range; the crashes each seed drew."""
     policies = sorted({r["policy"] for r in results})
-    head = ("| sites | KB/s | mode | failures/site-h (prior) | " + " | ".join(f"{p} tok/s (ratio)" for p in policies)
-            + " | best |")
-    lines = [head, "|" + "---|" * (5 + len(policies))]
-    by = {(r["sites"], r["bandwidth_kbps"], r["mode"], r["rate_per_site_h"], r["policy"]): r for r in results}
+    base = {(r["sites"], r["bandwidth_kbps"], r["mode"], r["policy"]): r["goodput_tokens_per_s"]
+            for r in results if r["rate_per_site_h"] == 0}
+    head = ("| sites | KB/s | mode | failures/site-h (prior) | crashes drawn | "
+            + " | ".join(f"{p} tok/s (ratio)" for p in policies) + " | best |")
+    lines = [head, "|" + "---|" * (6 + len(policies))]
     for k in ranks:
         cells_ = []
         for p in policies:
-            r = by.get((k["sites"], k["bandwidth_kbps"], k["mode"], k["rate_per_site_h"], p))
-            ratio = r.get("goodput_ratio") if r else None
-            cells_.append("-" if r is None else f"{r['goodput_tokens_per_s']:,.0f}"
-                          + (f" ({ratio:.3f})" if ratio is not None else ""))
+            g = k["goodput"].get(p)
+            if g is None:
+                cells_.append("-")
+                continue
+            b = base.get((k["sites"], k["bandwidth_kbps"], k["mode"], p))
+            lo, hi = k["goodput_range"][p]
+            cells_.append(f"{g:,.0f}" + (f" ({g / b:.3f})" if b else "") + (f" [{lo:,.0f}-{hi:,.0f}]" if hi > lo else ""))
+        drawn = ", ".join(str(c) for c in k["crashes"])
         lines.append(f"| {k['sites']} | {k['bandwidth_kbps'] or 'unshaped'} | {k['mode']} | "
-                     f"{k['rate_per_site_h']:.3g} | " + " | ".join(cells_) + f" | {' = '.join(k['best'])} |")
+                     f"{k['rate_per_site_h']:.3g} | {drawn} | " + " | ".join(cells_) + f" | {' = '.join(k['best'])} |")
     return "\n".join(lines)
 
 
 def figure(results: list[dict[str, Any]]) -> Any:
-    """Goodput (tokens/s, modeled) against the failure rate, one line per policy, one panel per
-    (sites, bandwidth, mode)."""
+    """Goodput (tokens/s, modeled) against the failure rate, one line per policy (the mean over the
+    seeds, the bars their range), one panel per (sites, bandwidth, mode)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -224,14 +258,21 @@ def figure(results: list[dict[str, Any]]) -> Any:
     dashes = ["solid", "dash", "dot", "dashdot"]
     for i, (n, bw, m) in enumerate(panels):
         for j, p in enumerate(policies):
-            rs = sorted((r for r in results if (r["sites"], r["bandwidth_kbps"], r["mode"], r["policy"]) == (n, bw, m, p)),
-                        key=lambda r: r["rate_per_site_h"])
-            fig.add_trace(go.Scatter(x=[r["rate_per_site_h"] for r in rs], y=[r["goodput_tokens_per_s"] for r in rs],
-                                     name=p, legendgroup=p, showlegend=i == 0, mode="lines+markers",
-                                     line={"dash": dashes[j % len(dashes)]}, marker={"symbol": j}),
+            by_rate: dict[float, list[float]] = {}
+            for r in results:
+                if (r["sites"], r["bandwidth_kbps"], r["mode"], r["policy"]) == (n, bw, m, p):
+                    by_rate.setdefault(r["rate_per_site_h"], []).append(r["goodput_tokens_per_s"])
+            xs = sorted(by_rate)
+            ys = [sum(by_rate[x]) / len(by_rate[x]) for x in xs]
+            # The seeds' range around the mean (no bar where one draw was made or all agree).
+            err = {"type": "data", "symmetric": False, "array": [max(by_rate[x]) - y for x, y in zip(xs, ys)],
+                   "arrayminus": [y - min(by_rate[x]) for x, y in zip(xs, ys)]}
+            fig.add_trace(go.Scatter(x=xs, y=ys, error_y=err, name=p, legendgroup=p, showlegend=i == 0,
+                                     mode="lines+markers", line={"dash": dashes[j % len(dashes)]},
+                                     marker={"symbol": j}),
                           row=i // cols + 1, col=i % cols + 1)
     fig.update_xaxes(title_text="failures per site-hour (prior)")
-    fig.update_yaxes(title_text="goodput, useful tokens/s (modeled)")
+    fig.update_yaxes(title_text="goodput, useful tokens/s (modeled; mean and range over seeds)")
     fig.update_layout(title="Simulated goodput against the failure rate, per policy", height=320 * rows + 80)
     return fig
 
@@ -240,5 +281,8 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     results = with_ratio(results)
     ranks = rankings(results)
     return {"evidence": "modeled", "failure_prior": {**FLEET_PRIOR, "per_gpu_hour": PER_GPU_HOUR},
-            "goodput": "useful tokens in the commit record per simulated second", "results": results,
+            "goodput": "useful tokens in the commit record per simulated second",
+            "seeds_per_rate": max((len(r["seeds"]) for r in ranks if r["rate_per_site_h"] > 0), default=0),
+            "best": "the policy of the highest mean goodput, and every policy it does not dominate (at least as "
+                    "good on every seed's fault schedule and better on one: paired draws)", "results": results,
             "rankings": ranks, "flips": flips(ranks), "table_md": table_md(results, ranks)}

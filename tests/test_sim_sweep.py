@@ -16,7 +16,7 @@ from sim import sweep
 from sim.cli import main as sim_main
 
 TINY = dict(sites=[3], rates=[0.0, 40.0], bandwidths=[0], policies=["stall", "elastic"], modes=["local"],
-            sim_s=90.0, repair_s=20.0, seed=7)
+            sim_s=90.0, repair_s=20.0, seed=7, seeds=2)
 
 
 def test_the_fault_schedule_is_seeded_poisson_and_the_same_for_every_policy() -> None:
@@ -31,13 +31,45 @@ def test_the_fault_schedule_is_seeded_poisson_and_the_same_for_every_policy() ->
 
 
 def test_ranking_flips_are_found_and_ties_are_not_flips() -> None:
-    rows = [{"sites": 3, "bandwidth_kbps": 0, "mode": "local", "rate_per_site_h": r, "policy": p,
-             "goodput_tokens_per_s": g}
+    rows = [{"sites": 3, "bandwidth_kbps": 0, "mode": "local", "rate_per_site_h": r, "policy": p, "seed": 0,
+             "faults": 1, "goodput_tokens_per_s": g}
             for r, gs in ((0.0, {"a": 5, "b": 5}), (1.0, {"a": 4, "b": 3}), (2.0, {"a": 2, "b": 3}))
             for p, g in gs.items()]
     f = sweep.flips(sweep.rankings(rows))
     assert [(x["along"], x["from"], x["to"], x["best_before"], x["best_after"]) for x in f] == \
         [("rate_per_site_h", 1.0, 2.0, "a", "b")]
+
+
+def _row(rate: float, policy: str, seed: int, goodput: float, faults: int = 1) -> dict:
+    return {"sites": 3, "bandwidth_kbps": 0, "mode": "local", "rate_per_site_h": rate, "policy": policy,
+            "seed": seed, "faults": faults, "goodput_tokens_per_s": goodput}
+
+
+def test_with_several_seeds_a_policy_is_best_alone_only_where_it_dominates_every_draw() -> None:
+    """Paired draws: at rate 1, a leads b on the mean and on every seed (best alone); at rate 2, b
+    leads on the mean but a wins one draw, so they are not told apart, and the change of the top
+    policy between rate 1 and 2 is no flip. A draw without a crash ties everyone and decides nothing."""
+    rows = [_row(0.0, p, 0, 10.0, 0) for p in "ab"]
+    rows += [_row(1.0, "a", s, g, f) for s, g, f in ((0, 9.0, 1), (1, 10.0, 0), (2, 8.0, 2))]
+    rows += [_row(1.0, "b", s, g, f) for s, g, f in ((0, 7.0, 1), (1, 10.0, 0), (2, 5.0, 2))]
+    rows += [_row(2.0, "a", s, g) for s, g in ((0, 8.0), (1, 2.0), (2, 6.0))]
+    rows += [_row(2.0, "b", s, g) for s, g in ((0, 7.0), (1, 9.0), (2, 7.0))]
+    ranks = sweep.rankings(rows)
+    by_rate = {r["rate_per_site_h"]: r for r in ranks}
+    assert by_rate[1.0]["best"] == ["a"] and by_rate[1.0]["crashes"] == [1, 0, 2]
+    assert by_rate[1.0]["goodput"] == {"a": 9.0, "b": 22 / 3} and by_rate[1.0]["goodput_range"]["b"] == [5.0, 10.0]
+    assert by_rate[2.0]["ranking"] == ["b", "a"] and by_rate[2.0]["best"] == ["b", "a"]
+    assert sweep.flips(ranks) == []
+    table = sweep.table_md(rows, ranks)
+    assert "| 3 | unshaped | local | 1 | 1, 0, 2 | 9 (0.900) [8-10] | 7 (0.733) [5-10] | a |" in table
+
+
+def test_a_fault_free_rate_is_simulated_once_and_every_other_rate_once_per_seed() -> None:
+    todo = sweep.cells([3], [0.0, 1.0], [0], ["stall", "elastic"], ["local"], 60.0, 20.0, seed=5, seeds=3)
+    assert sorted((c.rate_per_site_h, c.policy, c.seed) for c in todo) == sorted(
+        [(0.0, p, 5) for p in ("stall", "elastic")] + [(1.0, p, s) for p in ("stall", "elastic") for s in (5, 6, 7)])
+    with pytest.raises(ValueError, match="at least 1"):
+        sweep.cells([3], [1.0], [0], ["stall"], ["local"], 60.0, 20.0, seed=0, seeds=0)
 
 
 def test_a_sweep_on_a_real_local_dask_cluster_equals_the_local_process_sweep(tmp_path: Path) -> None:
@@ -50,7 +82,7 @@ def test_a_sweep_on_a_real_local_dask_cluster_equals_the_local_process_sweep(tmp
         assert cluster.scheduler_address.startswith("tcp://127.0.0.1:")
         out = tmp_path / "sweep"
         args = ["sweep", "--sites", "3", "--rates", "0,40", "--policies", "stall,elastic", "--sim-s", "90",
-                "--repair-s", "20", "--seed", "7", "--scheduler", cluster.scheduler_address, "--out", str(out)]
+                "--repair-s", "20", "--seed", "7", "--seeds", "2", "--scheduler", cluster.scheduler_address, "--out", str(out)]
         assert sim_main(args) == 0
         with distributed.Client(cluster.scheduler_address) as client:
             workers = client.scheduler_info()["workers"]
