@@ -197,6 +197,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     for c in doc["claims"]:
         print(f"{c['status']:>9}  {c['claim']}: {c['detail']}")
     print(f"{n['survived']} survived, {n['falsified']} falsified, {n['not run']} not run -> {Path(args.out) / 'index.html'}")
+    if args.calibration:
+        print(f"timing model: calibrated ({args.calibration})")
+    else:  # the claims then test the prior's guesses, not a fit: say so where the verdicts are read
+        print("timing model: the prior (no --calibration): these verdicts judge the uncalibrated guesses; fit one "
+              "with `xdc sim calibrate RUNS... --out FILE` (runs not in this comparison) and pass --calibration FILE")
     return 0
 
 

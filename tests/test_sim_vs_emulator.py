@@ -76,7 +76,7 @@ def _measured(x: object, path: str = ""):
 
 
 @pytest.mark.integration
-def test_sim_report_puts_the_simulation_beside_the_emulators_comparison(comparison, tmp_path: Path) -> None:
+def test_sim_report_puts_the_simulation_beside_the_emulators_comparison(comparison, tmp_path: Path, capsys) -> None:
     """`xdc sim report`: every emulator run simulated with its own config and scenario, every claim
     with a falsifier and a status, and the page's sections (issue 15's report section)."""
     from sim.cli import main as sim_main
@@ -86,6 +86,7 @@ def test_sim_report_puts_the_simulation_beside_the_emulators_comparison(comparis
     before = sorted(p.name for p in cmp_dir.iterdir())
     assert sim_main(["report", str(cmp_dir), "--out", str(tmp_path / "rep")]) == 0
     assert sorted(p.name for p in cmp_dir.iterdir()) == before  # the emulator's directory is left alone
+    assert "timing model: the prior (no --calibration)" in capsys.readouterr().out  # what the verdicts judge
     doc = json.loads((tmp_path / "rep" / "artifact.json").read_text())
     sims = sorted(p.name for p in (tmp_path / "rep" / "sim").iterdir() if p.is_dir())
     assert sims == ["elastic", "oracle", "restart", "stall"]
