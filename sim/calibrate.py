@@ -244,8 +244,48 @@ def _hashes(run: Path) -> dict[str, str]:
     return {str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files if p.exists()}
 
 
-def calibrate(runs: Iterable[str | Path]) -> dict[str, Any]:
-    runs = [Path(r) for r in runs]
+class CalibrationError(ValueError):
+    """What `xdc sim calibrate` was given is not a set of finished emulator runs."""
+
+
+def run_dirs(paths: Iterable[str | Path], allow_simulated: bool = False) -> list[Path]:
+    """The emulator run directories named by `paths`: a run directory (config.json and logs/) as it
+    is, a comparison directory (index.json, from `xdc compare`) as its policy runs (the reference
+    run is one process, no cluster: not a calibration input). A simulated run is refused unless
+    `allow_simulated` (a round trip of the fit itself): fitting the simulator to its own output says
+    nothing about the emulator."""
+    out: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if not p.is_dir():
+            raise CalibrationError(f"{p}: no such directory")
+        if (p / "config.json").is_file():
+            if (p / "sim.json").is_file() and not allow_simulated:  # sim/world.py's MANIFEST
+                raise CalibrationError(f"{p}: a simulated run (sim.json): calibration fits the simulator to "
+                                       f"emulator runs, not to its own output (--allow-simulated: a round "
+                                       f"trip of the fit)")
+            if not (p / "logs").is_dir():
+                raise CalibrationError(f"{p}: no logs/ directory: not a finished emulator run")
+            out.append(p)
+        elif (p / "index.json").is_file():
+            try:
+                listed = [Path(r["run_dir"]) for r in json.loads((p / "index.json").read_text())["runs"]]
+            except (ValueError, KeyError, TypeError) as e:
+                raise CalibrationError(f"{p / 'index.json'}: not a comparison index ({type(e).__name__}: {e})") from None
+            if not listed:
+                raise CalibrationError(f"{p / 'index.json'}: lists no runs")
+            # A comparison moved since it was written: its runs are still beside the index.
+            out += run_dirs([d if d.is_dir() else p / d.name for d in listed], allow_simulated)
+        else:
+            raise CalibrationError(f"{p}: neither an emulator run directory (config.json and logs/) nor a "
+                                   f"comparison directory (index.json)")
+    if not out:
+        raise CalibrationError("no run directories given")
+    return out
+
+
+def calibrate(runs: Iterable[str | Path], allow_simulated: bool = False) -> dict[str, Any]:
+    runs = run_dirs(runs, allow_simulated)
     pooled: dict[str, list[tuple[float, str]]] = {}
     for r in runs:
         for k, vals in samples_of(r).items():
@@ -263,12 +303,13 @@ def calibrate(runs: Iterable[str | Path]) -> dict[str, Any]:
                      "uncertainty": {"kind": "half interquartile range", "value": (q[2] - q[0]) / 2},
                      "range": [xs[0], xs[-1]],  # the fewest and most seen (sim/validate.py's timing bounds)
                      "source_runs": sorted({r for _, r in vals})}
-    return {"version": VERSION, "inputs": [{"run": str(r), "sha256": _hashes(r)} for r in runs],
+    return {"version": VERSION, "inputs": [{"run": str(r), "sha256": _hashes(r), "simulated": (r / "sim.json").is_file()}
+                                           for r in runs],
             "parameters": params, "learning": fit_learning(runs).to_json(),
             "not_fitted": sorted(set(f for f in SimModel().to_json()["parameters"]) - set(params))}
 
 
-def write_calibration(runs: Iterable[str | Path], out: str | Path) -> dict[str, Any]:
-    doc = calibrate(runs)
+def write_calibration(runs: Iterable[str | Path], out: str | Path, allow_simulated: bool = False) -> dict[str, Any]:
+    doc = calibrate(runs, allow_simulated)
     Path(out).write_text(json.dumps(doc, indent=2, sort_keys=True))
     return doc

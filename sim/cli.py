@@ -2,7 +2,7 @@
 
     run SCENARIO --sites N --policy P|all --out DIR [--config FILE] [--set K=V ...]
         [--calibration FILE] [--max-sim-s S] [--no-logs] [--allow-unfired]
-    calibrate RUNS... --out FILE
+    calibrate RUNS... --out FILE      (emulator run directories, or comparison directories)
     report EMULATOR_DIR --out DIR [--calibration FILE]
     sweep --sites 3,10 --gpus-per-site 0,1024,8192 | --rates 0,0.5 --bandwidths 0,1000
         --policies stall,restart,elastic --modes local,sync --sim-s 600 [--repair-s 60] [--seed 0] [--seeds 3]
@@ -28,7 +28,7 @@ from typing import Any
 from chaos.reach import ScenarioBeyondRun, check_scenario_fits
 from chaos.scenario import Scenario, ScenarioError, load_scenario
 from ground.config import ConfigError, RunConfig, load_config, merge, parse_override, read_config_file
-from sim.calibrate import write_calibration
+from sim.calibrate import CalibrationError, write_calibration
 from sim.faults import UnsupportedFault
 from sim.model import SimModel
 from sim.runs import index_entry, simulate_run, write_index
@@ -138,7 +138,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    doc = write_calibration(args.runs, args.out)
+    doc = write_calibration(args.runs, args.out, args.allow_simulated)
     for k, p in sorted(doc["parameters"].items()):
         u = p["uncertainty"]["value"]
         spread = f" ± {u:.2g}" if u is not None else f" ({p['uncertainty']['kind']})"
@@ -164,7 +164,9 @@ def parser() -> argparse.ArgumentParser:
                    help="simulate a scenario even if a fault's at_step / at_useful_tokens trigger lies past the "
                         "run's target (that fault cannot fire; it is reported as never fired)")
     c = sub.add_parser("calibrate", help="fit the timing model from emulator run directories")
-    c.add_argument("runs", nargs="+")
+    c.add_argument("runs", nargs="+", help="emulator run directories, or comparison directories (their policy runs)")
+    c.add_argument("--allow-simulated", action="store_true",
+                   help="accept simulated runs (a round trip of the fit itself, not a calibration from the emulator)")
     c.add_argument("--out", required=True)
     p = sub.add_parser("report", help="simulate what an emulator comparison ran; the page 'How the simulator works'")
     p.add_argument("emulator_dir", help="a comparison directory from `xdc compare` (or one run directory)")
@@ -209,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return {"run": cmd_run, "calibrate": cmd_calibrate, "report": cmd_report, "sweep": cmd_sweep}[args.cmd](args)
-    except (ConfigError, ScenarioError, UnsupportedFault) as e:
+    except (ConfigError, ScenarioError, UnsupportedFault, CalibrationError) as e:
         print(f"xdc sim: {e}", file=sys.stderr)
         return 2
 

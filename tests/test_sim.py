@@ -200,7 +200,7 @@ def test_calibrating_on_a_simulated_run_recovers_its_timing_model(tmp_path: Path
     scen = Scenario.build("t", "").crash("b", at_useful_tokens=36_864, restart_after_s=2)
     simulate(cfg_for("restart"), scen, truth, out=tmp_path / "run")
     cal = tmp_path / "cal.json"
-    assert sim_main(["calibrate", str(tmp_path / "run"), "--out", str(cal)]) == 0
+    assert sim_main(["calibrate", str(tmp_path / "run"), "--out", str(cal), "--allow-simulated"]) == 0
     doc = json.loads(cal.read_text())
     p = doc["parameters"]
     assert p["compute_s_per_token"]["value"] == pytest.approx(0.0007, rel=1e-6)
@@ -216,6 +216,32 @@ def test_calibrating_on_a_simulated_run_recovers_its_timing_model(tmp_path: Path
     assert fitted.evidence_of("update_cosine") == "prior"
 
 
+def test_calibrate_refuses_what_is_not_an_emulator_run_and_reads_a_moved_comparison(tmp_path: Path, capsys) -> None:
+    """Bad input is a clear error (exit 2), never a traceback: a missing directory, a directory that is
+    neither a run nor a comparison, a simulated run (without --allow-simulated). A comparison
+    directory stands for its policy runs, found beside its index.json even after it was moved."""
+    sim_run = tmp_path / "simulated"
+    simulate(cfg_for("restart"), None, SimModel(), out=sim_run)
+    cal = tmp_path / "cal.json"
+    for args, says in (([str(tmp_path / "nope")], "no such directory"),
+                       ([str(tmp_path)], "neither an emulator run directory"),
+                       ([str(sim_run)], "a simulated run (sim.json)")):
+        assert sim_main(["calibrate", *args, "--out", str(cal)]) == 2
+        assert says in capsys.readouterr().err
+    assert not cal.exists()
+    # A comparison written elsewhere (index.json names absolute paths that no longer exist).
+    cmp_dir = tmp_path / "moved"
+    for pol in ("stall", "elastic"):
+        simulate(cfg_for(pol), None, SimModel(), out=cmp_dir / f"{pol}-1")
+    (cmp_dir / "index.json").write_text(json.dumps({"runs": [{"policy": p, "run_dir": f"/gone/{p}-1"}
+                                                             for p in ("stall", "elastic")]}))
+    assert sim_main(["calibrate", str(cmp_dir), "--out", str(cal), "--allow-simulated"]) == 0
+    doc = json.loads(cal.read_text())
+    assert [Path(i["run"]).name for i in doc["inputs"]] == ["stall-1", "elastic-1"]
+    assert all(i["simulated"] for i in doc["inputs"])
+    assert doc["parameters"]["compute_s_per_token"]["source_runs"] == ["elastic-1", "stall-1"]
+
+
 def test_calibration_fits_the_time_from_a_preemption_notice_to_its_announcement(tmp_path: Path) -> None:
     """preempt_exit_s round trip: SIGTERM (`signal`) -> `preemption_announced` in the preempted site's
     log. Its prior (0.2 s) was 2-30x the emulator's 0.006-0.086 s (the agent checks between inner steps),
@@ -225,7 +251,7 @@ def test_calibration_fits_the_time_from_a_preemption_notice_to_its_announcement(
     scen = Scenario.build("t", "").preempt("c", grace_s=1, return_after_s=2, at_useful_tokens=36_864)
     simulate(cfg_for("stall"), scen, truth, out=tmp_path / "run")
     cal = tmp_path / "cal.json"
-    assert sim_main(["calibrate", str(tmp_path / "run"), "--out", str(cal)]) == 0
+    assert sim_main(["calibrate", str(tmp_path / "run"), "--out", str(cal), "--allow-simulated"]) == 0
     p = json.loads(cal.read_text())["parameters"]
     assert p["preempt_exit_s"]["value"] == pytest.approx(0.07, abs=1e-6)
     assert p["preempt_exit_s"]["n"] == 1 and p["preempt_exit_s"]["source_runs"] == ["run"]
