@@ -309,6 +309,29 @@ def calibrate(runs: Iterable[str | Path], allow_simulated: bool = False) -> dict
             "not_fitted": sorted(set(f for f in SimModel().to_json()["parameters"]) - set(params))}
 
 
+def read_calibration(path: str | Path) -> dict[str, Any]:
+    """A calibration file written by `xdc sim calibrate`, checked: CalibrationError names what is wrong
+    (a file that is not one would otherwise be read as "nothing fitted" and run on the prior)."""
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except OSError as e:
+        raise CalibrationError(f"{p}: cannot read the calibration file: {e.strerror or e}") from None
+    except ValueError as e:
+        raise CalibrationError(f"{p}: not JSON: {e}") from None
+    if not isinstance(doc, dict) or doc.get("version") != VERSION:
+        got = doc.get("version") if isinstance(doc, dict) else type(doc).__name__
+        raise CalibrationError(f"{p}: not a calibration file (version {got!r}, expected {VERSION!r}; "
+                               f"write one with `xdc sim calibrate RUNS... --out FILE`)")
+    params = doc.get("parameters")
+    if not isinstance(params, dict):
+        raise CalibrationError(f"{p}: `parameters` is not a map")
+    for k, v in params.items():
+        if not isinstance(v, dict) or isinstance(v.get("value"), bool) or not isinstance(v.get("value"), (int, float)):
+            raise CalibrationError(f"{p}: parameter {k!r} has no numeric `value`")
+    return doc
+
+
 def write_calibration(runs: Iterable[str | Path], out: str | Path, allow_simulated: bool = False) -> dict[str, Any]:
     doc = calibrate(runs, allow_simulated)
     Path(out).write_text(json.dumps(doc, indent=2, sort_keys=True))

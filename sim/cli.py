@@ -28,7 +28,7 @@ from typing import Any
 from chaos.reach import ScenarioBeyondRun, check_scenario_fits
 from chaos.scenario import Scenario, ScenarioError, load_scenario
 from ground.config import ConfigError, RunConfig, load_config, merge, parse_override, read_config_file
-from sim.calibrate import CalibrationError, write_calibration
+from sim.calibrate import CalibrationError, read_calibration, write_calibration
 from sim.faults import UnsupportedFault
 from sim.model import SimModel
 from sim.runs import index_entry, simulate_run, write_index
@@ -64,12 +64,15 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.sites < 0:
+        print(f"xdc sim: --sites must be at least 1, not {args.sites}", file=sys.stderr)
+        return 2
     data = _config(args)
     sites = (data.get("cluster") or {}).get("sites") or load_config({}).cluster.sites
     scenario = load_scenario(args.scenario, sites=sites) if args.scenario != "none" else None
     model = SimModel()
     if args.calibration:
-        model = SimModel.from_calibration(json.loads(Path(args.calibration).read_text()))
+        model = SimModel.from_calibration(read_calibration(args.calibration))
     policies = POLICIES if args.policy == "all" else (args.policy,)
     if scenario is not None:  # a progress trigger past the run's end: refused, as `xdc run` and `xdc compare` do
         try:

@@ -35,6 +35,7 @@ from analysis.load import expand_inputs
 from chaos.scenario import Scenario
 from ground.config import load_config, merge
 from sim import validate
+from sim.calibrate import read_calibration
 from sim.model import SimModel
 from sim.runs import index_entry, simulate_run, write_index
 from sim.world import MANIFEST
@@ -141,7 +142,7 @@ def build(emu_dir: Path, out: Path, calibration: Path | None = None) -> dict[str
     from sim.page import render
 
     out.mkdir(parents=True, exist_ok=True)
-    model = SimModel.from_calibration(json.loads(calibration.read_text())) if calibration else SimModel()
+    model = SimModel.from_calibration(read_calibration(calibration)) if calibration else SimModel()
     emu_art, emu_path = _artifact(emu_dir, out / "emulator-analysis")
     sim_root, pairs = simulate_like(emu_dir, out, model)
     sim_art, sim_path = _artifact(sim_root, sim_root)

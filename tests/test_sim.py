@@ -242,6 +242,23 @@ def test_calibrate_refuses_what_is_not_an_emulator_run_and_reads_a_moved_compari
     assert doc["parameters"]["compute_s_per_token"]["source_runs"] == ["elastic-1", "stall-1"]
 
 
+def test_a_bad_calibration_file_or_site_count_is_a_clear_error_not_the_prior(tmp_path: Path, capsys) -> None:
+    """A calibration file that is missing, not JSON, or not one `xdc sim calibrate` wrote stops the run
+    (exit 2) with the reason: read as "nothing fitted" it would have run on the prior unannounced."""
+    (tmp_path / "notjson.json").write_text("{")
+    (tmp_path / "other.json").write_text('{"x": 1}')
+    (tmp_path / "badvalue.json").write_text('{"version": "xdc-sim-calibration-v1", "parameters": {"eval_s": {}}}')
+    for name, says in (("missing.json", "cannot read the calibration file"), ("notjson.json", "not JSON"),
+                       ("other.json", "not a calibration file (version None"),
+                       ("badvalue.json", "parameter 'eval_s' has no numeric `value`")):
+        out = tmp_path / f"run-{name}"
+        assert sim_main(["run", "none", "--sites", "3", "--out", str(out), "--calibration", str(tmp_path / name)]) == 2
+        assert says in capsys.readouterr().err, name
+        assert not out.exists()
+    assert sim_main(["run", "none", "--sites", "-2", "--out", str(tmp_path / "neg")]) == 2
+    assert "--sites must be at least 1" in capsys.readouterr().err
+
+
 def test_calibration_fits_the_time_from_a_preemption_notice_to_its_announcement(tmp_path: Path) -> None:
     """preempt_exit_s round trip: SIGTERM (`signal`) -> `preemption_announced` in the preempted site's
     log. Its prior (0.2 s) was 2-30x the emulator's 0.006-0.086 s (the agent checks between inner steps),
