@@ -28,10 +28,11 @@ from typing import Any
 from chaos.reach import ScenarioBeyondRun, check_scenario_fits
 from chaos.scenario import Scenario, ScenarioError, load_scenario
 from ground.config import ConfigError, RunConfig, load_config, merge, parse_override, read_config_file
+from analysis.load import AnalysisInputError
 from sim.calibrate import CalibrationError, read_calibration, write_calibration
 from sim.faults import UnsupportedFault
 from sim.model import SimModel
-from sim.runs import index_entry, simulate_run, write_index
+from sim.runs import NotEmulated, index_entry, simulate_run, write_index
 
 POLICIES = ("stall", "restart", "elastic", "oracle")
 
@@ -102,8 +103,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _csv(text: str, kind: type) -> list[Any]:
-    return [kind(x) for x in text.split(",") if x.strip()]
+class SweepArgumentError(ValueError):
+    """A sweep axis or setting out of its range, or not a number."""
+
+
+def _csv(text: str, kind: type, name: str = "value", least: float | None = None) -> list[Any]:
+    """A comma-separated axis (`name` for the error), each value at least `least` when given."""
+    out = []
+    for x in (x.strip() for x in text.split(",")):
+        if not x:
+            continue
+        try:
+            v = kind(x)
+        except ValueError:
+            raise SweepArgumentError(f"--{name}: {x!r} is not a{'n integer' if kind is int else ' number'}") from None
+        if least is not None and v < least:
+            raise SweepArgumentError(f"--{name}: {x} is below {least:g}")
+        out.append(v)
+    if not out:
+        raise SweepArgumentError(f"--{name}: no values")
+    return out
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -112,9 +131,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.seeds < 1:
         print(f"xdc sim sweep: --seeds must be at least 1, not {args.seeds}", file=sys.stderr)
         return 2
-    rates = _csv(args.rates, float) if args.rates else [sweep.prior_rate(g) for g in _csv(args.gpus_per_site, int)]
-    todo = sweep.cells(_csv(args.sites, int), rates, _csv(args.bandwidths, int), _csv(args.policies, str),
-                       _csv(args.modes, str), args.sim_s, args.repair_s, args.seed, args.seeds)
+    if args.sim_s <= 0 or args.repair_s < 0:
+        raise SweepArgumentError(f"--sim-s must be above 0 and --repair-s at least 0 (got {args.sim_s:g}, {args.repair_s:g})")
+    rates = (_csv(args.rates, float, "rates", 0) if args.rates
+             else [sweep.prior_rate(g) for g in _csv(args.gpus_per_site, int, "gpus-per-site", 0)])
+    todo = sweep.cells(_csv(args.sites, int, "sites", 1), rates, _csv(args.bandwidths, int, "bandwidths", 0),
+                       _csv(args.policies, str, "policies"), _csv(args.modes, str, "modes"), args.sim_s,
+                       args.repair_s, args.seed, args.seeds)
     bad = sorted({c.policy for c in todo} - set(POLICIES)) + sorted({c.mode for c in todo} - {"sync", "local"})
     if bad:
         print(f"xdc sim sweep: unknown policy or mode {bad}", file=sys.stderr)
@@ -195,7 +218,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from sim.side_by_side import build
+    from sim.side_by_side import build  # the analysis and the page only when reporting
 
     doc = build(Path(args.emulator_dir), Path(args.out), Path(args.calibration) if args.calibration else None)
     n = {k: sum(c["status"] == k for c in doc["claims"]) for k in ("survived", "falsified", "not run")}
@@ -214,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return {"run": cmd_run, "calibrate": cmd_calibrate, "report": cmd_report, "sweep": cmd_sweep}[args.cmd](args)
-    except (ConfigError, ScenarioError, UnsupportedFault, CalibrationError) as e:
+    except (ConfigError, ScenarioError, UnsupportedFault, CalibrationError, AnalysisInputError, NotEmulated,
+            SweepArgumentError) as e:
         print(f"xdc sim: {e}", file=sys.stderr)
         return 2
 

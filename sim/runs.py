@@ -20,6 +20,10 @@ from sim.model import SimModel
 from sim.world import MANIFEST, SimResult, simulate
 
 
+class NotEmulated(ValueError):
+    """`xdc sim report` was given simulated runs: the page compares the simulator with the emulator."""
+
+
 def fresh_run_dir(run_dir: Path) -> None:
     """Make `run_dir` ready for a new simulated run. An earlier simulated run there (its sim.json) is
     replaced: the logs are appended to, so a second simulation into the same directory would mix two

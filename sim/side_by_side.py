@@ -37,7 +37,7 @@ from ground.config import load_config, merge
 from sim import validate
 from sim.calibrate import read_calibration
 from sim.model import SimModel
-from sim.runs import index_entry, simulate_run, write_index
+from sim.runs import NotEmulated, index_entry, simulate_run, write_index
 from sim.world import MANIFEST
 
 def _artifact(path: Path, out: Path) -> tuple[dict[str, Any], Path]:
@@ -141,8 +141,13 @@ def build(emu_dir: Path, out: Path, calibration: Path | None = None) -> dict[str
     """Simulate, analyse, compare and render; returns the side-by-side artifact (also written to out)."""
     from sim.page import render
 
-    out.mkdir(parents=True, exist_ok=True)
+    runs, _index, _cmp = expand_inputs([emu_dir])  # AnalysisInputError: not a run or comparison directory
+    simulated = [r.name for r in runs if (r / MANIFEST).is_file()]
+    if simulated:  # its "measured" column would be the simulator's own output
+        raise NotEmulated(f"{emu_dir}: simulated runs ({', '.join(simulated)}: {MANIFEST}); `xdc sim report` "
+                          f"compares the simulator with emulator runs (`xdc run` / `xdc compare`)")
     model = SimModel.from_calibration(read_calibration(calibration)) if calibration else SimModel()
+    out.mkdir(parents=True, exist_ok=True)
     emu_art, emu_path = _artifact(emu_dir, out / "emulator-analysis")
     sim_root, pairs = simulate_like(emu_dir, out, model)
     sim_art, sim_path = _artifact(sim_root, sim_root)

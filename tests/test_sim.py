@@ -259,6 +259,16 @@ def test_a_bad_calibration_file_or_site_count_is_a_clear_error_not_the_prior(tmp
     assert "--sites must be at least 1" in capsys.readouterr().err
 
 
+def test_sim_report_refuses_a_missing_directory_and_simulated_runs(tmp_path: Path, capsys) -> None:
+    """`xdc sim report` compares the simulator with the emulator: simulated runs in its "measured"
+    column would compare the simulator with itself. Both are refused (exit 2) before anything is written."""
+    simulate(cfg_for("restart"), None, SimModel(), out=tmp_path / "simulated")
+    for src, says in ((tmp_path / "nope", "no such directory"), (tmp_path / "simulated", "simulated runs (simulated")):
+        assert sim_main(["report", str(src), "--out", str(tmp_path / "rep")]) == 2
+        assert says in capsys.readouterr().err
+    assert not (tmp_path / "rep").exists()
+
+
 def test_calibration_fits_the_time_from_a_preemption_notice_to_its_announcement(tmp_path: Path) -> None:
     """preempt_exit_s round trip: SIGTERM (`signal`) -> `preemption_announced` in the preempted site's
     log. Its prior (0.2 s) was 2-30x the emulator's 0.006-0.086 s (the agent checks between inner steps),

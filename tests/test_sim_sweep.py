@@ -92,3 +92,15 @@ def test_a_sweep_on_a_real_local_dask_cluster_equals_the_local_process_sweep(tmp
     assert [{k: v for k, v in r.items() if k != "goodput_ratio"} for r in doc["results"]] == local
     assert (out / "goodput.html").stat().st_size > 10_000 and "| best |" in (out / "table.md").read_text()
     assert doc["failure_prior"]["evidence"] == "prior" and "Llama 3" in doc["failure_prior"]["source"]
+
+
+def test_sweep_arguments_out_of_range_or_not_numbers_are_clear_errors(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "sweep"
+    for args, says in ((["--rates", "-1"], "--rates: -1 is below 0"), (["--rates", "abc"], "'abc' is not a number"),
+                       (["--sites", "0", "--rates", "1"], "--sites: 0 is below 1"),
+                       (["--gpus-per-site", "1.5"], "'1.5' is not an integer"),
+                       (["--rates", "1", "--sim-s", "0"], "--sim-s must be above 0"),
+                       (["--rates", "1", "--seeds", "0"], "--seeds must be at least 1")):
+        assert sim_main(["sweep", *args, "--workers", "1", "--out", str(out)]) == 2, args
+        assert says in capsys.readouterr().err, args
+    assert not out.exists()
