@@ -3,7 +3,8 @@
 A simulated run directory has the emulator's layout plus `sim.json` (the simulator's manifest:
 its timing model with each parameter's evidence class). Nothing in such a run was measured, so
 `as_modeled` relabels every `measured` quantity of its analysis section as `modeled`, and the
-section names the manifest. Checkers that need Toxiproxy's byte counters come out `unknown` on
+section names the manifest; the held-out NLL takes its learning curve's class (`prior` when the
+curve was not fitted). Checkers that need Toxiproxy's byte counters come out `unknown` on
 their own: a simulated run has none.
 """
 
@@ -40,6 +41,17 @@ def _relabel(x: Any) -> Any:
 def as_modeled(section: dict[str, Any], manifest: dict[str, Any]) -> dict[str, Any]:
     """The run's section with every `measured` evidence label replaced by `modeled`."""
     out = _relabel(section)
+    # The held-out NLL comes from the simulator's learning curve: fitted to emulator runs (`modeled`)
+    # or the prior's guesses (`prior`, not fitted); the run's numbers say which, with the curve's source.
+    curve = manifest.get("learning") if isinstance(manifest.get("learning"), dict) else {}
+    if curve.get("evidence") in ("prior", "modeled"):
+        learn = {"evidence": curve["evidence"], "source": curve.get("source"),
+                 **({"source_runs": list(curve["source_runs"])} if curve.get("source_runs") else {})}
+        if isinstance(out.get("learning"), dict):
+            out["learning"] = {**out["learning"], **learn}
+        nll = (out.get("metrics") or {}).get("final_heldout_nll")
+        if isinstance(nll, dict) and nll.get("value") is not None:
+            out["metrics"] = {**out["metrics"], "final_heldout_nll": {**nll, **learn}}
     prov = dict(out.get("provenance", {}))
     prov["input_hashes"] = {**prov.get("input_hashes", {}), MANIFEST: manifest["_sha256"]}
     prov["simulated"] = {"manifest": MANIFEST, "evidence": "modeled", "simulator": manifest.get("simulator"),

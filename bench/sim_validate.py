@@ -103,7 +103,9 @@ def extra_runs(dirs: list[Path]) -> list[Path]:
     return out
 
 
-def run(runs_root: Path, out: Path, extra: list[Path] | None = None) -> dict[str, Any]:
+def run(runs_root: Path, out: Path, extra: list[Path] | None = None, allow_simulated: bool = False) -> dict[str, Any]:
+    """The validation over the emulator runs under `runs_root` (`allow_simulated`: simulated stand-ins,
+    for the tests of this pipeline; a calibration from them says nothing about the emulator)."""
     cal_runs = sorted(p for p in (runs_root / "noise-floor").glob("noise-seed*") if (p / "config.json").exists())
     cal_runs += extra_runs(extra or [])
     comps = heldout_comparisons(runs_root)
@@ -114,7 +116,7 @@ def run(runs_root: Path, out: Path, extra: list[Path] | None = None) -> dict[str
         raw["why_not_run"] = ("no calibration runs (make noise-floor)" if not cal_runs else
                               "no held-out four-policy comparison (make demo / xdc compare)")
         return raw
-    cal = calibrate(cal_runs)
+    cal = calibrate(cal_runs, allow_simulated)
     cal_scenarios = {json.loads((p / "scenario.json").read_text()).get("name") for p in cal_runs
                      if (p / "scenario.json").exists()}
     cal_links = {links_of(p) for p in cal_runs}

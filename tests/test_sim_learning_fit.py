@@ -67,3 +67,21 @@ def test_a_calibrated_simulation_logs_the_fitted_curve_as_modeled(tmp_path: Path
     assert evals and all(e["evidence"] == "modeled" for e in evals)
     h = cfg.train.inner_steps_h
     assert all(e["heldout_nll"] == pytest.approx(curve.nll(e["useful_tokens_trained"], h)) for e in evals)
+    # The analysis labels the run's final held-out NLL with the curve's class and source.
+    from analysis.artifact import build_artifact
+
+    nll = build_artifact([out])["runs"][0]["metrics"]["final_heldout_nll"]
+    assert nll["evidence"] == "modeled" and "fitted" in nll["source"] and nll["source_runs"] == ["r1"]
+
+
+def test_a_simulation_on_the_prior_curve_reports_its_final_nll_as_prior(tmp_path: Path) -> None:
+    """Not fitted: the held-out NLL is the prior's guess, labelled `prior` with the curve's source,
+    never `measured` (nor `modeled`, which would claim a fit)."""
+    from analysis.artifact import build_artifact
+
+    cfg = load_config(merge(COMPARE_CFG, {"runs_dir": str(tmp_path)}))
+    assert simulate(cfg, None, SimModel(), tmp_path / "sim").complete
+    run = build_artifact([tmp_path / "sim"])["runs"][0]
+    nll = run["metrics"]["final_heldout_nll"]
+    assert nll["value"] is not None and nll["evidence"] == "prior" and "not fitted" in nll["source"]
+    assert run["learning"]["evidence"] == "prior"

@@ -66,6 +66,12 @@ def _print_summary(run_dir: Path, s: dict) -> None:
     _print_chaos(s.get("chaos"))
 
 
+def _evidence_suffix(q: dict) -> str:
+    """" (prior)" etc. after a number that was not measured (a simulated run's); nothing after a measured one."""
+    ev = q.get("evidence")
+    return "" if ev in (None, "measured") or q.get("value") is None else f" ({ev})"
+
+
 def _print_chaos(chaos: dict | None) -> None:
     """The scenario's outcome: how many faults fired; every fault that did not, loudly (stderr too)."""
     if not chaos:
@@ -350,7 +356,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         m = r["metrics"]
         print(f"  {r['policy']:>8}: attempted {m['attempted_tokens']['value']:,} = retained "
               f"{m['retained_tokens']['value']:,} + lost {m['lost_tokens']['value']:,} tokens; frontier "
-              f"{str(r['frontier']['hash'])[:12]}; final NLL {_fmt_nll(m['final_heldout_nll']['value'])}")
+              f"{str(r['frontier']['hash'])[:12]}; final NLL {_fmt_nll(m['final_heldout_nll']['value'])}"
+              + _evidence_suffix(m["final_heldout_nll"]))
     for c in art["checks"]:
         print(f"  check {c['name']:<19} {c['status']:<8} {c['summary']}")
         if c["status"] != "pass":
