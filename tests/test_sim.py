@@ -111,6 +111,8 @@ def test_a_scenario_file_under_four_policies_passes_every_applicable_checker(tmp
     status = {c["name"]: c["status"] for c in art["checks"]}
     assert status.pop("byte_classes") == "unknown"  # no Toxiproxy counters in a simulation
     assert set(status.values()) == {"pass"}, status
+    byte_check = next(c for c in art["checks"] if c["name"] == "byte_classes")
+    assert all("a simulated run: no Toxiproxy counts its bytes" in line for line in byte_check["evidence"])
     epochs = {json.loads((p / "sim.json").read_text())["policy"]: p for p in runs}
     assert set(epochs) == {"stall", "restart", "elastic", "oracle"}
 
