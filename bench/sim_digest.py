@@ -1,8 +1,9 @@
 """A digest of every log line the simulator writes for a fixed set of scenarios: the check that a
 change meant to make the simulator faster changed nothing it decides or logs.
 
-Runs `xdc sim run` for 8 scenario x site-count cases under all four policies (small targets: a few
-seconds in all) and writes {log file: sha256 of its records} to OUT.json, fields that hold host
+Runs `xdc sim run` for 8 scenario x site-count cases under all four policies (targets that reach every
+fault's trigger: about 8 s in all; digests from before 08398a7 ran one-outage without its crash and
+do not compare with later ones) and writes {log file: sha256 of its records} to OUT.json, fields that hold host
 time or host identity left out. Compare two digests (before and after a change) with `diff`.
 
     python -m bench.sim_digest /tmp/before      # at the parent commit

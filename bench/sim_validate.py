@@ -49,7 +49,7 @@ from typing import Any
 
 from bench.common import ROOT, env_info, write_result
 from sim import validate
-from sim.calibrate import calibrate
+from sim.calibrate import calibrate, run_dirs
 from sim.faults import MODELED_KINDS
 from sim.model import SimModel
 
@@ -84,13 +84,16 @@ def links_of(run_dir: Path) -> str:
 
 
 def extra_runs(dirs: list[Path]) -> list[Path]:
-    """Run directories named, or found in a comparison's directory or under a study directory's runs/
-    (each with its config.json). A run reached twice (e.g. through a comparison's `latest` link) counts
+    """Run directories named, or a comparison's policy runs (its index.json; the reference run, one
+    process, is no calibration input), or those under a study directory's runs/ (each with its
+    config.json). A run reached twice (e.g. through a comparison's `latest` link) counts
     once."""
     found: list[Path] = []
     for d in dirs:
         if (d / "config.json").exists():
             found.append(d)
+        elif (d / "index.json").exists():  # a comparison: its policy runs (not its one-process reference run)
+            found += run_dirs([d])
         else:
             found += sorted(p for p in (*d.glob("*"), *(d / "runs").glob("*"))
                             if (p / "config.json").exists() and not p.is_symlink())

@@ -2,8 +2,8 @@
 
 A fault triggered at a progress point (`at_useful_tokens`, `at_step`) past the last commit of a
 fault-free run never fires, and a study of it would compare fault-free runs while claiming a
-fault. `xdc run`, `xdc compare`, the studies and `xdc sim run` all refuse such a scenario before
-running it, unless the user allows it (`--allow-unfired`); then the same lines are warnings.
+fault. `xdc run`, `xdc compare` and `xdc sim run` refuse such a scenario before running it unless
+the user allows it (`--allow-unfired`; then the same lines are warnings); a study refuses it always.
 """
 
 from __future__ import annotations

@@ -249,16 +249,18 @@ class CalibrationError(ValueError):
 
 
 def run_dirs(paths: Iterable[str | Path], allow_simulated: bool = False) -> list[Path]:
-    """The emulator run directories named by `paths`: a run directory (config.json and logs/) as it
-    is, a comparison directory (index.json, from `xdc compare`) as its policy runs (the reference
-    run is one process, no cluster: not a calibration input). A simulated run is refused unless
-    `allow_simulated` (a round trip of the fit itself): fitting the simulator to its own output says
-    nothing about the emulator."""
+    """The emulator run directories named by `paths`, each once: a run directory (config.json and
+    logs/) as it is, a comparison directory (index.json, from `xdc compare`) as its policy runs (the
+    reference run is one process, no cluster: not a calibration input; a run the index names that
+    is gone is looked for beside the index, where a moved comparison keeps it). A simulated run is
+    refused unless `allow_simulated` (a round trip of the fit itself): fitting the simulator to its
+    own output says nothing about the emulator."""
     out: list[Path] = []
-    for raw in paths:
-        p = Path(raw)
+    seen: set[Path] = set()
+
+    def one(p: Path, named_as: str) -> None:
         if not p.is_dir():
-            raise CalibrationError(f"{p}: no such directory")
+            raise CalibrationError(f"{named_as}: " + ("not a directory" if p.exists() else "no such directory"))
         if (p / "config.json").is_file():
             if (p / "sim.json").is_file() and not allow_simulated:  # sim/world.py's MANIFEST
                 raise CalibrationError(f"{p}: a simulated run (sim.json): calibration fits the simulator to "
@@ -266,19 +268,25 @@ def run_dirs(paths: Iterable[str | Path], allow_simulated: bool = False) -> list
                                        f"trip of the fit)")
             if not (p / "logs").is_dir():
                 raise CalibrationError(f"{p}: no logs/ directory: not a finished emulator run")
-            out.append(p)
+            if p.resolve() not in seen:  # named twice (a run and its comparison): its samples count once
+                seen.add(p.resolve())
+                out.append(p)
         elif (p / "index.json").is_file():
             try:
-                listed = [Path(r["run_dir"]) for r in json.loads((p / "index.json").read_text())["runs"]]
+                listed = [str(r["run_dir"]) for r in json.loads((p / "index.json").read_text())["runs"]]
             except (ValueError, KeyError, TypeError) as e:
                 raise CalibrationError(f"{p / 'index.json'}: not a comparison index ({type(e).__name__}: {e})") from None
             if not listed:
                 raise CalibrationError(f"{p / 'index.json'}: lists no runs")
-            # A comparison moved since it was written: its runs are still beside the index.
-            out += run_dirs([d if d.is_dir() else p / d.name for d in listed], allow_simulated)
+            for r in listed:
+                d = p / r  # a relative path is the index's own directory's (an absolute one stays)
+                one(d if d.is_dir() else p / Path(r).name, f"{r} (listed in {p / 'index.json'})")
         else:
-            raise CalibrationError(f"{p}: neither an emulator run directory (config.json and logs/) nor a "
+            raise CalibrationError(f"{named_as}: neither an emulator run directory (config.json and logs/) nor a "
                                    f"comparison directory (index.json)")
+
+    for raw in paths:
+        one(Path(raw), str(raw))
     if not out:
         raise CalibrationError("no run directories given")
     return out

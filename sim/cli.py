@@ -2,7 +2,7 @@
 
     run SCENARIO --sites N --policy P|all --out DIR [--config FILE] [--set K=V ...]
         [--calibration FILE] [--max-sim-s S] [--no-logs] [--allow-unfired]
-    calibrate RUNS... --out FILE      (emulator run directories, or comparison directories)
+    calibrate RUNS... --out FILE [--allow-simulated]   (emulator run directories, or comparison directories)
     report EMULATOR_DIR --out DIR [--calibration FILE]
     sweep --sites 3,10 --gpus-per-site 0,1024,8192 | --rates 0,0.5 --bandwidths 0,1000
         --policies stall,restart,elastic --modes local,sync --sim-s 600 [--repair-s 60] [--seed 0] [--seeds 3]
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -66,7 +67,7 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     if args.sites < 0:
-        print(f"xdc sim: --sites must be at least 1, not {args.sites}", file=sys.stderr)
+        print(f"xdc sim: --sites must be at least 1 (0: the config's sites), not {args.sites}", file=sys.stderr)
         return 2
     data = _config(args)
     sites = (data.get("cluster") or {}).get("sites") or load_config({}).cluster.sites
@@ -117,6 +118,8 @@ def _csv(text: str, kind: type, name: str = "value", least: float | None = None)
             v = kind(x)
         except ValueError:
             raise SweepArgumentError(f"--{name}: {x!r} is not a{'n integer' if kind is int else ' number'}") from None
+        if kind is float and not math.isfinite(v):
+            raise SweepArgumentError(f"--{name}: {x!r} is not a finite number")
         if least is not None and v < least:
             raise SweepArgumentError(f"--{name}: {x} is below {least:g}")
         out.append(v)
@@ -131,7 +134,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.seeds < 1:
         print(f"xdc sim sweep: --seeds must be at least 1, not {args.seeds}", file=sys.stderr)
         return 2
-    if args.sim_s <= 0 or args.repair_s < 0:
+    if args.workers < 0:
+        raise SweepArgumentError(f"--workers must be at least 0 (0: one per core), not {args.workers}")
+    if not (math.isfinite(args.sim_s) and math.isfinite(args.repair_s)) or args.sim_s <= 0 or args.repair_s < 0:
         raise SweepArgumentError(f"--sim-s must be above 0 and --repair-s at least 0 (got {args.sim_s:g}, {args.repair_s:g})")
     rates = (_csv(args.rates, float, "rates", 0) if args.rates
              else [sweep.prior_rate(g) for g in _csv(args.gpus_per_site, int, "gpus-per-site", 0)])

@@ -9,7 +9,7 @@ same faults (paired). Goodput: useful tokens in the commit record per simulated 
 rate is drawn over several seeds (`--seeds`, 3 by default): one draw of a Poisson schedule at a low
 rate may hold no crash at all, or a crash at a lucky moment, and a ranking from it says nothing; the
 summary gives the mean and range per policy, and names one policy best only where it dominates the
-others (at least as good on every seed's schedule, better on one).
+others (at least as good on every seed's schedule, better on two draws); `a ~ b`: not told apart.
 
 Where the cells run: local worker processes (concurrent.futures, one per core by default), or an
 existing Dask distributed cluster given its scheduler address (`--scheduler tcp://HOST:PORT`).
@@ -170,9 +170,11 @@ def rankings(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (sites, bandwidth, mode, rate): the policies by their mean goodput over the seeds, highest
     first (ties by name). `best`: the top policy and every policy it does not dominate (the policies
     meet the same faults per seed, so the comparison is paired; dominating: at least as good on every
-    seed's schedule and better on one). A policy behind the top on the mean but ahead on one draw is
-    not told apart from it by these draws; a draw without a crash ties everyone and decides nothing.
-    With one seed, `best` holds the policies of the top goodput exactly."""
+    seed's schedule and better on two of them, or on the one draw of a single seed). A policy behind
+    the top on the mean but ahead on one draw is not told apart from it; a draw without a crash ties
+    everyone and decides nothing (`deciding_draws` counts the draws that told any policies apart).
+    With one seed, `best` holds the policies of the top goodput exactly. Every policy of a group must
+    have been run on the same seeds (ValueError otherwise)."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in results:
         groups.setdefault((r["sites"], r["bandwidth_kbps"], r["mode"], r["rate_per_site_h"]), []).append(r)
@@ -186,18 +188,25 @@ def rankings(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         mean = {p: sum(g.values()) / len(g) for p, g in per.items()}
         order = sorted(per, key=lambda p: (-mean[p], p))
         top = order[0]
-        best = [p for p in order if p == top or not _dominates(per[top], per[p])]
+        if len({frozenset(g) for g in per.values()}) != 1:
+            raise ValueError(f"sweep results at {n} sites, {rate:g}/site-h: the policies were not run on the same "
+                             f"seeds ({ {p: sorted(g) for p, g in per.items()} }): a paired ranking needs the same draws")
+        seeds = sorted(crashes)
+        # Draws that tell policies apart (a draw without a crash ties everyone); with several seeds the
+        # top must win at least two of them to stand alone: one lucky draw is what several seeds avoid.
+        deciding = sum(1 for sd in seeds if len({per[p][sd] for p in per}) > 1)
+        need = min(2, len(seeds))
+        best = [p for p in order if p == top or not _dominates(per[top], per[p], need)]
         rows.append({"sites": n, "bandwidth_kbps": bw, "mode": mode, "rate_per_site_h": rate,
-                     "seeds": sorted(crashes), "crashes": [crashes[k] for k in sorted(crashes)],
+                     "seeds": seeds, "crashes": [crashes[k] for k in seeds], "deciding_draws": deciding,
                      "ranking": order, "best": best, "goodput": {p: mean[p] for p in order},
                      "goodput_range": {p: [min(per[p].values()), max(per[p].values())] for p in order}})
     return rows
 
 
-def _dominates(a: dict[int, float], b: dict[int, float]) -> bool:
-    """Whether goodputs `a` (seed -> tokens/s) are at least `b`'s on every seed both have and above on one."""
-    common = a.keys() & b.keys()
-    return bool(common) and all(a[k] >= b[k] for k in common) and any(a[k] > b[k] for k in common)
+def _dominates(a: dict[int, float], b: dict[int, float], wins: int = 1) -> bool:
+    """Whether goodputs `a` (seed -> tokens/s) are at least `b`'s on every seed and above on `wins` of them."""
+    return all(a[k] >= b[k] for k in a) and sum(a[k] > b[k] for k in a) >= wins
 
 
 def flips(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -214,8 +223,16 @@ def flips(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for a, b in zip(rs, rs[1:]):
                 if not set(a["best"]) & set(b["best"]):
                     out.append({"along": axis, **dict(zip(fixed, key)), "from": a[axis], "to": b[axis],
-                                "best_before": "=".join(a["best"]), "best_after": "=".join(b["best"])})
+                                "best_before": " ~ ".join(a["best"]), "best_after": " ~ ".join(b["best"])})
     return out
+
+
+def _best_text(k: dict[str, Any]) -> str:
+    """The best cell: `a ~ b` for policies not told apart; after a policy named alone over several
+    draws, how many of them told any policies apart."""
+    text = " ~ ".join(k["best"])
+    n = len(k["seeds"])
+    return text + (f" ({k['deciding_draws']} of {n} draws decide)" if len(k["best"]) == 1 and n > 1 else "")
 
 
 def table_md(results: list[dict[str, Any]], ranks: list[dict[str, Any]]) -> str:
@@ -239,7 +256,7 @@ def table_md(results: list[dict[str, Any]], ranks: list[dict[str, Any]]) -> str:
             cells_.append(f"{g:,.0f}" + (f" ({g / b:.3f})" if b else "") + (f" [{lo:,.0f}-{hi:,.0f}]" if hi > lo else ""))
         drawn = ", ".join(str(c) for c in k["crashes"])
         lines.append(f"| {k['sites']} | {k['bandwidth_kbps'] or 'unshaped'} | {k['mode']} | "
-                     f"{k['rate_per_site_h']:.3g} | {drawn} | " + " | ".join(cells_) + f" | {' = '.join(k['best'])} |")
+                     f"{k['rate_per_site_h']:.3g} | {drawn} | " + " | ".join(cells_) + f" | {_best_text(k)} |")
     return "\n".join(lines)
 
 

@@ -46,7 +46,7 @@ def _row(rate: float, policy: str, seed: int, goodput: float, faults: int = 1) -
 
 
 def test_with_several_seeds_a_policy_is_best_alone_only_where_it_dominates_every_draw() -> None:
-    """Paired draws: at rate 1, a leads b on the mean and on every seed (best alone); at rate 2, b
+    """Paired draws: at rate 1, a is at least b on every seed and ahead on two (best alone); at rate 2, b
     leads on the mean but a wins one draw, so they are not told apart, and the change of the top
     policy between rate 1 and 2 is no flip. A draw without a crash ties everyone and decides nothing."""
     rows = [_row(0.0, p, 0, 10.0, 0) for p in "ab"]
@@ -61,7 +61,21 @@ def test_with_several_seeds_a_policy_is_best_alone_only_where_it_dominates_every
     assert by_rate[2.0]["ranking"] == ["b", "a"] and by_rate[2.0]["best"] == ["b", "a"]
     assert sweep.flips(ranks) == []
     table = sweep.table_md(rows, ranks)
-    assert "| 3 | unshaped | local | 1 | 1, 0, 2 | 9 (0.900) [8-10] | 7 (0.733) [5-10] | a |" in table
+    assert "| 3 | unshaped | local | 1 | 1, 0, 2 | 9 (0.900) [8-10] | 7 (0.733) [5-10] | a (2 of 3 draws decide) |" in table
+    assert "| b ~ a |" in table  # not told apart: not "equal"
+
+
+def test_one_deciding_draw_of_several_names_no_policy_best_alone() -> None:
+    """Two of three draws held no crash (everyone tied); a won the third. One lucky draw is what the
+    seeds are there to avoid: a and b are not told apart. With a single seed, the one draw decides."""
+    rows = [_row(1.0, p, s, g, f) for p, s, g, f in (("a", 0, 10.0, 0), ("a", 1, 10.0, 0), ("a", 2, 8.0, 1),
+                                                      ("b", 0, 10.0, 0), ("b", 1, 10.0, 0), ("b", 2, 6.0, 1))]
+    (r,) = sweep.rankings(rows)
+    assert r["ranking"] == ["a", "b"] and r["best"] == ["a", "b"] and r["deciding_draws"] == 1
+    (one,) = sweep.rankings([x for x in rows if x["seed"] == 2])
+    assert one["best"] == ["a"]
+    with pytest.raises(ValueError, match="not run on the same seeds"):
+        sweep.rankings([x for x in rows if not (x["policy"] == "b" and x["seed"] == 0)])
 
 
 def test_a_fault_free_rate_is_simulated_once_and_every_other_rate_once_per_seed() -> None:
@@ -100,7 +114,10 @@ def test_sweep_arguments_out_of_range_or_not_numbers_are_clear_errors(tmp_path: 
                        (["--sites", "0", "--rates", "1"], "--sites: 0 is below 1"),
                        (["--gpus-per-site", "1.5"], "'1.5' is not an integer"),
                        (["--rates", "1", "--sim-s", "0"], "--sim-s must be above 0"),
-                       (["--rates", "1", "--seeds", "0"], "--seeds must be at least 1")):
-        assert sim_main(["sweep", *args, "--workers", "1", "--out", str(out)]) == 2, args
+                       (["--rates", "1", "--seeds", "0"], "--seeds must be at least 1"),
+                       (["--rates", "inf", "--repair-s", "0"], "'inf' is not a finite number"),
+                       (["--rates", "1", "--sim-s", "nan"], "--sim-s must be above 0"),
+                       (["--rates", "1", "--workers", "-1"], "--workers must be at least 0")):
+        assert sim_main(["sweep", "--workers", "1", *args, "--out", str(out)]) == 2, args
         assert says in capsys.readouterr().err, args
     assert not out.exists()
