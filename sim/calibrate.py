@@ -49,6 +49,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from analysis.load import AnalysisInputError, expand_inputs
+from analysis.simulated import MANIFEST
 from ground.config import config_from_json
 from ground.eventlog import process_events as _events
 from sim.learning_fit import fit_learning
@@ -251,8 +253,8 @@ class CalibrationError(ValueError):
 def run_dirs(paths: Iterable[str | Path], allow_simulated: bool = False) -> list[Path]:
     """The emulator run directories named by `paths`, each once: a run directory (config.json and
     logs/) as it is, a comparison directory (index.json, from `xdc compare`) as its policy runs (the
-    reference run is one process, no cluster: not a calibration input; a run the index names that
-    is gone is looked for beside the index, where a moved comparison keeps it). A simulated run is
+    reference run is one process, no cluster: not a calibration input; found as `xdc analyze` finds
+    them, beside the index when the comparison was moved). A simulated run is
     refused unless `allow_simulated` (a round trip of the fit itself): fitting the simulator to its
     own output says nothing about the emulator."""
     out: list[Path] = []
@@ -262,7 +264,7 @@ def run_dirs(paths: Iterable[str | Path], allow_simulated: bool = False) -> list
         if not p.is_dir():
             raise CalibrationError(f"{named_as}: " + ("not a directory" if p.exists() else "no such directory"))
         if (p / "config.json").is_file():
-            if (p / "sim.json").is_file() and not allow_simulated:  # sim/world.py's MANIFEST
+            if (p / MANIFEST).is_file() and not allow_simulated:
                 raise CalibrationError(f"{p}: a simulated run (sim.json): calibration fits the simulator to "
                                        f"emulator runs, not to its own output (--allow-simulated: a round "
                                        f"trip of the fit)")
@@ -271,16 +273,13 @@ def run_dirs(paths: Iterable[str | Path], allow_simulated: bool = False) -> list
             if p.resolve() not in seen:  # named twice (a run and its comparison): its samples count once
                 seen.add(p.resolve())
                 out.append(p)
-        elif (p / "index.json").is_file():
+        elif (p / "index.json").is_file():  # a comparison: its policy runs, as `xdc analyze` finds them
             try:
-                listed = [str(r["run_dir"]) for r in json.loads((p / "index.json").read_text())["runs"]]
-            except (ValueError, KeyError, TypeError) as e:
-                raise CalibrationError(f"{p / 'index.json'}: not a comparison index ({type(e).__name__}: {e})") from None
-            if not listed:
-                raise CalibrationError(f"{p / 'index.json'}: lists no runs")
+                listed, _index, _cmp = expand_inputs([p])
+            except AnalysisInputError as e:
+                raise CalibrationError(str(e)) from None
             for r in listed:
-                d = p / r  # a relative path is the index's own directory's (an absolute one stays)
-                one(d if d.is_dir() else p / Path(r).name, f"{r} (listed in {p / 'index.json'})")
+                one(r, str(r))
         else:
             raise CalibrationError(f"{named_as}: neither an emulator run directory (config.json and logs/) nor a "
                                    f"comparison directory (index.json)")
@@ -311,7 +310,7 @@ def calibrate(runs: Iterable[str | Path], allow_simulated: bool = False) -> dict
                      "uncertainty": {"kind": "half interquartile range", "value": (q[2] - q[0]) / 2},
                      "range": [xs[0], xs[-1]],  # the fewest and most seen (sim/validate.py's timing bounds)
                      "source_runs": sorted({r for _, r in vals})}
-    return {"version": VERSION, "inputs": [{"run": str(r), "sha256": _hashes(r), "simulated": (r / "sim.json").is_file()}
+    return {"version": VERSION, "inputs": [{"run": str(r), "sha256": _hashes(r), "simulated": (r / MANIFEST).is_file()}
                                            for r in runs],
             "parameters": params, "learning": fit_learning(runs).to_json(),
             "not_fitted": sorted(set(f for f in SimModel().to_json()["parameters"]) - set(params))}

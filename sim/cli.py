@@ -26,10 +26,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from analysis.load import AnalysisInputError
 from chaos.reach import ScenarioBeyondRun, check_scenario_fits
 from chaos.scenario import Scenario, ScenarioError, load_scenario
 from ground.config import ConfigError, RunConfig, load_config, merge, parse_override, read_config_file
-from analysis.load import AnalysisInputError
 from sim.calibrate import CalibrationError, read_calibration, write_calibration
 from sim.faults import UnsupportedFault
 from sim.model import SimModel
@@ -132,8 +132,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from sim import sweep  # the sweep's plotting and cluster client only when sweeping
 
     if args.seeds < 1:
-        print(f"xdc sim sweep: --seeds must be at least 1, not {args.seeds}", file=sys.stderr)
-        return 2
+        raise SweepArgumentError(f"--seeds must be at least 1, not {args.seeds}")
     if args.workers < 0:
         raise SweepArgumentError(f"--workers must be at least 0 (0: one per core), not {args.workers}")
     if not (math.isfinite(args.sim_s) and math.isfinite(args.repair_s)) or args.sim_s <= 0 or args.repair_s < 0:
