@@ -28,6 +28,16 @@ def learning_config_hash(cfg: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(learning_config(cfg), sort_keys=True).encode()).hexdigest()
 
 
+def missing_sections(cfg: dict[str, Any]) -> list[str]:
+    """The learning-relevant sections a config dict lacks (a hand-made or truncated config.json):
+    its learning config, and so its hash, is not defined."""
+    missing = [k for k in ("model", "data", "train") if not isinstance(cfg.get(k), dict)]
+    cluster = cfg.get("cluster")
+    if not isinstance(cluster, dict) or not isinstance(cluster.get("sites"), list):
+        missing.append("cluster.sites")
+    return missing
+
+
 def match(record: dict[str, Any] | None, dataset_id: str | None, cfg: dict[str, Any] | None,
           eval_set: Any = None) -> dict[str, Any]:
     """The record if it was measured for this dataset id, learning config and evaluation set
@@ -36,6 +46,11 @@ def match(record: dict[str, Any] | None, dataset_id: str | None, cfg: dict[str, 
         return {"evidence": "unavailable", "reason": "no noise-floor record (make noise-floor)"}
     if cfg is None or dataset_id is None:
         return {"evidence": "unavailable", "reason": "the runs do not name their dataset id or config"}
+    missing = missing_sections(cfg)
+    if missing:
+        return {"evidence": "unavailable",
+                "reason": f"the runs' config.json has no {', '.join(repr(m) for m in missing)}: its learning config "
+                          f"is unknown, so no noise-floor record can be matched to it"}
     h = learning_config_hash(cfg)
     same = (("dataset id", record.get("dataset_id") == dataset_id), ("learning config", record.get("config_hash") == h),
             ("evaluation set", record.get("eval_set") == eval_set))

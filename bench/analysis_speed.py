@@ -237,8 +237,9 @@ def _xdc_analyze(run: Path, out: Path, *, report: bool) -> tuple[float, dict[str
     t = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     wall = time.perf_counter() - t
-    if proc.returncode not in (0, 1):  # 1 = a checker failed: still measured, reported below
-        raise RuntimeError(f"xdc analyze failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    # 1 = a checker failed: still measured, reported below. A traceback also exits 1: no artifact then.
+    if proc.returncode not in (0, 1) or not (out / "artifact.json").exists():
+        raise RuntimeError(f"xdc analyze failed (exit {proc.returncode}, no artifact): {proc.stderr[-2000:]}")
     return wall, json.loads((out / "artifact.json").read_text())
 
 

@@ -47,6 +47,18 @@ def test_a_record_is_used_only_for_its_own_dataset_and_config():
     assert match(None, "d1", cfg)["evidence"] == "unavailable"
 
 
+def test_a_config_without_its_data_section_matches_no_record_and_says_why():
+    """A hand-made or truncated config.json (no `data`) made `xdc analyze` die with a KeyError."""
+    cfg = _cfg_dict()
+    rec = {"dataset_id": "d1", "config_hash": learning_config_hash(cfg), "n_seeds": 5, "runs": [],
+           **summarise([2.00, 2.02, 2.01, 2.03, 1.99])}
+    partial = {k: v for k, v in cfg.items() if k != "data"}
+    got = match(rec, "d1", partial)
+    assert got["evidence"] == "unavailable" and "no 'data'" in got["reason"], got
+    no_sites = {**cfg, "cluster": {}}
+    assert "'cluster.sites'" in match(rec, "d1", no_sites)["reason"]
+
+
 def test_differences_inside_the_floor_are_no_measurable_difference(tmp_path: Path):
     cfg = _cfg_dict()
     finals = [2.00, 2.02, 2.01, 2.03, 1.99]
