@@ -97,12 +97,29 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
         raise AnalysisInputError(f"{path}:{e.lineno}:{e.colno}: not valid JSON ({what}): {e.msg}") from None
 
 
+def _check_config(path: Path, config: Any) -> dict[str, Any]:
+    """The sections every analysis reads (the sites, the model, the training recipe): a config.json
+    without them is not one xdc wrote (hand-made or truncated), and is refused by name, not met
+    later as a KeyError deep in a ledger."""
+    if not isinstance(config, dict):
+        raise AnalysisInputError(f"{path}: the run's resolved config is a JSON {type(config).__name__}, not an object")
+    missing = [k for k in ("model", "train") if not isinstance(config.get(k), dict)]
+    cluster = config.get("cluster")
+    sites = cluster.get("sites") if isinstance(cluster, dict) else None
+    if not (isinstance(sites, list) and sites and all(isinstance(s, str) for s in sites)):
+        missing.append("cluster.sites (a list of site names)")
+    if missing:
+        raise AnalysisInputError(f"{path}: the run's resolved config has no {', '.join(missing)}; "
+                                 f"xdc writes every section, so this config.json was made or cut by hand")
+    return config
+
+
 def load_run(run_dir: Path) -> RunHistory:
     run_dir = Path(run_dir)
     if not (run_dir / "logs").is_dir():
         raise AnalysisInputError(f"{run_dir}: no logs/ directory, so not a run directory")
     hashes: dict[str, str] = {}
-    config = _read_json(run_dir / "config.json", "the run's resolved config")
+    config = _check_config(run_dir / "config.json", _read_json(run_dir / "config.json", "the run's resolved config"))
     topo_path = run_dir / "topology.json"
     topology = _read_json(topo_path, "the run's topology") if topo_path.exists() else {}
     scen_path = run_dir / "scenario.json"

@@ -241,6 +241,17 @@ def test_analyze_refuses_what_is_not_a_run_with_a_precise_message(tmp_path, caps
     (bad / "logs" / "a.jsonl").write_text("{}\n")
     with pytest.raises(AnalysisInputError, match=r"config.json:1:2: not valid JSON"):
         load_run(bad)
+    # A config.json without the sections the analysis reads: refused by name, not a KeyError later.
+    for cfg, what in (({"cluster": {"sites": ["a"]}, "train": {}}, "has no model"),
+                      ({"model": {}, "train": {}}, "has no cluster.sites"),
+                      ({"model": {}, "train": {}, "cluster": {"sites": []}}, "has no cluster.sites"),
+                      ({"model": {}, "cluster": {"sites": ["a"]}}, "has no train"),
+                      ([], "is a JSON list, not an object")):
+        (bad / "config.json").write_text(json.dumps(cfg))
+        with pytest.raises(AnalysisInputError, match=what):
+            load_run(bad)
+    assert xdc_main(["analyze", str(bad)]) == 2
+    assert "is a JSON list, not an object" in capsys.readouterr().err  # a clear error, exit 2, no traceback
 
 
 # ------------------------------------------------------------------------------- sql
