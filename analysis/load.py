@@ -114,6 +114,24 @@ def _check_config(path: Path, config: Any) -> dict[str, Any]:
     return config
 
 
+def _check_topology(path: Path, topology: Any) -> dict[str, Any]:
+    if not isinstance(topology, dict):
+        raise AnalysisInputError(f"{path}: the run's topology is a JSON {type(topology).__name__}, not an object")
+    return topology
+
+
+def _check_scenario(path: Path, scenario: Any) -> dict[str, Any]:
+    """A scenario.json the chaos driver wrote: an object whose `faults` (if any) is a list of objects.
+    Anything else is refused: read as no scenario, it would make the faults checker say none was due."""
+    if not isinstance(scenario, dict):
+        raise AnalysisInputError(f"{path}: the run's scenario is a JSON {type(scenario).__name__}, not an object")
+    faults = scenario.get("faults", [])
+    if not isinstance(faults, list) or not all(isinstance(f, dict) for f in faults):
+        raise AnalysisInputError(f"{path}: the scenario's 'faults' must be a list of objects, got "
+                                 f"{type(faults).__name__ if not isinstance(faults, list) else 'a list holding a non-object'}")
+    return scenario
+
+
 def load_run(run_dir: Path) -> RunHistory:
     run_dir = Path(run_dir)
     if not (run_dir / "logs").is_dir():
@@ -121,9 +139,9 @@ def load_run(run_dir: Path) -> RunHistory:
     hashes: dict[str, str] = {}
     config = _check_config(run_dir / "config.json", _read_json(run_dir / "config.json", "the run's resolved config"))
     topo_path = run_dir / "topology.json"
-    topology = _read_json(topo_path, "the run's topology") if topo_path.exists() else {}
+    topology = _check_topology(topo_path, _read_json(topo_path, "the run's topology")) if topo_path.exists() else {}
     scen_path = run_dir / "scenario.json"
-    scenario = _read_json(scen_path, "the run's scenario") if scen_path.exists() else None
+    scenario = _check_scenario(scen_path, _read_json(scen_path, "the run's scenario")) if scen_path.exists() else None
     for p in (run_dir / "config.json", topo_path, scen_path):
         if p.exists():
             hashes[p.name] = hashlib.sha256(p.read_bytes()).hexdigest()

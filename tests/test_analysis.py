@@ -251,6 +251,15 @@ def test_analyze_refuses_what_is_not_a_run_with_a_precise_message(tmp_path, caps
         with pytest.raises(AnalysisInputError, match=what):
             load_run(bad)
     assert xdc_main(["analyze", str(bad)]) == 2
+    (bad / "config.json").write_text(json.dumps({"model": {}, "train": {}, "cluster": {"sites": ["a"]}}))
+    for name, doc, what in (("topology.json", [], "topology is a JSON list"),
+                            ("scenario.json", [], "scenario is a JSON list"),
+                            ("scenario.json", {"name": "x", "faults": "nope"}, "'faults' must be a list of objects"),
+                            ("scenario.json", {"name": "x", "faults": [1]}, "a list holding a non-object")):
+        (bad / name).write_text(json.dumps(doc))
+        with pytest.raises(AnalysisInputError, match=what):
+            load_run(bad)
+        (bad / name).unlink()
     assert "is a JSON list, not an object" in capsys.readouterr().err  # a clear error, exit 2, no traceback
 
 
