@@ -111,6 +111,12 @@ def _check_config(path: Path, config: Any) -> dict[str, Any]:
     if missing:
         raise AnalysisInputError(f"{path}: the run's resolved config has no {', '.join(missing)}; "
                                  f"xdc writes every section, so this config.json was made or cut by hand")
+    # The numbers the ledgers count by: integers (the sample length above 0), or the config is not xdc's.
+    for section, key, least in (("model", "seq_len", 1), ("train", "target_useful_tokens", 0)):
+        v = config[section].get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < least):
+            raise AnalysisInputError(f"{path}: the run's resolved config has {section}.{key} = {v!r}, "
+                                     f"not an integer >= {least}")
     return config
 
 

@@ -246,6 +246,9 @@ def test_analyze_refuses_what_is_not_a_run_with_a_precise_message(tmp_path, caps
                       ({"model": {}, "train": {}}, "has no cluster.sites"),
                       ({"model": {}, "train": {}, "cluster": {"sites": []}}, "has no cluster.sites"),
                       ({"model": {}, "cluster": {"sites": ["a"]}}, "has no train"),
+                      ({"model": {"seq_len": 128}, "train": {"target_useful_tokens": "many"},
+                        "cluster": {"sites": ["a"]}}, r"train.target_useful_tokens = 'many', not an integer >= 0"),
+                      ({"model": {"seq_len": 0}, "train": {}, "cluster": {"sites": ["a"]}}, r"model.seq_len = 0"),
                       ([], "is a JSON list, not an object")):
         (bad / "config.json").write_text(json.dumps(cfg))
         with pytest.raises(AnalysisInputError, match=what):
