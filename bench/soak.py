@@ -43,16 +43,21 @@ ROUND_TOKENS = 12_288  # 3 sites x 8 samples x 4 inner steps x 128 tokens
 ROUNDS = 10
 TARGET_TOKENS = ROUNDS * ROUND_TOKENS  # 122,880 useful tokens
 STEPS_PER_ROUND = 4
+# Every inner step takes at least this long (train.step_floor_ms, an emulated device): a run then
+# lasts at least ROUNDS x STEPS_PER_ROUND x 0.3 s = 12 s after the cluster forms on any host, so a
+# wall-time trigger inside WALL_WINDOW_S always comes before the run ends. Without it a fast host
+# finished a run at 14.6 s, before a crash due at 15.4 s, which then found its site already gone.
+STEP_FLOOR_MS = 300
 SMALL: dict[str, Any] = {
     "train": {"mode": "local", "per_site_batch": 8, "inner_steps_h": STEPS_PER_ROUND,
               "target_useful_tokens": TARGET_TOKENS, "eval_every_rounds": 5, "checkpoint_every_rounds": 2,
-              "threads_per_site": 1, "device": "cpu"},
+              "threads_per_site": 1, "device": "cpu", "step_floor_ms": STEP_FLOOR_MS},
     "wan": {"site_link": {"up": {"latency_ms": 5}, "down": {"latency_ms": 5}}, "heartbeat_timeout_ms": 2000,
             "collective_stall_ms": 8000},
 }
 ALL_KINDS = tuple(k for k in KINDS if k != "noop")
 N_FAULTS = 6  # per schedule: 20 schedules x 6 = 120 scheduled faults per policy
-WALL_WINDOW_S = (3.0, 20.0)  # at_s triggers: within the first ~half of a small run
+WALL_WINDOW_S = (3.0, 10.0)  # at_s triggers: before the floor's shortest run ends (see STEP_FLOOR_MS)
 TARGET_FAULTS_PER_POLICY = 100
 RUN_TIMEOUT_S = 360.0  # a healthy soak run takes under 2 min on 2 cores; past this it is stuck (and fails)
 RECOVERY_GRACE_S = 10.0  # + both thresholds: how long after its heal a recovery still belongs to a fault

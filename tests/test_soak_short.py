@@ -64,6 +64,18 @@ def test_faults_overlap_and_durations_straddle_the_configs_thresholds() -> None:
             assert sides[f"{kind}:below"] and sides[f"{kind}:above"], (kind, sides)
 
 
+def test_every_wall_time_trigger_comes_before_the_shortest_possible_run_ends() -> None:
+    """The step floor bounds a soak run's length from below on any host; every `at_s` lies inside it
+    (a fast host once finished a run before its wall-time crash, which then failed to inject)."""
+    from bench.soak import ROUNDS, STEP_FLOOR_MS, STEPS_PER_ROUND, WALL_WINDOW_S
+
+    shortest_s = ROUNDS * STEPS_PER_ROUND * STEP_FLOOR_MS / 1000
+    assert WALL_WINDOW_S[1] < shortest_s
+    for seed in SEEDS:
+        walls = [f.trigger.value for f in random_schedule(seed, th=TH).faults if f.trigger.key == "at_s"]
+        assert walls and all(WALL_WINDOW_S[0] <= w <= WALL_WINDOW_S[1] for w in walls), (seed, walls)
+
+
 def test_every_progress_trigger_lies_within_the_soak_run(tmp_path: Path) -> None:
     cfg = soak_config(tmp_path)
     for seed in SEEDS:
