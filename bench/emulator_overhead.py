@@ -90,6 +90,9 @@ def run() -> dict:
     logdir = tempfile.TemporaryDirectory(prefix="xdc-bench-overhead-")
     log = EventLog(Path(logdir.name) / "a.jsonl", "bench", ME)
     retained = np.zeros(0, dtype=np.int64)
+    # The hash of B's weights as the previous round left them: the agent hands the snapshot the hash it
+    # logged in `round_done` (site_agent/rounds.py), so the snapshot does not hash them again.
+    last_hash: str | None = None
     with BenchCluster(SITES, links, wan) as cl:
         qs = {s: cl.nodes[s].inbox("coll") for s in SITES}
         cl.start()
@@ -126,10 +129,10 @@ def run() -> dict:
             return time.perf_counter() - t
 
         def one_round(rnd: int) -> dict:
-            nonlocal retained
+            nonlocal retained, last_hash
             a_steps, b_steps = [], []
             t_pre = time.perf_counter()
-            snapshot = take_snapshot(tr_b, rnd, retained)  # the agent's round-start snapshot
+            snapshot = take_snapshot(tr_b, rnd, retained, last_hash)  # the agent's round-start snapshot
             pre_s = time.perf_counter() - t_pre
             del snapshot
             for h in range(H):
@@ -153,7 +156,7 @@ def run() -> dict:
             tr_b.apply_outer(avg, frontier_tokens=0)
             round_ids = np.concatenate([np.asarray(stats.samples[m], dtype=np.int64) for m in SITES])
             retained = merge_retained(retained, round_ids)
-            phash = tr_b.params_hash()
+            phash = last_hash = tr_b.params_hash()
             log.emit("round_done", round=rnd, param_hash=phash, retained_samples=int(retained.size),
                      samples_sha256=samples_sha256(retained))
             log.emit("wan_counters", counters=cl.nodes[ME].counters.snapshot())
