@@ -25,6 +25,9 @@ import os
 import socket
 import sys
 import threading
+import time
+from functools import partial
+from typing import Any, Callable
 
 
 def _connect(host: str, port: int, timeout_s: float) -> dict:
@@ -61,6 +64,26 @@ def _resolve_connect(name: str, port: int, timeout_s: float) -> dict:
     return {**r, **_connect(r["address"], port, timeout_s)}
 
 
+def run_all(tasks: dict[Any, Callable[[], dict]], deadline_s: float) -> dict[Any, dict]:
+    """Run every task in its own daemon thread and wait for all of them until `deadline_s` from
+    now; a task still running then is recorded as a timeout (and abandoned, like a lookup)."""
+    box: dict[Any, dict] = {}
+
+    def one(key: Any, fn: Callable[[], dict]) -> None:
+        try:
+            box[key] = fn()
+        except Exception as e:  # a bug in an attempt is a finding, not a crashed probe
+            box[key] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+
+    threads = [threading.Thread(target=one, args=(k, fn), daemon=True) for k, fn in tasks.items()]
+    for t in threads:
+        t.start()
+    end = time.monotonic() + deadline_s
+    for t in threads:
+        t.join(max(0.0, end - time.monotonic()))
+    return {k: box.get(k) or {"ok": False, "error": f"timeout: no answer in {deadline_s} s"} for k in tasks}
+
+
 def has_default_route(route_table: str) -> bool:
     """True if /proc/net/route (its text) has a route to 0.0.0.0/0."""
     for line in route_table.splitlines()[1:]:
@@ -80,19 +103,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout-s", type=float, default=3.0)
     args = ap.parse_args(argv)
     via_host, via_port = args.via.rsplit(":", 1)
-    out = {
-        "hostname": socket.gethostname(),
-        "names": {n: _resolve_connect(n, args.port, args.timeout_s) for n in args.name},
-        "ips": {},
-        "via": {"target": args.via, **_resolve_connect(via_host, int(via_port), args.timeout_s)},
-    }
+    # Every attempt at once, each in its own daemon thread: one after the other they took up to
+    # ~35 s (3 s per unanswered lookup or connect), and on a fast host the whole compose run ended
+    # inside that, taking site-a (and the `docker exec` running this) down mid-probe.
+    tasks: dict[tuple[str, str], Callable[[], dict]] = {}
+    for n in args.name:
+        tasks[("names", n)] = partial(_resolve_connect, n, args.port, args.timeout_s)
+    tasks[("via", "")] = partial(_resolve_connect, via_host, int(via_port), args.timeout_s)
+    ips: dict[str, str] = {}
     for item in args.ip:
         svc, ip = item.split("=", 1)
-        out["ips"][svc] = {"address": ip, **_connect(ip, args.port, args.timeout_s)}
-    out["outside"] = {}
+        ips[svc] = ip
+        tasks[("ips", svc)] = partial(_connect, ip, args.port, args.timeout_s)
     for target in args.outside:
         host, port = target.rsplit(":", 1)
-        out["outside"][target] = _connect(host, int(port), args.timeout_s)
+        tasks[("outside", target)] = partial(_connect, host, int(port), args.timeout_s)
+    # A resolve-then-connect takes at most two timeouts; a second on top for thread start-up.
+    results = run_all(tasks, deadline_s=2 * args.timeout_s + 1.0)
+    out: dict = {"hostname": socket.gethostname(), "names": {}, "ips": {}, "outside": {}}
+    for (group, key), r in results.items():
+        if group == "via":
+            out["via"] = {"target": args.via, **r}
+        elif group == "ips":
+            out["ips"][key] = {"address": ips[key], **r}
+        else:
+            out[group][key] = r
     with open("/proc/net/route") as f:
         out["default_route"] = has_default_route(f.read())
     json.dump(out, sys.stdout, indent=1, sort_keys=True)

@@ -126,8 +126,19 @@ done
 for ns in $(awk '$1 == "nameserver" && $2 !~ /^127\./ && $2 !~ /:/ {print $2}' /etc/resolv.conf | head -1); do
   probe_args+=(--outside "$ns:53")
 done
-timeout 120 "${COMPOSE[@]}" exec -T site-a python /app/compose/netprobe.py "${probe_args[@]}" > "$RUN_DIR/netprobe.json" \
-  || die "the network probe from inside site-a failed or hung (exit $?)"
+# `docker exec` without -i on the container, stdin from /dev/null (compose's exec attaches stdin by
+# default; nothing here reads it). The probe's attempts run at once (~7 s at most) and the run's
+# step floor (compose/run.yaml) keeps the sites up well past that: when the run ended mid-probe on a
+# fast host, site-a went down under the exec, which then hung to its timeout (CI, stop 37).
+site_a=$("${COMPOSE[@]}" ps -q site-a)
+[ -n "$site_a" ] || die "site-a is not running: nothing to probe from"
+probe_rc=0
+timeout 60 docker exec "$site_a" python /app/compose/netprobe.py "${probe_args[@]}" \
+  < /dev/null > "$RUN_DIR/netprobe.json" 2> "$RUN_DIR/netprobe.stderr" || probe_rc=$?
+if [ "$probe_rc" != 0 ]; then
+  state=$(docker inspect --format '{{.State.Status}}' "$site_a" 2>/dev/null || echo gone)
+  die "the network probe from inside site-a failed or hung (exit $probe_rc; site-a is $state; stderr: $(tail -c 400 "$RUN_DIR/netprobe.stderr"))"
+fi
 say "probe from site-a: $(tr -d '\n ' < "$RUN_DIR/netprobe.json" | cut -c1-160)..."
 # The networks as the engine has them: internal or not, and which services are attached.
 for net in $(docker network ls -q --filter "label=com.docker.compose.project=$PROJECT"); do

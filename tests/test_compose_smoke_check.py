@@ -135,3 +135,33 @@ def test_the_probe_connects_for_real(tmp_path: Path) -> None:
         port = srv.getsockname()[1]
         assert netprobe._connect("127.0.0.1", port, 2.0)["ok"]
     assert not netprobe._connect("127.0.0.1", port, 2.0)["ok"]
+
+
+def test_the_probe_runs_its_attempts_at_once_and_bounds_the_stragglers() -> None:
+    """run_all starts every attempt together (four that each wait for all four at a barrier all
+    succeed), records one that raises as a failed attempt, and one still running at the deadline
+    as a timeout instead of waiting for it."""
+    import threading
+
+    barrier = threading.Barrier(4)
+    release = threading.Event()
+
+    def together() -> dict:
+        barrier.wait(timeout=20)  # BrokenBarrierError unless all four run at the same time
+        return {"ok": True, "error": None}
+
+    def raises() -> dict:
+        raise ValueError("bad attempt")
+
+    def stuck() -> dict:
+        release.wait(30)
+        return {"ok": True, "error": None}
+
+    tasks = {f"t{i}": together for i in range(4)} | {"raises": raises, "stuck": stuck}
+    try:
+        out = netprobe.run_all(tasks, deadline_s=3.0)
+    finally:
+        release.set()
+    assert all(out[f"t{i}"] == {"ok": True, "error": None} for i in range(4))
+    assert out["raises"] == {"ok": False, "error": "ValueError: bad attempt"}
+    assert out["stuck"] == {"ok": False, "error": "timeout: no answer in 3.0 s"}

@@ -44,8 +44,12 @@ from wan.keys import load_keypair, load_public
 
 pytestmark = pytest.mark.integration
 
-TARGET_TOKENS = 98_304
+TARGET_TOKENS = 98_304  # 32 sync steps of 3 sites x 8 windows x 128 tokens
 MIN_KEYED = 10_000
+# Every sync step takes at least this long (train.step_floor_ms), so the run lasts >= 32 x 0.8 s
+# = 25.6 s on any host and the fuzzer sends its MIN_KEYED at RATE_PER_S before it ends. Without it
+# a fast host finished the run in ~15 s, after 9,200 keyed messages (clean-clone CI, stop 37).
+STEP_FLOOR_MS = 800
 RATE_PER_S = 600  # keyed messages per second, all targets together
 U64 = 2**64 - 1
 
@@ -225,7 +229,8 @@ def _rejections(run_dir: Path, proc: str, rids: set[str]) -> list[dict]:
 def test_insider_and_outsider_fuzz_of_a_training_cluster_crashes_nothing(background_run, tmp_path):
     run = background_run(["train.mode=sync", f"train.target_useful_tokens={TARGET_TOKENS}",
                           "train.threads_per_site=1", "train.device=cpu", "wan.max_frame_bytes=2097152",
-                          "train.checkpoint_every_rounds=4"])
+                          "train.checkpoint_every_rounds=4",
+                          f"train.step_floor_ms={STEP_FLOOR_MS}"])
     run.wait_for_event("store", "store_started", timeout_s=180)
     run.wait_for_event("coord", "coordinator_started", timeout_s=60)
     fuzzer = Fuzzer(run.run_dir)
