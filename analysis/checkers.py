@@ -5,7 +5,8 @@ one; a checker that raises yields "unknown" with the error, never a dead report.
 checks something the logs of *different* processes must agree on, so a bug in one process's
 bookkeeping shows up as a disagreement rather than being trusted:
 
-  log_integrity       every line parses (a torn last line is allowed) and event ids are unique
+  log_integrity       every line parses (a torn last line is allowed), its envelope (ground/events.py
+                      STAMPED, span bounds) has the right types, and event ids are unique
   fencing             no process applied anything from an older epoch; commits, rounds and
                       durable checkpoints happen only in announced epochs, by their members; a site
                       acts only in epochs the coordinator announced
@@ -103,8 +104,9 @@ def check_log_integrity(runs: list[RunHistory], ctx: dict[str, Any]) -> CheckRes
             for i in dup[:5]:
                 bad.append(f"{_label(h)} logs/{proc}.jsonl: event id {i} appears more than once")
     n = sum(h.n_events() for h in runs)
-    return _result("log_integrity", bad, f"{n:,} events parse; every event id is unique; every expected log is there",
-                   "{n} unreadable lines or repeated event ids", notes, missing)
+    return _result("log_integrity", bad,
+                   f"{n:,} events parse, each with a well-typed envelope; every event id is unique; every expected log is there",
+                   "{n} unreadable lines, malformed envelopes or repeated event ids", notes, missing)
 
 
 def _fence_within_process(h: RunHistory, viol: list[str]) -> int:

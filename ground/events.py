@@ -271,3 +271,50 @@ EVENTS: dict[str, Event] = {
 
 def is_registered(name: str) -> bool:
     return name in EVENTS
+
+
+# The stamped fields' types (bool is not an int here: JSON `true` is no timestamp).
+_STAMPED_TYPES: dict[str, type] = {"id": str, "event": str, "wall_ns": int, "mono_ns": int, "run_id": str,
+                                   "process": str, "pid": int, "epoch": int, "step": int}
+SPAN_BOUNDS = ("start_wall_ns", "end_wall_ns", "start_mono_ns", "end_mono_ns")
+
+
+def _type_name(v: object) -> str:
+    return "null" if v is None else type(v).__name__
+
+
+_SPANS = frozenset(name for name, e in EVENTS.items() if e.span)
+
+
+def envelope_ok(ev: dict) -> bool:
+    """The fast test (analysis reads every event through it): True when envelope_problem is None."""
+    try:
+        ok = (type(ev["id"]) is str and type(ev["event"]) is str and type(ev["wall_ns"]) is int
+              and type(ev["mono_ns"]) is int and type(ev["run_id"]) is str and type(ev["process"]) is str
+              and type(ev["pid"]) is int and type(ev["epoch"]) is int and type(ev["step"]) is int)
+    except KeyError:
+        return False
+    if ok and ev["event"] in _SPANS:
+        return envelope_problem(ev) is None
+    return ok
+
+
+def envelope_problem(ev: dict) -> str | None:
+    """What is wrong with an event line's envelope, or None: a stamped field missing or of the wrong
+    type (a non-integer `mono_ns` would sort or subtract wrongly in every ledger), and for a
+    registered span event, a missing or non-integer bound or one that ends before it starts."""
+    for k, t in _STAMPED_TYPES.items():
+        if k not in ev:
+            return f"no '{k}' field"
+        v = ev[k]
+        if not isinstance(v, t) or isinstance(v, bool):
+            return f"'{k}' is {_type_name(v)} {v!r:.40}, not {t.__name__}"
+    reg = EVENTS.get(ev["event"])
+    if reg is not None and reg.span:
+        for k in SPAN_BOUNDS:
+            v = ev.get(k)
+            if not isinstance(v, int) or isinstance(v, bool):
+                return f"span bound '{k}' is {_type_name(v)}, not int"
+        if ev["end_mono_ns"] < ev["start_mono_ns"]:
+            return f"span ends before it starts ({ev['end_mono_ns']} < {ev['start_mono_ns']} mono_ns)"
+    return None

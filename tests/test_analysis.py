@@ -195,6 +195,28 @@ def test_a_malformed_line_in_the_middle_of_a_log_is_reported_not_dropped(compari
     assert integ["status"] == "fail" and any("b.jsonl:6" in line for line in integ["evidence"]), integ
 
 
+def test_an_event_with_a_malformed_envelope_fails_log_integrity_and_the_report_still_renders(comparison, tmp_path):
+    """A line that parses but whose stamped fields are of the wrong type (a string mono_ns, a span's
+    end missing) is named by log_integrity, and the analysis does not crash on it."""
+    _out, index = comparison
+    run = _copy_logs(_run(index, "oracle"), tmp_path / "run")
+    log = run / "logs" / "c.jsonl"
+    evs = _read(log)
+    i_mono = next(i for i, e in enumerate(evs) if e["event"] == "work_attempted")
+    evs[i_mono] = {**evs[i_mono], "mono_ns": "soon"}
+    i_span = next(i for i, e in enumerate(evs) if e["event"] == "compute")
+    evs[i_span] = {k: v for k, v in evs[i_span].items() if k != "end_mono_ns"}
+    _write(log, evs)
+    res = analyze([run], tmp_path / "out")
+    integ = next(c for c in res.artifact["checks"] if c["name"] == "log_integrity")
+    assert integ["status"] == "fail", integ
+    assert any(f"c.jsonl:{i_mono + 1}: malformed envelope (event {evs[i_mono]['id']!r}" in line
+               and "'mono_ns' is str 'soon', not int" in line for line in integ["evidence"]), integ["evidence"]
+    assert any(f"c.jsonl:{i_span + 1}: malformed envelope (event {evs[i_span]['id']!r}" in line
+               and "span bound 'end_mono_ns' is null, not int" in line for line in integ["evidence"]), integ["evidence"]
+    assert "log_integrity" in res.report_path.read_text()
+
+
 def test_a_crashing_checker_yields_unknown_and_the_report_still_renders(comparison, tmp_path, monkeypatch):
     _out, index = comparison
     run = _copy_logs(_run(index, "stall"), tmp_path / "run")

@@ -58,3 +58,26 @@ def test_every_event_in_a_real_comparisons_logs_is_registered(comparison) -> Non
     assert {"commit", "membership_epoch", "fault_injected", "coord_input", "round_done"} <= set(seen)
     unregistered = sorted(set(seen) - set(EVENTS))
     assert not unregistered, f"events in a real run's logs that ground/events.py lacks: {unregistered}"
+
+
+def test_the_envelope_check_names_each_malformed_stamped_field_and_agrees_with_its_fast_test() -> None:
+    from ground.events import envelope_ok, envelope_problem
+
+    good = {"id": "a:1", "event": "round_done", "wall_ns": 10, "mono_ns": 5, "run_id": "r", "process": "a",
+            "pid": 7, "epoch": 0, "step": 3}
+    span = {**good, "event": "compute", "start_wall_ns": 1, "end_wall_ns": 2, "start_mono_ns": 3, "end_mono_ns": 4}
+    cases = {
+        "ok": (good, None),
+        "span ok": (span, None),
+        "string mono": ({**good, "mono_ns": "5"}, "'mono_ns' is str '5', not int"),
+        "bool epoch": ({**good, "epoch": True}, "'epoch' is bool True, not int"),
+        "float wall": ({**good, "wall_ns": 1.5}, "'wall_ns' is float 1.5, not int"),
+        "no pid": ({k: v for k, v in good.items() if k != "pid"}, "no 'pid' field"),
+        "null process": ({**good, "process": None}, "'process' is null None, not str"),
+        "span without end": ({k: v for k, v in span.items() if k != "end_mono_ns"},
+                             "span bound 'end_mono_ns' is null, not int"),
+        "span backwards": ({**span, "end_mono_ns": 2}, "span ends before it starts (2 < 3 mono_ns)"),
+    }
+    for name, (ev, want) in cases.items():
+        assert envelope_problem(ev) == want, name
+        assert envelope_ok(ev) is (want is None), name
