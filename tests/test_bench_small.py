@@ -80,3 +80,63 @@ def test_sim_scale_small_reaches_its_simulated_time_through_the_core() -> None:
     # Every decision went through the coordinator core, timed per message kind.
     assert {"heartbeat", "round_done"} <= set(raw["core_by_kind"]), raw["core_by_kind"].keys()
     assert raw["core_steps"] > 0 and 0 < raw["core_s"] < raw["wall_s"]
+
+
+@pytest.mark.integration
+def test_cluster_throughput_small_measures_both_arms_side_by_side(results: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One pair (S C S) of 3-round runs: the real cluster through Toxiproxy and the one-process
+    reference, alternated as in the full bench; the ratio is each arm's own measurement."""
+    import bench.cluster_throughput as b
+
+    monkeypatch.setattr(b, "ROUNDS", 3)
+    monkeypatch.setattr(b, "PAIRS", 1)
+    b.run()
+    doc = _written(results, "cluster_throughput")
+    raw = doc["raw"]
+    assert raw["rounds"] == 3 and len(raw["singles"]) == 2 and len(raw["clusters"]) == 1
+    assert all(t > 0 for t in raw["cluster_tokens_per_s"] + raw["single_tokens_per_s"]), raw
+    c = raw["cluster_tokens_per_s"][0] / (sum(raw["single_tokens_per_s"]) / 2)
+    assert doc["ratio"] == pytest.approx(c) and 0 < doc["ratio"] < 5, doc["ratio"]
+    # A busy machine cannot pass, whatever the ratio (the bench's own rule).
+    assert not (raw["busy"] and doc["passed"])
+
+
+@pytest.mark.integration
+def test_recovery_small_measures_a_failover_and_a_rejoin_in_each_arm(results: Path) -> None:
+    """One run per arm (a cold restart, the warm standby): site b SIGKILLed after round 3 and
+    restarted; both figures are measured from the logs, and two runs cannot claim a p90."""
+    import bench.recovery as b
+
+    assert b.main(["--repeats", "1"]) == 1  # fewer than MIN_REPEATS runs: not a pass, whatever the times
+    fo, rj = _written(results, "recovery_failover"), _written(results, "recovery_rejoin")
+    assert fo["raw"]["runs"] == 2 and not fo["raw"]["unmeasured_runs"], fo["raw"]
+    assert not fo["passed"] and not rj["passed"]
+    samples = fo["raw"]["samples"]
+    assert sorted(bool(m["warm_standby"]) for m in samples) == [False, True]
+    for m in samples:
+        # The kill comes first, then b is failed (by its closed connection or the heartbeat
+        # timeout), then the survivors commit without it; the restarted b commits after its restart.
+        assert 0 < m["kill_to_failed_s"] <= m["kill_to_survivor_commit_s"], m
+        assert m["failed_by"] in ("connection_lost", "heartbeat"), m
+        assert m["restart_to_first_commit_s"] > 0 and m["useful_tokens"] >= b.TARGET_ROUNDS * b.ROUND, m
+
+
+@pytest.mark.integration
+def test_adaptive_collapse_small_runs_its_three_arms_to_the_target(results: Path) -> None:
+    """sync, fixed H=16 and adaptive on the scaled bandwidth collapse at two fixed-H rounds' worth
+    of tokens: every arm reaches the target and logs a final NLL, so the ratios are computed from
+    measured times (the goals are for the full size; here only that they are measured)."""
+    import bench.adaptive_collapse as b
+
+    # Two rounds of the fixed arm: H x 3 sites x its per-site batch x 128 tokens (49,152).
+    target = 2 * b.FIXED_H * 3 * b.BASE["train"]["per_site_batch"] * 128
+    b.main(["--target-tokens", str(target)])
+    doc = _written(results, "adaptive_collapse")
+    arms = doc["raw"]["arms"]
+    assert set(arms) == {"sync", "fixed", "adaptive"}
+    for name, arm in arms.items():
+        assert arm["clean_exit"] and arm["useful_tokens"] >= target, (name, arm)
+        assert arm["time_to_target_s"] > 0 and arm["final_heldout_nll"] > 0, (name, arm)
+    t = {a: arms[a]["time_to_target_s"] for a in arms}
+    assert doc["ratio"] == pytest.approx(t["adaptive"] / t["fixed"])
+    assert doc["raw"]["sync_over_adaptive_time"] == pytest.approx(t["sync"] / t["adaptive"])
