@@ -58,6 +58,7 @@ class Rounds:
         self.cut_colls: dict[tuple[int, int], tuple[Any, ...]] = {}  # collectives waiting on a cut proxy
         self._payload: dict[tuple[int, str], tuple[int, int]] = {}
         self._carried: dict[tuple[Any, ...], dict[str, list[Step]]] = {}  # the carried layout of the newest plan
+        self._span: tuple[tuple[Any, ...] | None, tuple[int, int]] = (None, (0, 0))  # start's last round_span
         # The members of a round finish their compute and their all-reduce at the same instant: the
         # clock keeps each instant's as one entry (sim/engine.Clock.at_group), run here in order.
         self._computed, self._reduced = self.computed, self.reduced  # one object each: grouped by identity
@@ -69,7 +70,12 @@ class Rounds:
         assert plan is not None
         cfg = w.effective(s.setting)
         n = len(plan.members)
-        cs, ce = round_span(cfg, n, plan.start_round, plan.start_cursor, rnd, w.target)
+        # Every member of a round asks for the same span (ground.schedule.round_span is pure): the
+        # last one is kept.
+        key = (id(cfg), n, plan.start_round, plan.start_cursor, rnd, w.target)
+        if self._span[0] != key:
+            self._span = (key, round_span(cfg, n, plan.start_round, plan.start_cursor, rnd, w.target))
+        cs, ce = self._span[1]
         if cs >= w.target:
             return self.finish(s)
         s.busy, s.inflight = True, rnd
@@ -149,22 +155,19 @@ class Rounds:
     def work(self, s: SimSite, rnd: int, layout: list[Step], lo: int, hi: int) -> list[int]:
         """Log the inner steps lo..hi-1 of `layout` as `work_attempted` (and record them as taken);
         the site's sample ids of those steps."""
-        mine: list[int] = []
-        logs, seq = self.w.write_logs, self.w.cfg.model.seq_len
+        steps = layout[lo:hi]
         prog = s.progress if s.progress is not None and s.progress.round == rnd else None
-        for h in range(lo, hi):
-            ids = layout[h][0]
-            if prog is not None:
-                prog.done.append(layout[h])
-                prog.epochs.append(s.epoch)
-            if not ids:
-                continue
-            if logs:
-                tokens = len(ids) * seq
-                s.log.emit("work_attempted", round=rnd, inner_step=h, samples=list(ids), tokens=tokens,
-                           flops=tokens * self.w.flops_per_token)
-            mine += ids
-        return mine
+        if prog is not None:
+            prog.done += steps
+            prog.epochs += [s.epoch] * len(steps)
+        if self.w.write_logs:
+            seq = self.w.cfg.model.seq_len
+            for h, (ids, _frontier) in enumerate(steps, lo):
+                if ids:  # the cut last round: a site's batch of a step may be empty
+                    tokens = len(ids) * seq
+                    s.log.emit("work_attempted", round=rnd, inner_step=h, samples=list(ids), tokens=tokens,
+                               flops=tokens * self.w.flops_per_token)
+        return [i for ids, _frontier in steps for i in ids]
 
     def computed(self, s: SimSite, gen: int, rnd: int, cs: int, ce: int, t0: int, h_steps: int, step: int) -> None:
         if gen != s.gen:

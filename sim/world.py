@@ -67,6 +67,7 @@ class World:
         self.evaluated_initial = False
         self._plans: dict[tuple[int, int], tuple[dict[str, Any], EpochPlan]] = {}
         self._effective: dict[ConsistencySetting, RunConfig] = {}
+        self._applied: tuple[tuple[str, int, int, int] | None, str] = (None, "")  # apply_round's last
         self._index: dict[int, tuple[tuple[str, ...], dict[str, int]]] = {}
         self.site_set = frozenset(cfg.cluster.sites)
         self.decisions: list[dict[str, Any]] = []
@@ -208,7 +209,12 @@ class World:
         return got
 
     def apply_round(self, phash: str, rnd: int, cs: int, ce: int) -> str:
-        return chain(phash, rnd, cs, ce)
+        """The weights' hash after round rnd (sim/site.chain); every member of a round applies the
+        same one to the same hash, so the last is kept (one sha256 per round, not per member)."""
+        key = (phash, rnd, cs, ce)
+        if self._applied[0] != key:
+            self._applied = (key, chain(phash, rnd, cs, ce))
+        return self._applied[1]
 
 
 def write_manifest(run_dir: Path, cfg: RunConfig, scenario: Scenario | None, model: SimModel) -> None:
