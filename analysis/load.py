@@ -23,8 +23,8 @@ from typing import Any
 
 from analysis.clock import RunClock, to_steady_axis
 from ground.eventlog import _loads  # noqa: F401 (bench/analysis_speed.py times it from here)
-from ground.eventlog import BadLine, event_line_numbers, parse_events
-from ground.events import envelope_ok, envelope_problem
+from ground.eventlog import BadLine, parse_events
+from ground.events import envelope_problem
 
 
 class AnalysisInputError(ValueError):
@@ -85,28 +85,10 @@ class RunHistory:
 def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[BadLine], str]:
     """Events of one log, its unreadable lines, and the sha256 of its bytes."""
     data = path.read_bytes()
-    events, bad = parse_events(data, str(path))
-    if not all(envelope_ok(e) for e in events):
-        events, bad = _split_malformed(data, str(path), events, bad)
+    # A malformed envelope (a string mono_ns, a span without its end) is a bad line, out of the
+    # history: every ledger sorts and subtracts those fields, and log_integrity names the line.
+    events, bad = parse_events(data, str(path), problem=envelope_problem)
     return events, bad, hashlib.sha256(data).hexdigest()
-
-
-def _split_malformed(data: bytes, path: str, events: list[dict[str, Any]],
-                     bad: list[BadLine]) -> tuple[list[dict[str, Any]], list[BadLine]]:
-    """Move the events whose envelope is malformed (a string mono_ns, a span without its end) out of
-    the history and into the log's bad lines, with their line numbers: every ledger sorts and
-    subtracts those fields, so one such line crashed the whole analysis; log_integrity names it."""
-    nums = event_line_numbers(data)
-    assert len(nums) == len(events), (path, len(nums), len(events))
-    out: list[dict[str, Any]] = []
-    for line_no, ev in zip(nums, events):
-        why = envelope_problem(ev)
-        if why is None:
-            out.append(ev)
-        else:
-            bad.append(BadLine(path, line_no, False,
-                               f"malformed envelope (event {ev.get('id')!r:.40}, {ev.get('event')!r:.40}): {why}"))
-    return out, sorted(bad, key=lambda b: b.line_no)
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import structlog
 
@@ -173,15 +173,18 @@ class BadLine:
     error: str
 
 
-def parse_events(data: bytes, path: str = "") -> tuple[list[dict[str, Any]], list[BadLine]]:
+def parse_events(data: bytes, path: str = "",
+                 problem: Callable[[dict[str, Any]], str | None] | None = None) -> tuple[list[dict[str, Any]], list[BadLine]]:
     """The one parser of JSON-lines logs: the events in `data` (a log's bytes) in file order, and
-    the lines that are not events (`path` names the file in them)."""
+    the lines that are not events (`path` names the file in them). With `problem` (e.g.
+    ground.events.envelope_problem), an event it finds fault with is a bad line too, named by it."""
     # Fast path: the whole file as one JSON array in one call (newlines become commas; a blank or
     # bad line makes it fail, and then the file is read line by line below).
     if data.endswith(b"\n"):
         try:
             parsed = _loads(b"[" + data[:-1].replace(b"\n", b",") + b"]")
-            if all(isinstance(e, dict) and "event" in e for e in parsed):
+            if all(isinstance(e, dict) and "event" in e for e in parsed) \
+                    and (problem is None or not any(map(problem, parsed))):
                 return parsed, []
         except _DecodeError:
             pass
@@ -203,24 +206,13 @@ def parse_events(data: bytes, path: str = "") -> tuple[list[dict[str, Any]], lis
         if not isinstance(ev, dict) or "event" not in ev:
             bad.append(BadLine(path, i + 1, False, "not an event object (no 'event' field)"))
             continue
+        why = problem(ev) if problem is not None else None
+        if why is not None:
+            bad.append(BadLine(path, i + 1, False,
+                               f"malformed envelope (event {ev.get('id')!r:.40}, {ev.get('event')!r:.40}): {why}"))
+            continue
         out.append(ev)
     return out, bad
-
-
-def event_line_numbers(data: bytes) -> list[int]:
-    """The 1-based line numbers of the lines parse_events(data) returns as events, in its order (the
-    slow path's test, line by line: for naming a line once an event is found wanting)."""
-    nums: list[int] = []
-    for i, raw in enumerate(data.split(b"\n")):
-        if not raw.strip():
-            continue
-        try:
-            ev = _loads(raw)
-        except _DecodeError:
-            continue
-        if isinstance(ev, dict) and "event" in ev:
-            nums.append(i + 1)
-    return nums
 
 
 def read_events(path: str | Path) -> list[dict[str, Any]]:

@@ -286,23 +286,32 @@ def _type_name(v: object) -> str:
 _SPANS = frozenset(name for name, e in EVENTS.items() if e.span)
 
 
-def envelope_ok(ev: dict) -> bool:
-    """The fast test (analysis reads every event through it): True when envelope_problem is None."""
+def _well_formed(ev: dict) -> bool:
+    """The fast path of envelope_problem (every event analysed goes through it)."""
     try:
         ok = (type(ev["id"]) is str and type(ev["event"]) is str and type(ev["wall_ns"]) is int
               and type(ev["mono_ns"]) is int and type(ev["run_id"]) is str and type(ev["process"]) is str
               and type(ev["pid"]) is int and type(ev["epoch"]) is int and type(ev["step"]) is int)
+        if ok and ev["event"] in _SPANS:
+            ok = (type(ev["start_wall_ns"]) is int and type(ev["end_wall_ns"]) is int
+                  and type(ev["start_mono_ns"]) is int and type(ev["end_mono_ns"]) is int
+                  and ev["end_mono_ns"] >= ev["start_mono_ns"])
     except KeyError:
         return False
-    if ok and ev["event"] in _SPANS:
-        return envelope_problem(ev) is None
     return ok
+
+
+def envelope_ok(ev: dict) -> bool:
+    """True when envelope_problem(ev) is None."""
+    return _well_formed(ev)
 
 
 def envelope_problem(ev: dict) -> str | None:
     """What is wrong with an event line's envelope, or None: a stamped field missing or of the wrong
     type (a non-integer `mono_ns` would sort or subtract wrongly in every ledger), and for a
     registered span event, a missing or non-integer bound or one that ends before it starts."""
+    if _well_formed(ev):
+        return None
     for k, t in _STAMPED_TYPES.items():
         if k not in ev:
             return f"no '{k}' field"
