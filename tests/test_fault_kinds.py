@@ -17,9 +17,16 @@ from ground.config import load_config, merge
 from xdc.launcher import launch
 
 ROUND = 12_288  # tokens per round: 3 sites x 8 samples x 4 inner steps x 128 tokens
+# Progress triggers fix where a fault starts, but its length is wall time: on a fast host (steps of
+# ~65 ms) c's 4 s hang spanned so many rounds that the coordinator crash, the store outage and
+# the blackhole all fell inside c's rejoin, every donor transfer to c was abandoned and c came back
+# from the store (clean-clone CI). Every inner step takes at least this long, the pace of the
+# machine the scenario was tuned on, so the faults stay one after another on any host.
+STEP_FLOOR_MS = 200
 CFG = {
     "train": {"mode": "local", "per_site_batch": 8, "inner_steps_h": 4, "target_useful_tokens": 20 * ROUND,
-              "eval_every_rounds": 4, "checkpoint_every_rounds": 3, "threads_per_site": 1, "device": "cpu"},
+              "eval_every_rounds": 4, "checkpoint_every_rounds": 3, "threads_per_site": 1, "device": "cpu",
+              "step_floor_ms": STEP_FLOOR_MS},
     "wan": {"site_link": {"up": {"latency_ms": 5}, "down": {"latency_ms": 5}}, "heartbeat_timeout_ms": 2000,
             "collective_stall_ms": 8000},
     "recovery": {"policy": "elastic"},
