@@ -101,9 +101,12 @@ class Rounds:
         s.resume = None
         t_step = max(w.model.compute_s_per_token * cfg.train.per_site_batch * cfg.model.seq_len,
                      cfg.train.step_floor_ms / 1000.0)  # the emulated device's floor, as site_agent/rounds.py
+        # The agent skips a step whose batch is empty (the last round, cut at the target) at no cost:
+        # the empty steps trail every layout, so a full last step means none is empty.
+        busy = h_steps - first if layout[-1][0] else sum(1 for ids, _f in layout[first:] if ids)
         s.cur = (rnd, cs, ce, h_steps, w.clock.now_ns, t_step, first, layout)
         now = w.clock.now_ns
-        w.clock.at_group(now + ns((h_steps - first) * t_step), self._computed, s, s.gen, rnd, cs, ce, now, h_steps, step)
+        w.clock.at_group(now + ns(busy * t_step), self._computed, s, s.gen, rnd, cs, ce, now, h_steps, step)
 
     @staticmethod
     def carried(s: SimSite, rnd: int) -> bool:

@@ -79,6 +79,24 @@ def test_a_step_floor_sets_the_simulated_step_time_as_it_does_the_emulators(tmp_
     assert slow and all(t == pytest.approx(4 * model_step_s * 3) for t in slow)  # H = 4 steps at the floor
 
 
+def test_the_last_round_cut_at_the_target_takes_only_its_non_empty_steps(tmp_path: Path) -> None:
+    """site_agent/rounds.py skips an inner step whose batch is empty (the last round, cut at the
+    target) without computing or waiting out the floor; so does the simulator. 720 samples are
+    7.5 rounds of 3 sites x 8 x H = 4: the last round is 2 steps per site, and it is half as long."""
+    from ground.eventlog import process_events
+
+    floor_s = 0.5
+    cfg = cfg_for(train={"step_floor_ms": floor_s * 1000, "target_useful_tokens": 720 * 128})
+    res = simulate(cfg, None, out=tmp_path / "run")
+    assert res.complete and res.commits == 8
+    for site in ("a", "b", "c"):
+        spans = [(e["round"], (e["end_mono_ns"] - e["start_mono_ns"]) / 1e9, e["samples"])
+                 for e in process_events(tmp_path / "run", site) if e["event"] == "compute"]
+        assert [r for r, _s, _n in spans] == list(range(8))
+        assert [t for _r, t, _n in spans] == pytest.approx([4 * floor_s] * 7 + [2 * floor_s])
+        assert [n for _r, _t, n in spans] == [32] * 7 + [16]
+
+
 def test_a_simulation_is_deterministic(tmp_path: Path) -> None:
     scen = Scenario.build("t", "").crash("b", at_useful_tokens=36_864, restart_after_s=2)
     for name in ("one", "two"):
