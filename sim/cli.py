@@ -141,7 +141,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
              else [sweep.prior_rate(g) for g in _csv(args.gpus_per_site, int, "gpus-per-site", 0)])
     todo = sweep.cells(_csv(args.sites, int, "sites", 1), rates, _csv(args.bandwidths, int, "bandwidths", 0),
                        _csv(args.policies, str, "policies"), _csv(args.modes, str, "modes"), args.sim_s,
-                       args.repair_s, args.seed, args.seeds)
+                       args.repair_s, args.seed, args.seeds, "given" if args.rates else "prior")
     bad = sorted({c.policy for c in todo} - set(POLICIES)) + sorted({c.mode for c in todo} - {"sync", "local"})
     if bad:
         print(f"xdc sim sweep: unknown policy or mode {bad}", file=sys.stderr)

@@ -54,6 +54,16 @@ def prior_rate(gpus_per_site: int) -> float:
     return PER_GPU_HOUR * gpus_per_site
 
 
+RATE_EVIDENCE = {"prior": "the fleet prior (FLEET_PRIOR) times the GPUs behind one site (--gpus-per-site)",
+                 "given": "given with --rates (the user's input: no published source behind it)"}
+
+
+def rates_label(results: list[dict[str, Any]]) -> str:
+    """How a sweep's failure rates are labelled: "prior", "given", or both joined ("given+prior")
+    when results of both kinds were merged (a result without the field is from the prior)."""
+    return "+".join(sorted({r.get("rate_evidence", "prior") for r in results})) or "prior"
+
+
 DEFAULT_GPUS_PER_SITE = (0, 1_024, 8_192, 65_536)  # rates 0, ~0.020, ~0.16, ~1.3 per site-hour
 
 
@@ -67,6 +77,9 @@ class Cell:
     sim_s: float
     repair_s: float
     seed: int
+    # Where the rate came from: "prior" (the fleet prior times the GPUs behind a site, --gpus-per-site)
+    # or "given" (--rates: the user's own input, no published source behind it).
+    rate_evidence: str = "prior"
 
     def fault_key(self) -> tuple[Any, ...]:
         """What the fault schedule depends on (not the policy: the policies meet the same faults)."""
@@ -107,7 +120,7 @@ def cell_inputs(cell: Cell) -> tuple[Any, Scenario, SimModel]:
     cfg = load_config({"run_id": f"sweep-{cell.policy}", "cluster": {"sites": names},
                        "train": {"target_useful_tokens": 10 ** 13, "mode": cell.mode},
                        "recovery": {"policy": cell.policy}, "wan": wan})
-    scen = Scenario.build("sweep", f"Poisson crashes at {cell.rate_per_site_h:g} per site-hour (prior)")
+    scen = Scenario.build("sweep", f"Poisson crashes at {cell.rate_per_site_h:g} per site-hour ({cell.rate_evidence})")
     for t, site in fault_times(cell):
         scen = scen.crash(site, at_s=t, restart_after_s=cell.repair_s)
     # Heartbeats coalesced to one per half timeout (the core keeps only the last; a live site is never late).
@@ -125,12 +138,16 @@ def run_cell(cell: Cell) -> dict[str, Any]:
 
 
 def cells(sites: Iterable[int], rates: Iterable[float], bandwidths: Iterable[int], policies: Iterable[str],
-          modes: Iterable[str], sim_s: float, repair_s: float, seed: int, seeds: int = 1) -> list[Cell]:
+          modes: Iterable[str], sim_s: float, repair_s: float, seed: int, seeds: int = 1,
+          rate_evidence: str = "prior") -> list[Cell]:
     """Every cell, each failure rate above 0 drawn `seeds` times (seeds seed, seed+1, ...: independent
-    fault schedules, the same for every policy); a fault-free cell once (no seed changes it)."""
+    fault schedules, the same for every policy); a fault-free cell once (no seed changes it).
+    `rate_evidence`: "prior" (rates from the fleet prior) or "given" (the user's --rates)."""
     if seeds < 1:
         raise ValueError(f"seeds must be at least 1, not {seeds}")
-    return [Cell(n, r, b, p, m, sim_s, repair_s, seed + k)
+    if rate_evidence not in RATE_EVIDENCE:
+        raise ValueError(f"rate_evidence must be one of {sorted(RATE_EVIDENCE)}, not {rate_evidence!r}")
+    return [Cell(n, r, b, p, m, sim_s, repair_s, seed + k, rate_evidence)
             for n, r, b, m, p in product(sites, rates, bandwidths, modes, policies)
             for k in range(seeds if r > 0 else 1)]
 
@@ -245,7 +262,7 @@ def table_md(results: list[dict[str, Any]], ranks: list[dict[str, Any]]) -> str:
     without faults) and, over several seeds, the range; the crashes each seed drew."""
     policies = sorted({r["policy"] for r in results})
     base = _baselines(results)
-    head = ("| sites | KB/s | mode | failures/site-h (prior) | crashes drawn | "
+    head = (f"| sites | KB/s | mode | failures/site-h ({rates_label(results)}) | crashes drawn | "
             + " | ".join(f"{p} tok/s (ratio)" for p in policies) + " | best |")
     lines = [head, "|" + "---|" * (6 + len(policies))]
     for k in ranks:
@@ -292,7 +309,7 @@ def figure(results: list[dict[str, Any]]) -> Any:
                                      mode="lines+markers", line={"dash": dashes[j % len(dashes)]},
                                      marker={"symbol": j}),
                           row=i // cols + 1, col=i % cols + 1)
-    fig.update_xaxes(title_text="failures per site-hour (prior)")
+    fig.update_xaxes(title_text=f"failures per site-hour ({rates_label(results)})")
     fig.update_yaxes(title_text="goodput, useful tokens/s (modeled; mean and range over seeds)")
     fig.update_layout(title="Simulated goodput against the failure rate, per policy", height=320 * rows + 80)
     return fig
@@ -301,7 +318,10 @@ def figure(results: list[dict[str, Any]]) -> Any:
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     results = with_ratio(results)
     ranks = rankings(results)
-    return {"evidence": "modeled", "failure_prior": {**FLEET_PRIOR, "per_gpu_hour": PER_GPU_HOUR},
+    ev = rates_label(results)
+    return {"evidence": "modeled",
+            "failure_rates": {"evidence": ev, "source": "; ".join(RATE_EVIDENCE[e] for e in ev.split("+"))},
+            "failure_prior": {**FLEET_PRIOR, "per_gpu_hour": PER_GPU_HOUR},
             "goodput": "useful tokens in the commit record per simulated second",
             "seeds_per_rate": max((len(r["seeds"]) for r in ranks if r["rate_per_site_h"] > 0), default=0),
             "best": "the policy of the highest mean goodput, and every policy it does not dominate (at least as "

@@ -16,7 +16,7 @@ from sim import sweep
 from sim.cli import main as sim_main
 
 TINY = dict(sites=[3], rates=[0.0, 40.0], bandwidths=[0], policies=["stall", "elastic"], modes=["local"],
-            sim_s=90.0, repair_s=20.0, seed=7, seeds=2)
+            sim_s=90.0, repair_s=20.0, seed=7, seeds=2, rate_evidence="given")  # as --rates makes them
 
 
 def test_the_fault_schedule_is_seeded_poisson_and_the_same_for_every_policy() -> None:
@@ -86,6 +86,20 @@ def test_a_fault_free_rate_is_simulated_once_and_every_other_rate_once_per_seed(
         sweep.cells([3], [1.0], [0], ["stall"], ["local"], 60.0, 20.0, seed=0, seeds=0)
 
 
+def test_rates_from_the_fleet_prior_are_labelled_prior_and_given_rates_given() -> None:
+    prior = sweep.cells([3], [sweep.prior_rate(8_192)], [0], ["stall"], ["local"], 60.0, 20.0, seed=0)
+    given = sweep.cells([3], [0.5], [0], ["stall"], ["local"], 60.0, 20.0, seed=0, rate_evidence="given")
+    assert [c.rate_evidence for c in prior + given] == ["prior", "given"]
+    rows = [{**_row(c.rate_per_site_h, c.policy, c.seed, 1.0), "rate_evidence": c.rate_evidence} for c in prior + given]
+    assert sweep.rates_label(rows[:1]) == "prior" and sweep.rates_label(rows[1:]) == "given"
+    assert sweep.rates_label(rows) == "given+prior"  # merged sweeps: both named, never just "prior"
+    assert "failures/site-h (given) |" in sweep.table_md(rows[1:], sweep.rankings(rows[1:]))
+    assert "failures/site-h (prior) |" in sweep.table_md(rows[:1], sweep.rankings(rows[:1]))
+    assert sweep.summarize(rows[1:])["failure_rates"]["evidence"] == "given"
+    with pytest.raises(ValueError, match="rate_evidence must be one of"):
+        sweep.cells([3], [0.5], [0], ["stall"], ["local"], 60.0, 20.0, seed=0, rate_evidence="measured")
+
+
 def test_a_sweep_on_a_real_local_dask_cluster_equals_the_local_process_sweep(tmp_path: Path) -> None:
     import distributed  # a dependency (pyproject), installed by `make setup`: missing is a failure, not a skip
     todo = sweep.cells(**TINY)
@@ -106,6 +120,8 @@ def test_a_sweep_on_a_real_local_dask_cluster_equals_the_local_process_sweep(tmp
     assert [{k: v for k, v in r.items() if k != "goodput_ratio"} for r in doc["results"]] == local
     assert (out / "goodput.html").stat().st_size > 10_000 and "| best |" in (out / "table.md").read_text()
     assert doc["failure_prior"]["evidence"] == "prior" and "Llama 3" in doc["failure_prior"]["source"]
+    # --rates are the user's: labelled given, never prior (the table, the figure's axis, the summary)
+    assert doc["failure_rates"]["evidence"] == "given" and "failures/site-h (given)" in doc["table_md"]
 
 
 def test_sweep_arguments_out_of_range_or_not_numbers_are_clear_errors(tmp_path: Path, capsys) -> None:
