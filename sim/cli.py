@@ -149,7 +149,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     where = f"Dask cluster at {args.scheduler}" if args.scheduler else f"{args.workers or os.cpu_count()} local processes"
     print(f"{len(todo)} cells on {where}", flush=True)
-    results = sweep.run_dask(todo, args.scheduler) if args.scheduler else sweep.run_local(todo, args.workers)
+    def told(done: int, total: int, r: dict[str, Any]) -> None:
+        print(sweep.progress_line(done, total, r), file=sys.stderr, flush=True)
+
+    results = (sweep.run_dask(todo, args.scheduler, told) if args.scheduler
+               else sweep.run_local(todo, args.workers, told))
     doc = sweep.summarize(results)
     doc["wall_s"], doc["where"] = time.perf_counter() - t0, where
     out = Path(args.out)

@@ -29,10 +29,11 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-from concurrent.futures import ProcessPoolExecutor
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from itertools import product
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -129,12 +130,26 @@ def cell_inputs(cell: Cell) -> tuple[Any, Scenario, SimModel]:
 
 
 def run_cell(cell: Cell) -> dict[str, Any]:
-    """One cell's simulation and its result (a plain dict: it travels back from a worker)."""
+    """One cell's simulation and its result (a plain dict: it travels back from a worker).
+    `cell_cpu_s`: the CPU seconds the cell took on its worker (what a cell costs; the only field
+    that differs between two runs of the same cell)."""
+    cpu0 = time.process_time()
     cfg, scen, model = cell_inputs(cell)
     res = simulate(cfg, scen, model, max_sim_s=cell.sim_s)
     return {**asdict(cell), "faults": len(scen.faults), "commits": res.commits, "epochs": res.epochs,
             "useful_tokens": res.useful_tokens, "sim_s_reached": res.sim_s,
-            "goodput_tokens_per_s": res.useful_tokens / cell.sim_s, "evidence": "modeled"}
+            "goodput_tokens_per_s": res.useful_tokens / cell.sim_s, "evidence": "modeled",
+            "cell_cpu_s": round(time.process_time() - cpu0, 3)}
+
+
+Progress = Callable[[int, int, dict[str, Any]], None]  # (cells done, cells in all, the result just done)
+
+
+def progress_line(done: int, total: int, r: dict[str, Any]) -> str:
+    """One finished cell, for a long sweep's progress on stderr."""
+    return (f"[{done}/{total}] {r['sites']} sites, {r['rate_per_site_h']:.3g}/site-h, "
+            f"{r['bandwidth_kbps'] or 'unshaped'} KB/s, {r['mode']}, {r['policy']}, seed {r['seed']}: "
+            f"{r['faults']} crashes, {r['goodput_tokens_per_s']:,.0f} tok/s ({r['cell_cpu_s']:.2f} CPU-s)")
 
 
 def cells(sites: Iterable[int], rates: Iterable[float], bandwidths: Iterable[int], policies: Iterable[str],
@@ -152,21 +167,36 @@ def cells(sites: Iterable[int], rates: Iterable[float], bandwidths: Iterable[int
             for k in range(seeds if r > 0 else 1)]
 
 
-def run_local(todo: list[Cell], workers: int | None = None) -> list[dict[str, Any]]:
-    """The cells on local worker processes (one per core by default), results in the cells' order."""
+def run_local(todo: list[Cell], workers: int | None = None, on_done: Progress | None = None) -> list[dict[str, Any]]:
+    """The cells on local worker processes (one per core by default), results in the cells' order;
+    `on_done` is told of each cell as it finishes (in the order they finish)."""
     workers = workers or os.cpu_count() or 1
     if workers == 1:
-        return [run_cell(c) for c in todo]
+        out = []
+        for c in todo:
+            out.append(run_cell(c))
+            if on_done:
+                on_done(len(out), len(todo), out[-1])
+        return out
     with ProcessPoolExecutor(max_workers=workers) as ex:
-        return list(ex.map(run_cell, todo))
+        futures = [ex.submit(run_cell, c) for c in todo]
+        for k, f in enumerate(as_completed(futures), 1):
+            if on_done:
+                on_done(k, len(todo), f.result())
+        return [f.result() for f in futures]
 
 
-def run_dask(todo: list[Cell], scheduler: str) -> list[dict[str, Any]]:
-    """The cells on an existing Dask distributed cluster (its scheduler's address), in the cells' order."""
-    from distributed import Client  # imported here: local sweeps do not need it
+def run_dask(todo: list[Cell], scheduler: str, on_done: Progress | None = None) -> list[dict[str, Any]]:
+    """The cells on an existing Dask distributed cluster (its scheduler's address), in the cells' order;
+    `on_done` as in `run_local`."""
+    from distributed import Client
+    from distributed import as_completed as dask_completed  # imported here: local sweeps do not need it
 
     with Client(scheduler, timeout="30s") as client:
         futures = client.map(run_cell, todo, pure=False)
+        for k, f in enumerate(dask_completed(futures), 1):
+            if on_done:
+                on_done(k, len(todo), f.result())
         return client.gather(futures)
 
 
