@@ -160,7 +160,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps(doc, indent=2))
     (out / "table.md").write_text(doc["table_md"] + "\n")
-    sweep.figure(doc["results"]).write_html(out / "goodput.html", include_plotlyjs=True)
+    # inline: the page works offline (~4.7 MB); cdn: a small page that loads plotly.js when opened.
+    sweep.figure(doc["results"]).write_html(out / "goodput.html", include_plotlyjs=True if args.figure_js == "inline" else "cdn")
     print(doc["table_md"])
     for f in doc["flips"]:
         print(f"ranking flips along {f['along']}: {f['best_before']} at {f['from']:g} -> {f['best_after']} at "
@@ -221,6 +222,8 @@ def parser() -> argparse.ArgumentParser:
                    help="fault schedules drawn per failure rate (seeds --seed, --seed+1, ...; default 3)")
     w.add_argument("--workers", type=int, default=0, help="local processes (default: one per core)")
     w.add_argument("--scheduler", default="", help="a Dask distributed scheduler's address (tcp://HOST:PORT)")
+    w.add_argument("--figure-js", choices=("inline", "cdn"), default="inline",
+                   help="goodput.html with plotly.js inside (works offline) or loaded from its CDN (a small file to keep)")
     w.add_argument("--out", required=True)
     return ap
 

@@ -125,6 +125,11 @@ def test_a_sweep_on_a_real_local_dask_cluster_equals_the_local_process_sweep(tmp
     assert all(r["cell_cpu_s"] > 0 for r in doc["results"])
     err = capsys.readouterr().err
     assert f"[{len(todo)}/{len(todo)}] 3 sites" in err and "CPU-s)" in err  # the progress of a long sweep
+    small = tmp_path / "small"  # the figure with plotly.js from its CDN: a file small enough to keep
+    assert sim_main(["sweep", "--sites", "3", "--rates", "0", "--policies", "stall", "--sim-s", "30", "--workers", "1",
+                     "--figure-js", "cdn", "--out", str(small)]) == 0
+    page = (small / "goodput.html").read_text()
+    assert len(page) < 100_000 and "cdn.plot.ly" in page and "Simulated goodput" in page
     assert (out / "goodput.html").stat().st_size > 10_000 and "| best |" in (out / "table.md").read_text()
     assert doc["failure_prior"]["evidence"] == "prior" and "Llama 3" in doc["failure_prior"]["source"]
     # --rates are the user's: labelled given, never prior (the table, the figure's axis, the summary)
