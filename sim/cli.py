@@ -152,8 +152,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     def told(done: int, total: int, r: dict[str, Any]) -> None:
         print(sweep.progress_line(done, total, r), file=sys.stderr, flush=True)
 
-    results = (sweep.run_dask(todo, args.scheduler, told) if args.scheduler
-               else sweep.run_local(todo, args.workers, told))
+    try:
+        results = (sweep.run_dask(todo, args.scheduler, told) if args.scheduler
+                   else sweep.run_local(todo, args.workers, told))
+    except sweep.SchedulerUnreachable as e:
+        print(f"xdc sim sweep: {e}", file=sys.stderr)
+        return 2
     doc = sweep.summarize(results)
     doc["wall_s"], doc["where"] = time.perf_counter() - t0, where
     out = Path(args.out)

@@ -186,13 +186,26 @@ def run_local(todo: list[Cell], workers: int | None = None, on_done: Progress | 
         return [f.result() for f in futures]
 
 
+SCHEDULER_TIMEOUT_S = 30
+
+
+class SchedulerUnreachable(RuntimeError):
+    """`--scheduler` names no Dask scheduler this machine can reach (nothing ran)."""
+
+
 def run_dask(todo: list[Cell], scheduler: str, on_done: Progress | None = None) -> list[dict[str, Any]]:
     """The cells on an existing Dask distributed cluster (its scheduler's address), in the cells' order;
     `on_done` as in `run_local`."""
     from distributed import Client
     from distributed import as_completed as dask_completed  # imported here: local sweeps do not need it
 
-    with Client(scheduler, timeout="30s") as client:
+    try:
+        client = Client(scheduler, timeout=f"{SCHEDULER_TIMEOUT_S}s")
+    except (OSError, TimeoutError, ValueError) as e:  # no scheduler there, or not an address Dask reads
+        raise SchedulerUnreachable(f"no Dask scheduler reachable at {scheduler!r} within {SCHEDULER_TIMEOUT_S} s "
+                                   f"({type(e).__name__}: {e}); start one with `dask-scheduler` and give its "
+                                   "tcp://HOST:PORT") from None
+    with client:
         futures = client.map(run_cell, todo, pure=False)
         for k, f in enumerate(dask_completed(futures), 1):
             if on_done:

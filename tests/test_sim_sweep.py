@@ -149,3 +149,18 @@ def test_sweep_arguments_out_of_range_or_not_numbers_are_clear_errors(tmp_path: 
         assert sim_main(["sweep", "--workers", "1", *args, "--out", str(out)]) == 2, args
         assert says in capsys.readouterr().err, args
     assert not out.exists()
+
+
+def test_a_sweep_given_no_reachable_scheduler_says_so_and_runs_nothing(tmp_path: Path, capsys, monkeypatch) -> None:
+    import socket
+    with socket.socket() as sock:  # a port nobody listens on (bound, never listening: refused at once)
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        monkeypatch.setattr(sweep, "SCHEDULER_TIMEOUT_S", 2)
+        out = tmp_path / "sweep"
+        for addr in (f"tcp://127.0.0.1:{port}", "not-an-address"):
+            rc = sim_main(["sweep", "--sites", "3", "--rates", "0", "--policies", "stall", "--sim-s", "30",
+                           "--scheduler", addr, "--out", str(out)])
+            err = capsys.readouterr().err
+            assert rc == 2 and f"no Dask scheduler reachable at {addr!r} within 2 s" in err and "Traceback" not in err
+            assert not out.exists()  # nothing ran, nothing written
