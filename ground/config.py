@@ -344,6 +344,38 @@ def load_config(data: dict | None = None) -> RunConfig:
     return _build(RunConfig, data or {}, "")
 
 
+def partial_link_notes(data: dict | None) -> list[str]:
+    """Where `data` gives wan.site_link or wan.service_link in part, what that costs: a profile's
+    fields left out (and a direction left out) are LinkProfile's, 0 ms and unshaped, not the
+    link's default (site links 20 +- 2 ms, service links 5 ms). So
+    `--set wan.site_link.up.bandwidth_kbps=1250` also makes both directions' latency 0. That meaning
+    is kept (configs, benchmarks and frozen studies rely on it); the CLI shows these notes so that
+    nobody loses the WAN's latency without knowing. One note per direction that loses a default."""
+    wan = (data or {}).get("wan")
+    if not isinstance(wan, dict):
+        return []
+    defaults, zero = WanConfig(), LinkProfile()
+    names = [f.name for f in dataclasses.fields(LinkProfile)]
+    out = []
+    for link in ("site_link", "service_link"):
+        spec = wan.get(link)
+        if not isinstance(spec, dict):
+            continue
+        for direction in ("up", "down"):
+            prof = spec.get(direction)
+            if prof is not None and not isinstance(prof, dict):
+                continue  # a type error load_config reports
+            default = getattr(getattr(defaults, link), direction)
+            lost = [k for k in names if (prof is None or k not in prof) and getattr(default, k) != getattr(zero, k)]
+            if not lost:
+                continue
+            how = "not given" if prof is None else "given in part"
+            out.append(f"wan.{link}.{direction} {how}: {', '.join(f'{k}=0' for k in lost)}, not the default's "
+                       f"{', '.join(f'{k}={getattr(default, k)}' for k in lost)} (a link profile given in part takes 0 "
+                       f"for what it leaves out; give {'them' if len(lost) > 1 else 'it'} to keep the default)")
+    return out
+
+
 def merge(base: dict, override: dict) -> dict:
     """Deep-merge two nested dicts (override wins)."""
     out = dict(base)

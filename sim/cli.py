@@ -6,7 +6,7 @@
     report EMULATOR_DIR --out DIR [--calibration FILE]
     sweep --sites 3,10 --gpus-per-site 0,1024,8192 | --rates 0,0.5 --bandwidths 0,1000
         --policies stall,restart,elastic --modes local,sync --sim-s 600 [--repair-s 60] [--seed 0] [--seeds 3]
-        [--workers N | --scheduler tcp://HOST:PORT] --out DIR
+        [--workers N | --scheduler tcp://HOST:PORT] [--figure-js inline|cdn] --out DIR
 
 `run` writes one run directory (or, with --policy all, one per policy under DIR) in the
 emulator's layout, for `xdc analyze`. Sites are named a..z, then s0026, s0027, ... A scenario with a
@@ -29,7 +29,8 @@ from typing import Any
 from analysis.load import AnalysisInputError
 from chaos.reach import ScenarioBeyondRun, check_scenario_fits
 from chaos.scenario import Scenario, ScenarioError, load_scenario
-from ground.config import ConfigError, RunConfig, load_config, merge, parse_override, read_config_file
+from ground.config import (ConfigError, RunConfig, load_config, merge, parse_override, partial_link_notes,
+                           read_config_file)
 from sim.calibrate import CalibrationError, read_calibration, write_calibration
 from sim.faults import UnsupportedFault
 from sim.model import SimModel
@@ -62,6 +63,8 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
         data = merge(data, {"cluster": {"sites": site_names(args.sites)}})
     for s in args.set or []:
         data = merge(data, parse_override(s))
+    for note in partial_link_notes(data):
+        print(f"config note: {note}", file=sys.stderr)
     return data
 
 

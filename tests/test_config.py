@@ -18,6 +18,7 @@ from ground.config import (
     load_config,
     merge,
     parse_override,
+    partial_link_notes,
     read_config_file,
     save_config,
     to_dict,
@@ -271,3 +272,35 @@ def test_xdc_config_into_a_closed_pipe_exits_quietly() -> None:
         os.close(w)
     assert p.stderr.decode() == ""
     assert p.returncode == 141  # 128 + SIGPIPE, as a shell reports a filter killed by the pipe
+
+
+def test_a_link_profile_given_in_part_loses_the_default_latency_and_says_so() -> None:
+    """README's example: capping one direction's bandwidth makes both directions' latency 0, not 20 +- 2
+    ms (the meaning configs, benchmarks and frozen studies rely on): the notes name every loss."""
+    data = parse_override("wan.site_link.up.bandwidth_kbps=1250")
+    assert load_config(data).wan.site_link == LinkSpec(LinkProfile(0, 0, 1250), LinkProfile(0, 0, 0))
+    notes = partial_link_notes(data)
+    assert notes == [
+        "wan.site_link.up given in part: latency_ms=0, jitter_ms=0, not the default's latency_ms=20, jitter_ms=2 "
+        "(a link profile given in part takes 0 for what it leaves out; give them to keep the default)",
+        "wan.site_link.down not given: latency_ms=0, jitter_ms=0, not the default's latency_ms=20, jitter_ms=2 "
+        "(a link profile given in part takes 0 for what it leaves out; give them to keep the default)"]
+    whole = {"latency_ms": 20, "jitter_ms": 2, "bandwidth_kbps": 1250}
+    assert partial_link_notes({"wan": {"site_link": {"up": whole, "down": whole}}}) == []
+    # the service link's default has no jitter: leaving jitter out loses nothing; leaving `down` out loses 5 ms
+    assert partial_link_notes({"wan": {"service_link": {"up": {"latency_ms": 2}}}}) == [
+        "wan.service_link.down not given: latency_ms=0, not the default's latency_ms=5 "
+        "(a link profile given in part takes 0 for what it leaves out; give it to keep the default)"]
+    assert partial_link_notes({}) == [] and partial_link_notes({"wan": {"heartbeat_timeout_ms": 2000}}) == []
+    assert partial_link_notes({"wan": {"site_link": {"up": 5}}})[0].startswith("wan.site_link.down not given")
+
+
+def test_xdc_config_shows_the_partial_link_note_on_stderr_and_the_config_on_stdout() -> None:
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "xdc.cli", "config", "--set", "wan.site_link.up.bandwidth_kbps=1250"],
+                       capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parent.parent)
+    assert p.returncode == 0 and json.loads(p.stdout)["wan"]["site_link"]["up"] == {
+        "latency_ms": 0, "jitter_ms": 0, "bandwidth_kbps": 1250}
+    assert p.stderr.count("config note: wan.site_link.") == 2 and "latency_ms=0" in p.stderr

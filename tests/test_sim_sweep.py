@@ -30,6 +30,20 @@ def test_the_fault_schedule_is_seeded_poisson_and_the_same_for_every_policy() ->
     assert sweep.PER_GPU_HOUR == pytest.approx(419 / (54 * 24 * 16_384))
 
 
+def test_a_capped_cell_keeps_the_site_links_latency_and_jitter() -> None:
+    """--bandwidths caps the bandwidth only: the site links stay 20 +- 2 ms (until 624f604 a capped
+    cell's links had 0 ms: a profile given in part takes 0 for what it leaves out)."""
+    from ground.config import LinkProfile, LinkSpec
+
+    capped, _scen, _model = sweep.cell_inputs(sweep.Cell(3, 0.0, 1000, "stall", "sync", 60.0, 20.0, 0))
+    unshaped, _scen, _model = sweep.cell_inputs(sweep.Cell(3, 0.0, 0, "stall", "sync", 60.0, 20.0, 0))
+    assert capped.wan.site_link == LinkSpec(LinkProfile(20, 2, 1000), LinkProfile(20, 2, 1000))
+    assert unshaped.wan.site_link == LinkSpec(LinkProfile(20, 2, 0), LinkProfile(20, 2, 0))
+    # a cap slows sync training: every inner step's collective crosses the capped links
+    fast, slow = (sweep.run_cell(sweep.Cell(3, 0.0, bw, "stall", "sync", 60.0, 20.0, 0)) for bw in (0, 1000))
+    assert slow["goodput_tokens_per_s"] < fast["goodput_tokens_per_s"]
+
+
 def test_ranking_flips_are_found_and_ties_are_not_flips() -> None:
     rows = [{"sites": 3, "bandwidth_kbps": 0, "mode": "local", "rate_per_site_h": r, "policy": p, "seed": 0,
              "faults": 1, "goodput_tokens_per_s": g}

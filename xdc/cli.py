@@ -30,7 +30,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from ground.config import ConfigError, load_config, merge, parse_override, read_config_file, to_dict
+from ground.config import (ConfigError, load_config, merge, parse_override, partial_link_notes, read_config_file,
+                           to_dict)
 from ground.processes import compose_processes
 from xdc.cli_parser import ALLOW_UNFIRED_HELP, build_parser  # noqa: F401 (ALLOW_UNFIRED_HELP: old path)
 
@@ -43,6 +44,8 @@ def _resolve(args: argparse.Namespace, base: dict | None = None) -> dict:
         data = merge(data, parse_override(text))
     if getattr(args, "runs_dir", None):
         data = merge(data, {"runs_dir": args.runs_dir})
+    for note in partial_link_notes(data):
+        print(f"config note: {note}", file=sys.stderr)
     return data
 
 
