@@ -57,6 +57,18 @@ def with_policy(cfg: RunConfig, policy: str, scenario: Scenario | None) -> RunCo
     return replace(cfg, recovery=replace(cfg.recovery, policy=policy, oracle_faults=faults))
 
 
+LOG_NOTE_BYTES_PER_ROUND = 50_000_000  # above this, `run` says what its logs will cost
+
+
+def counter_log_bytes_per_round(n_sites: int) -> int:
+    """About how many bytes of `wan_counters` one simulated round of n sites logs (an estimate): every
+    site's cumulative snapshot has a tx and an rx row per direction of each of its n-1 site links
+    (4 (n-1) rows), of about the size of a representative row. At 1,000 sites: ~0.4 GB a round."""
+    row = json.dumps({"side": "rx", "link": "s0000_to_s0001", "direction": "up", "cls": "collective",
+                      "bytes": 123456, "messages": 12})
+    return n_sites * 4 * max(0, n_sites - 1) * (len(row) + 2)
+
+
 def _config(args: argparse.Namespace) -> dict[str, Any]:
     data: dict[str, Any] = read_config_file(args.config) if args.config else {}
     if args.sites:
@@ -86,6 +98,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         except ScenarioBeyondRun as e:
             print(f"xdc sim: scenario error: {e}", file=sys.stderr)
             return 2
+    if not args.no_logs:
+        per_round = counter_log_bytes_per_round(len(load_config(data).cluster.sites))
+        if per_round >= LOG_NOTE_BYTES_PER_ROUND:
+            print(f"note: with logs, every simulated round writes about {per_round / 1e6:,.0f} MB of byte counters "
+                  "(each site logs its cumulative counters over all its site links every round, as the emulator "
+                  "does: 4 rows per site pair); use --no-logs for a scale run", file=sys.stderr)
     out = Path(args.out)
     runs: list[dict[str, Any]] = []
     for pol in policies:
