@@ -99,7 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"xdc sim: scenario error: {e}", file=sys.stderr)
             return 2
     if not args.no_logs:
-        per_round = counter_log_bytes_per_round(len(load_config(data).cluster.sites))
+        per_round = counter_log_bytes_per_round(len(sites))
         if per_round >= LOG_NOTE_BYTES_PER_ROUND:
             print(f"note: with logs, every simulated round writes about {per_round / 1e6:,.0f} MB of byte counters "
                   "(each site logs its cumulative counters over all its site links every round, as the emulator "

@@ -31,14 +31,14 @@ import math
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from itertools import product
 from typing import Any, Callable, Iterable
 
 import numpy as np
 
 from chaos.scenario import Scenario
-from ground.config import load_config
+from ground.config import LinkSpec, load_config
 from sim.model import SimModel
 from sim.world import simulate
 
@@ -114,18 +114,17 @@ def fault_times(cell: Cell) -> list[tuple[float, str]]:
 
 def cell_inputs(cell: Cell) -> tuple[Any, Scenario, SimModel]:
     names = site_names(cell.sites)
-    data: dict[str, Any] = {"run_id": f"sweep-{cell.policy}", "cluster": {"sites": names},
-                            "train": {"target_useful_tokens": 10 ** 13, "mode": cell.mode},
-                            "recovery": {"policy": cell.policy}}
-    cfg = load_config(data)
+    cfg = load_config({"run_id": f"sweep-{cell.policy}", "cluster": {"sites": names},
+                       "train": {"target_useful_tokens": 10 ** 13, "mode": cell.mode},
+                       "recovery": {"policy": cell.policy}})
     if cell.bandwidth_kbps:
         # Only the bandwidth is capped; latency and jitter stay the config's (20 +- 2 ms). A profile
         # given as {"bandwidth_kbps": B} alone would take 0 ms for them (ground.config.partial_link_notes):
         # until 624f604 every capped cell ran without latency.
         link = cfg.wan.site_link
-        data["wan"] = {"site_link": {d: {**asdict(getattr(link, d)), "bandwidth_kbps": cell.bandwidth_kbps}
-                                     for d in ("up", "down")}}
-        cfg = load_config(data)
+        capped = LinkSpec(replace(link.up, bandwidth_kbps=cell.bandwidth_kbps),
+                          replace(link.down, bandwidth_kbps=cell.bandwidth_kbps))
+        cfg = replace(cfg, wan=replace(cfg.wan, site_link=capped))
     scen = Scenario.build("sweep", f"Poisson crashes at {cell.rate_per_site_h:g} per site-hour ({cell.rate_evidence})")
     for t, site in fault_times(cell):
         scen = scen.crash(site, at_s=t, restart_after_s=cell.repair_s)
