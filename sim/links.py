@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 from ground.config import RunConfig
+from sim.engine import ns
 from sim.model import SimModel, collective_s, link_one_way_s, payload_bytes_per_value
 
 
@@ -24,6 +25,7 @@ class Links:
         self.cfg, self.model = cfg, model
         self.faults: dict[int, tuple[list[tuple[str, str]], int, int]] = {}  # fault -> (pairs, +ms, cap KB/s)
         self._cache: dict[tuple[str, str, int], float] = {}  # one_way_s while the faults stay as they are
+        self._cache_ns: dict[tuple[str, str], int] = {}  # one_way_ns (a message's delay), the same
         # Cut proxies (link_blackhole, link_reset): fault -> (the (src, dst) proxies, kind). A proxy
         # carries both streams of the src -> dst connection: src's messages and dst's replies.
         self.cuts: dict[int, tuple[list[tuple[str, str]], str]] = {}
@@ -56,16 +58,26 @@ class Links:
     def degrade(self, fault: int, pairs: list[tuple[str, str]], latency_ms: int, bandwidth_kbps: int) -> None:
         self.faults[fault] = (pairs, latency_ms, bandwidth_kbps)
         self._cache.clear()
+        self._cache_ns.clear()
 
     def heal(self, fault: int) -> None:
         self.faults.pop(fault, None)
         self._cache.clear()
+        self._cache_ns.clear()
 
     def one_way_s(self, src: str, dst: str, nbytes: int = 0) -> float:
         key = (src, dst, nbytes)
         got = self._cache.get(key)
         if got is None:
             got = self._cache[key] = self._one_way_s(src, dst, nbytes)
+        return got
+
+    def one_way_ns(self, src: str, dst: str) -> int:
+        """A small message's delay in virtual ns (`ns(one_way_s(src, dst))`), kept as one_way_s is:
+        every heartbeat and report asks it."""
+        got = self._cache_ns.get((src, dst))
+        if got is None:
+            got = self._cache_ns[(src, dst)] = ns(self.one_way_s(src, dst))
         return got
 
     def _one_way_s(self, src: str, dst: str, nbytes: int) -> float:

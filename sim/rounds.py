@@ -59,16 +59,33 @@ class Rounds:
         self._payload: dict[tuple[int, str], tuple[int, int]] = {}
         self._carried: dict[tuple[Any, ...], dict[str, list[Step]]] = {}  # the carried layout of the newest plan
         self._span: tuple[tuple[Any, ...] | None, tuple[int, int]] = (None, (0, 0))  # start's last round_span
+        self._setting: tuple[Any, Any] = (None, None)  # _recipe's newest setting and its recipe
+        self._cycle: tuple[tuple[Any, ...] | None, Any] = (None, None)  # reduced's last SiteCycle and its values
         # The members of a round finish their compute and their all-reduce at the same instant: the
         # clock keeps each instant's as one entry (sim/engine.Clock.at_group), run here in order.
         self._computed, self._reduced = self.computed, self.reduced  # one object each: grouped by identity
         w.clock.batch(self._computed)
         w.clock.batch(self._reduced)
 
+    def _recipe(self, setting: Any) -> tuple[RunConfig, int, bool, bool, float]:
+        """(the effective config, inner steps a round, local mode, one worker in local mode, s per
+        step) of a setting: the same for every member of a round, kept for the newest setting."""
+        got = self._setting
+        if got[0] is not setting:
+            w = self.w
+            cfg = w.effective(setting)
+            t = cfg.train
+            h_steps = t.inner_steps_h if t.mode != "sync" else 1
+            t_step = max(w.model.compute_s_per_token * t.per_site_batch * cfg.model.seq_len,
+                         t.step_floor_ms / 1000.0)  # the emulated device's floor, as site_agent/rounds.py
+            got = self._setting = (setting, (cfg, h_steps, t.mode == "local", t.mode == "local" and
+                                             t.workers_per_site == 1, t_step))
+        return got[1]
+
     def start(self, s: SimSite, rnd: int) -> None:
         w, plan = self.w, s.plan
         assert plan is not None
-        cfg = w.effective(s.setting)
+        cfg, h_steps, mode_local, local, t_step = self._recipe(s.setting)
         n = len(plan.members)
         # Every member of a round asks for the same span (ground.schedule.round_span is pure): the
         # last one is kept.
@@ -79,33 +96,35 @@ class Rounds:
         if cs >= w.target:
             return self.finish(s)
         s.busy, s.inflight = True, rnd
-        if interrupts(s.pending, s.epoch, rnd):
+        if s.pending and interrupts(s.pending, s.epoch, rnd):
             s.log.emit("round_abandoned", round=rnd, reason="a newer epoch takes effect at this round")
             return s._idle()
         s.round = rnd
         step = step_after_round(s.start_step, plan.start_round, rnd, s.setting)
         s.log.set_context(step=step)
-        s.snapshots[rnd] = (s.phash, s.retained)
-        s.snapshots = {k: v for k, v in s.snapshots.items() if k >= rnd - 3}
+        snaps = s.snapshots
+        snaps[rnd] = (s.phash, s.retained)
+        while (k := min(snaps)) < rnd - 3:  # the last four rounds' snapshots are kept
+            del snaps[k]
         s.next_round = None
-        h_steps = cfg.train.inner_steps_h if cfg.train.mode != "sync" else 1
-        layout = self.layout(s, cfg, rnd, n, cs, ce, h_steps)
+        carried = bool(plan.carry) and rnd == plan.start_round  # (self.carried)
+        if mode_local and carried:
+            layout = self.layout(s, cfg, rnd, n, cs, ce, h_steps)
+        else:
+            idx = w.member_index(plan.members)[s.name]
+            layout = site_round_layout(cfg, n, cs, ce, idx, h_steps)  # (self.layout's other case)
         first = 0
         if s.resume is not None and s.resume[0] == rnd and s.progress is not None:
             first = s.resume[1]  # carried in: the kept steps are taken
         else:
-            local = cfg.train.mode == "local" and cfg.train.workers_per_site == 1
-            keep = kept_steps(cfg, n, w.member_index(plan.members)[s.name], cs, ce) \
-                if local and not self.carried(s, rnd) else 0
+            keep = kept_steps(cfg, n, idx, cs, ce) if local and not carried else 0
             s.progress = Progress(rnd, cs, h_steps, keep) if local else None
         s.resume = None
-        t_step = max(w.model.compute_s_per_token * cfg.train.per_site_batch * cfg.model.seq_len,
-                     cfg.train.step_floor_ms / 1000.0)  # the emulated device's floor, as site_agent/rounds.py
         # The agent skips a step whose batch is empty (the last round, cut at the target) at no cost:
         # the empty steps trail every layout, so a full last step means none is empty.
         busy = h_steps - first if layout[-1][0] else sum(1 for ids, _f in layout[first:] if ids)
-        s.cur = (rnd, cs, ce, h_steps, w.clock.now_ns, t_step, first, layout)
         now = w.clock.now_ns
+        s.cur = (rnd, cs, ce, h_steps, now, t_step, first, layout)
         w.clock.at_group(now + ns(busy * t_step), self._computed, s, s.gen, rnd, cs, ce, now, h_steps, step)
 
     @staticmethod
@@ -170,7 +189,10 @@ class Rounds:
                     tokens = len(ids) * seq
                     s.log.emit("work_attempted", round=rnd, inner_step=h, samples=list(ids), tokens=tokens,
                                flops=tokens * self.w.flops_per_token)
-        return [i for ids, _frontier in steps for i in ids]
+        out: list[int] = []
+        for ids, _frontier in steps:
+            out += ids
+        return out
 
     def computed(self, s: SimSite, gen: int, rnd: int, cs: int, ce: int, t0: int, h_steps: int, step: int) -> None:
         if gen != s.gen:
@@ -179,8 +201,9 @@ class Rounds:
         assert plan is not None
         first, layout = s.cur[6], s.cur[7]
         s.cur = None
-        kept = [i for ids, _f in layout[:first] for i in ids]  # carried in: taken in an earlier epoch
-        mine = kept + self.work(s, rnd, layout, first, h_steps)
+        mine = self.work(s, rnd, layout, first, h_steps)
+        if first:  # carried in: taken in an earlier epoch
+            mine = [i for ids, _f in layout[:first] for i in ids] + mine
         if w.write_logs:
             s.log.span_at("compute", t0, w.clock.now_ns, round=rnd, loss=w.learning.train_loss(ce, h_steps),
                           samples=len(mine), cpu_s=(w.clock.now_ns - t0) / 1e9)
@@ -265,8 +288,12 @@ class Rounds:
         # the map a real site sends is made only for the input log.
         flops = tokens * w.flops_per_token
         typed = RoundDone(rnd, step, s.phash, cs, ce, tokens, float(flops), tuple(s.mine))
-        cycle = SiteCycle(float(s.compute_s), h_steps, float(comm_s), int(sent), float(loss), 1.0,
-                          float(cyc * cyc), float(cyc), 0)
+        # Every member of a plain round reports the same timings: one (immutable) SiteCycle for all.
+        ckey = (s.compute_s, h_steps, comm_s, sent, loss, cyc)
+        if self._cycle[0] != ckey:
+            self._cycle = (ckey, SiteCycle(float(s.compute_s), h_steps, float(comm_s), int(sent), float(loss), 1.0,
+                                           float(cyc * cyc), float(cyc), 0))
+        cycle = self._cycle[1]
         raw = None
         if w.write_logs:
             raw = {"round": rnd, "step": step, "param_hash": s.phash, "cursor_start": cs, "cursor_end": ce,

@@ -108,18 +108,36 @@ class Heartbeats:
         ms = w.model.heartbeat_period_ms or w.cfg.wan.heartbeat_interval_ms
         self.period_ns = ms * 1_000_000
         self._beat = self._beat_one  # one object: the clock groups its entries by identity
-        w.clock.batch(self._beat)  # (grouped per instant: Clock.at_group)
+        w.clock.batch(self._beat, self._beat_many)  # (grouped per instant: Clock.at_group)
 
     def start(self, s: SimSite) -> None:
         self.w.clock.at_group(self.w.clock.now_ns + self.period_ns, self._beat, s, s.gen, s.inc)
 
     def _beat_one(self, s: SimSite, gen: int, inc: int) -> None:
-        if not s.alive or s.inc != inc:
-            return
-        now = self.w.clock.now_ns
-        raw = {"sent_mono_ns": now, "epoch": s.epoch, "round": s.round} if self.w.write_logs else None
-        s.send("heartbeat", Built(Heartbeat(now, s.epoch, s.round), None, raw))  # typed (see sim/rounds.py)
-        self.w.clock.at_group(now + self.period_ns, self._beat, s, gen, inc)
+        self._beat_many([(s, gen, inc)])
+
+    def _beat_many(self, items: list[tuple[SimSite, int, int]]) -> None:
+        """The heartbeats of one instant, in order: each live site's message to the coordinator, then
+        its next beat (scheduled in that order per site, as one call each would)."""
+        w = self.w
+        now = w.clock.now_ns
+        nxt, beat, at_group, to_coord, logs = now + self.period_ns, self._beat, w.clock.at_group, w.to_coord, \
+            w.write_logs
+        # The sites of one instant in the same epoch and round send equal heartbeats: without an input
+        # log (nothing reads the map a real site sends), one immutable typed body serves them all.
+        shared: dict[tuple[int, int], Built] = {}
+        for s, gen, inc in items:
+            if not s.alive or s.inc != inc:
+                continue
+            if logs:
+                body = Built(Heartbeat(now, s.epoch, s.round), None,
+                             {"sent_mono_ns": now, "epoch": s.epoch, "round": s.round})
+            else:
+                body = shared.get((s.epoch, s.round))
+                if body is None:
+                    body = shared[(s.epoch, s.round)] = Built(Heartbeat(now, s.epoch, s.round))
+            to_coord(s.name, inc, s.epoch, "heartbeat", body)  # typed (see sim/rounds.py)
+            at_group(nxt, beat, s, gen, inc)
 
 
 class Learning:

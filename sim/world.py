@@ -113,8 +113,8 @@ class World:
             self.wan.control(src, "coord", reliable=kind != "heartbeat")
         if self.coord.down or (self.links.cuts and self.links.is_cut(src, "coord")):
             return self.hold((src, "coord"), self._deliver, (src, inc, epoch, kind, body))
-        self.clock.at_group(self.clock.now_ns + ns(self.latency_s(src, "coord")), self._deliver, src, inc, epoch, kind,
-                            body)
+        self.clock.at_group(self.clock.now_ns + self.links.one_way_ns(src, "coord"), self._deliver, src, inc, epoch,
+                            kind, body)
 
     def hold(self, proxy: tuple[str, str], fn: Any, args: tuple[Any, ...]) -> None:
         """A message that would cross a cut proxy waits in its sender's queue (the DEALER keeps it;

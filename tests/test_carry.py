@@ -15,7 +15,7 @@ from coordinator.recovery import ClusterView, Frontier, Plan, Policy, Restore, d
 from ground.config import load_config
 from ground.fields import Rejected
 from ground.plans import EpochPlan
-from ground.schedule import carried_steps, kept_steps, round_span, site_positions
+from ground.schedule import carried_steps, kept_steps, round_span, site_positions, steps_per_round
 from site_agent.adoption import EpochAdoption
 from site_agent.carry import MidState, Resume, RoundProgress, reusable_steps
 from site_agent.lr_schedule import step_frontier_tokens
@@ -247,3 +247,21 @@ def test_a_donor_that_could_not_roll_back_does_not_serve_a_later_round_of_the_ab
     with pytest.raises(RuntimeError, match="no snapshot of round 2"):
         adopt(4, Plan(("a", "c"), False, 2, 128, Restore.DONOR, donor="a", joiners=("c",)))
     assert sent == [] and loaded == []  # nothing of the abandoned lineage was loaded or served
+
+
+def test_kept_steps_in_closed_form_is_the_count_of_steps_that_fit() -> None:
+    """kept_steps (a closed form: the simulator asks it of every site every round) against its
+    definition: count step k while cursor_start + k n b + i b + b <= min(cursor_end, the round of n - 1)."""
+    for h in (1, 3, 4, 8):
+        c = cfg(h)
+        b, steps = c.train.per_site_batch, steps_per_round(c)
+        for n in (1, 2, 3, 7):
+            for cs in (0, 5, 384):
+                for width in (0, 1, b, n * b * steps // 2 + 3, n * b * steps, 10 * n * b * steps):
+                    ce = cs + width
+                    for i in range(n):
+                        end = min(ce, cs + (n - 1) * b * steps)
+                        want = 0
+                        while want < steps and cs + want * n * b + i * b + b <= end:
+                            want += 1
+                        assert kept_steps(c, n, i, cs, ce) == want, (h, n, cs, ce, i)
