@@ -50,10 +50,11 @@ class SimCoordinator:
         that the core's time is known per message kind (`core_by_kind`: the scale bench's floor)."""
         outs: list[list[core.Output]] = []
         i, n = 0, len(events)
+        kinds = [getattr(e, "kind", "tick") for e in events]
         while i < n:
-            kind = getattr(events[i], "kind", "tick")
-            j = i + 1
-            while j < n and getattr(events[j], "kind", "tick") == kind:
+            kind = kinds[i]
+            j = n if i == 0 and kinds.count(kind) == n else i + 1  # (all of one kind: the usual)
+            while j < n and kinds[j] == kind:
                 j += 1
             t0 = time.perf_counter_ns()
             self.state, got = core.step_all(self.state, events[i:j], now, self.cfg)

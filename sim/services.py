@@ -121,23 +121,48 @@ class Heartbeats:
         its next beat (scheduled in that order per site, as one call each would)."""
         w = self.w
         now = w.clock.now_ns
-        nxt, beat, at_group, to_coord, logs = now + self.period_ns, self._beat, w.clock.at_group, w.to_coord, \
-            w.write_logs
-        # The sites of one instant in the same epoch and round send equal heartbeats: without an input
-        # log (nothing reads the map a real site sends), one immutable typed body serves them all.
-        shared: dict[tuple[int, int], Built] = {}
-        for s, gen, inc in items:
-            if not s.alive or s.inc != inc:
-                continue
-            if logs:
-                body = Built(Heartbeat(now, s.epoch, s.round), None,
-                             {"sent_mono_ns": now, "epoch": s.epoch, "round": s.round})
-            else:
-                body = shared.get((s.epoch, s.round))
-                if body is None:
-                    body = shared[(s.epoch, s.round)] = Built(Heartbeat(now, s.epoch, s.round))
+        nxt, beat, logs = now + self.period_ns, self._beat, w.write_logs
+        live = [(s, gen, inc) for s, gen, inc in items if s.alive and s.inc == inc]
+        if not logs and w.wan is None and not w.coord.down and not w.links.cuts:
+            return self._beat_plain(live, now, nxt)
+        at_group, to_coord = w.clock.at_group, w.to_coord
+        for s, gen, inc in live:
+            body = Built(Heartbeat(now, s.epoch, s.round), None,
+                         {"sent_mono_ns": now, "epoch": s.epoch, "round": s.round} if logs else None)
             to_coord(s.name, inc, s.epoch, "heartbeat", body)  # typed (see sim/rounds.py)
             at_group(nxt, beat, s, gen, inc)
+
+    def _beat_plain(self, live: list[tuple[SimSite, int, int]], now: int, nxt: int) -> None:
+        """_beat_many without logs, byte counters or a cut link (a scale run's every beat), in bulk:
+        the messages grouped by their arrival instant and the next beats as one group, which is what
+        the clock's groups hold after the per-site calls (sim/engine.Clock.at_group_many), unless an
+        arrival falls on the next beat's instant (then the calls are made one by one). The sites of
+        one instant in the same epoch and round send equal heartbeats: one immutable typed body."""
+        w = self.w
+        clock, delay, deliver = w.clock, w.links.one_way_ns, w._deliver
+        shared: dict[tuple[int, int], Built] = {}
+        arrivals: dict[int, list[tuple[Any, ...]]] = {}
+        msgs = []
+        for s, _gen, inc in live:
+            body = shared.get((s.epoch, s.round))
+            if body is None:
+                body = shared[(s.epoch, s.round)] = Built(Heartbeat(now, s.epoch, s.round))
+            t = now + delay(s.name, "coord")
+            msg = (s.name, inc, s.epoch, "heartbeat", body)
+            msgs.append((t, msg))
+            got = arrivals.get(t)
+            if got is None:
+                arrivals[t] = [msg]
+            else:
+                got.append(msg)
+        if nxt in arrivals:
+            for (t, msg), args in zip(msgs, live):
+                clock.at_group(t, deliver, *msg)
+                clock.at_group(nxt, self._beat, *args)
+            return
+        for t, many in arrivals.items():  # (each instant's in order; instants apart do not interact)
+            clock.at_group_many(t, deliver, many)
+        clock.at_group_many(nxt, self._beat, live)
 
 
 class Learning:
