@@ -203,6 +203,27 @@ def test_a_small_scale_run_is_consistent() -> None:
     assert res.useful_tokens % per_round == 0 and res.useful_tokens >= res.commits * 49 * per_round
 
 
+@pytest.mark.parametrize("period_ms", [None, 5])
+def test_a_run_without_logs_is_the_same_run_as_with_logs(tmp_path: Path, period_ms: int | None) -> None:
+    """Without logs, a run's heartbeats are scheduled in bulk (sim/services.Heartbeats._beat_plain),
+    with logs one site at a time: the same clock entries, so the same run. At a 5 ms period each
+    beat arrives at the coordinator (5 ms away) at the instant of the next beat: the bulk path's
+    one-by-one case."""
+    cfg = cfg_for("elastic")
+    scen = Scenario.build("t", "").crash("b", at_useful_tokens=36_864, restart_after_s=2)
+    model = SimModel(heartbeat_period_ms=period_ms) if period_ms else SimModel()
+
+    def seen(r: object) -> tuple[object, ...]:
+        return (r.sim_s, r.complete, r.commits, r.epochs, r.core_steps, r.events_run, r.useful_tokens,
+                {k: n for k, (n, _s) in r.core_by_kind.items()})
+
+    bare, logged = simulate(cfg, scen, model), simulate(cfg, scen, model, out=tmp_path / "run")
+    assert bare.complete and bare.epochs == 3
+    assert seen(bare) == seen(logged)
+    if period_ms:
+        assert bare.core_by_kind["heartbeat"][0] > 10_000  # 3 sites x ~30 s / 5 ms
+
+
 def test_a_wall_budget_stops_a_large_run_even_when_its_messages_arrive_in_batches() -> None:
     """`wall_stop` is polled every 4,096 clock entries: 200 sites' same-instant heartbeats and round
     reports run as batches, and the budget must still be looked at (here: spent at the first look)."""
