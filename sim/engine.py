@@ -82,6 +82,10 @@ class Clock:
                 e[3][:] = [a for a in e[3] if not (a and a[0] is owner)]
             elif self._owned(owner, e[2], e[3]):
                 mine.append(e)
+        # In the order they would have run (time, then scheduling order; a group's items in theirs),
+        # not the heap array's, which depends on how the entries were pushed: `resume` reschedules
+        # them in this order, and entries of one instant run in the order they were scheduled.
+        mine.sort(key=lambda e: (e[0], e[1]))
         if mine:
             self._heap[:] = [e for e in self._heap if type(e[3]) is Group or not self._owned(owner, e[2], e[3])]
             heapq.heapify(self._heap)  # in place: run() holds it

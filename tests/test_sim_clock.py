@@ -63,3 +63,22 @@ def test_a_suspended_owners_items_of_a_bulk_group_wait_for_its_resume() -> None:
         clock.at(20, lambda: clock.resume(b))
 
     assert recorded(build) == [(10, "fn", "a"), (25, "fn", "b")]  # pending when stopped: runs 15 ns late
+
+
+def test_a_suspended_owners_entries_of_one_instant_run_after_resume_in_the_order_they_were_scheduled() -> None:
+    """Resume reschedules what suspend pulled from the heap in run order (time, then scheduling
+    order), not in the heap array's order, which depends on how the entries were pushed."""
+    b = Owner("b")
+    ran: list[tuple[int, str]] = []
+    clock = Clock()
+
+    def mark(_owner: Owner, label: str) -> None:  # b's entry (b is its first argument)
+        ran.append((clock.now_ns, label))
+
+    for i in range(8):
+        clock.at(10, mark, b, f"b{i}")
+        clock.at(10 - i % 3, ran.append, (0, "other"))  # others' entries between b's reorder the heap array
+    clock.at(5, lambda: clock.suspend(b))
+    clock.at(20, lambda: clock.resume(b))
+    clock.run(10**12)
+    assert [x for x in ran if x[1] != "other"] == [(25, f"b{i}") for i in range(8)]
