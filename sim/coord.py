@@ -53,7 +53,7 @@ class SimCoordinator:
         kinds = [getattr(e, "kind", "tick") for e in events]
         while i < n:
             kind = kinds[i]
-            j = n if i == 0 and kinds.count(kind) == n else i + 1  # (all of one kind: the usual)
+            j = i + 1
             while j < n and kinds[j] == kind:
                 j += 1
             t0 = time.perf_counter_ns()
@@ -111,16 +111,14 @@ class SimCoordinator:
                 self.lost.pop(m[0], None)  # heard again: the WAN endpoint clears the closed connection
         outs = self._step_all([core.Received(*m) for m in msgs], now)
         for (src, inc, epoch, kind, body), out in zip(msgs, outs):
-            if out:
-                self._apply(out)
+            self._apply(out)
             if self.log_inputs:
                 rejected = any(isinstance(o, core.Emit) and o.event == "report_rejected" for o in out)
                 if type(body) is Built:
                     body = body.raw  # the map a real site would have sent (the core took it typed)
                 self.log.emit(INPUT_EVENT, input="message", now_ns=now, src=src, inc=inc, msg_epoch=epoch,
                               kind=kind, **({"rejected": True} if rejected else {"body": body}))
-            if not self.tick_due:  # (request_tick's own first test: a thousand reports, one tick)
-                self.request_tick()
+            self.request_tick()
 
     def connection_lost(self, site: str) -> None:
         """The site's process died: its connection to us closes (seen after the link's latency)."""

@@ -67,9 +67,9 @@ class Rounds:
         w.clock.batch(self._computed)
         w.clock.batch(self._reduced)
 
-    def _recipe(self, setting: Any) -> tuple[RunConfig, int, bool, bool, float]:
-        """(the effective config, inner steps a round, local mode, one worker in local mode, s per
-        step) of a setting: the same for every member of a round, kept for the newest setting."""
+    def _recipe(self, setting: Any) -> tuple[RunConfig, int, bool, float]:
+        """(the effective config, inner steps a round, local mode with one worker, s per step) of a
+        setting: the same for every member of a round, kept for the newest setting."""
         got = self._setting
         if got[0] is not setting:
             w = self.w
@@ -78,14 +78,13 @@ class Rounds:
             h_steps = t.inner_steps_h if t.mode != "sync" else 1
             t_step = max(w.model.compute_s_per_token * t.per_site_batch * cfg.model.seq_len,
                          t.step_floor_ms / 1000.0)  # the emulated device's floor, as site_agent/rounds.py
-            got = self._setting = (setting, (cfg, h_steps, t.mode == "local", t.mode == "local" and
-                                             t.workers_per_site == 1, t_step))
+            got = self._setting = (setting, (cfg, h_steps, t.mode == "local" and t.workers_per_site == 1, t_step))
         return got[1]
 
     def start(self, s: SimSite, rnd: int) -> None:
         w, plan = self.w, s.plan
         assert plan is not None
-        cfg, h_steps, mode_local, local, t_step = self._recipe(s.setting)
+        cfg, h_steps, local, t_step = self._recipe(s.setting)
         n = len(plan.members)
         # Every member of a round asks for the same span (ground.schedule.round_span is pure): the
         # last one is kept.
@@ -107,17 +106,13 @@ class Rounds:
         while (k := min(snaps)) < rnd - 3:  # the last four rounds' snapshots are kept
             del snaps[k]
         s.next_round = None
-        carried = bool(plan.carry) and rnd == plan.start_round  # (self.carried)
-        if mode_local and carried:
-            layout = self.layout(s, cfg, rnd, n, cs, ce, h_steps)
-        else:
-            idx = w.member_index(plan.members)[s.name]
-            layout = site_round_layout(cfg, n, cs, ce, idx, h_steps)  # (self.layout's other case)
+        layout = self.layout(s, cfg, rnd, n, cs, ce, h_steps)
         first = 0
         if s.resume is not None and s.resume[0] == rnd and s.progress is not None:
             first = s.resume[1]  # carried in: the kept steps are taken
         else:
-            keep = kept_steps(cfg, n, idx, cs, ce) if local and not carried else 0
+            keep = kept_steps(cfg, n, w.member_index(plan.members)[s.name], cs, ce) \
+                if local and not self.carried(s, rnd) else 0
             s.progress = Progress(rnd, cs, h_steps, keep) if local else None
         s.resume = None
         # The agent skips a step whose batch is empty (the last round, cut at the target) at no cost:
