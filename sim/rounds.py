@@ -28,6 +28,7 @@ from ground.schedule import carried_steps, kept_steps, steps_to_keep, round_span
 from ground.setting import step_after_round
 from sim.engine import ns
 from sim.model import payload_bytes_sent
+from sim.values import builder
 from site_agent.epochs import interrupts
 
 if TYPE_CHECKING:
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
     from sim.site import SimSite
     from sim.world import World
 
+
+ROUND_DONE = builder(RoundDone)  # RoundDone(...): every member's report of every round
 
 Step = tuple[range, int]  # one inner step: (sample positions, lr frontier in samples), as the agent's
 
@@ -58,7 +61,7 @@ class Rounds:
         self.cut_colls: dict[tuple[int, int], tuple[Any, ...]] = {}  # collectives waiting on a cut proxy
         self._payload: dict[tuple[int, str], tuple[int, int]] = {}
         self._carried: dict[tuple[Any, ...], dict[str, list[Step]]] = {}  # the carried layout of the newest plan
-        self._span: tuple[tuple[Any, ...] | None, tuple[int, int]] = (None, (0, 0))  # start's last round_span
+        self._round: tuple[Any, ...] = (None,) * 4  # start's newest round (`_round_of`)
         self._setting: tuple[Any, Any] = (None, None)  # _recipe's newest setting and its recipe
         self._cycle: tuple[tuple[Any, ...] | None, Any] = (None, None)  # reduced's last SiteCycle and its values
         # The members of a round finish their compute and their all-reduce at the same instant: the
@@ -81,17 +84,28 @@ class Rounds:
             got = self._setting = (setting, (cfg, h_steps, t.mode == "local" and t.workers_per_site == 1, t_step))
         return got[1]
 
-    def start(self, s: SimSite, rnd: int) -> None:
-        w, plan = self.w, s.plan
+    def _round_of(self, s: SimSite, rnd: int) -> tuple[Any, ...]:
+        """What every member of round `rnd` of the site's plan shares, in its setting: (plan, round,
+        setting, start step, config, H, local with one worker, s per step, members, cursor start, end,
+        the cluster's step after the round (None before the plan's start round), carried layout,
+        member -> index). Kept for the newest round: a thousand members ask for the same one."""
+        plan, setting = s.plan, s.setting
         assert plan is not None
-        cfg, h_steps, local, t_step = self._recipe(s.setting)
+        cfg, h_steps, local, t_step = self._recipe(setting)
         n = len(plan.members)
-        # Every member of a round asks for the same span (ground.schedule.round_span is pure): the
-        # last one is kept.
-        key = (id(cfg), n, plan.start_round, plan.start_cursor, rnd, w.target)
-        if self._span[0] != key:
-            self._span = (key, round_span(cfg, n, plan.start_round, plan.start_cursor, rnd, w.target))
-        cs, ce = self._span[1]
+        cs, ce = round_span(cfg, n, plan.start_round, plan.start_cursor, rnd, self.w.target)
+        step = step_after_round(s.start_step, plan.start_round, rnd, setting) if rnd >= plan.start_round else None
+        carried = cfg.train.mode == "local" and self.carried(s, rnd)
+        got = self._round = (plan, rnd, setting, s.start_step, cfg, h_steps, local, t_step, n, cs, ce, step, carried,
+                             self.w.member_index(plan.members))
+        return got
+
+    def start(self, s: SimSite, rnd: int) -> None:
+        w = self.w
+        r = self._round
+        if r[0] is not s.plan or r[1] != rnd or r[3] != s.start_step or not (r[2] is s.setting or r[2] == s.setting):
+            r = self._round_of(s, rnd)
+        _p, _r, _s, _ss, cfg, h_steps, local, t_step, n, cs, ce, step, carried, index = r
         if cs >= w.target:
             return self.finish(s)
         s.busy, s.inflight = True, rnd
@@ -99,21 +113,23 @@ class Rounds:
             s.log.emit("round_abandoned", round=rnd, reason="a newer epoch takes effect at this round")
             return s._idle()
         s.round = rnd
-        step = step_after_round(s.start_step, plan.start_round, rnd, s.setting)
+        if step is None:  # a round before its plan's start: step_after_round says why
+            step = step_after_round(s.start_step, _p.start_round, rnd, s.setting)
         s.log.set_context(step=step)
         snaps = s.snapshots
         snaps[rnd] = (s.phash, s.retained)
         while (k := min(snaps)) < rnd - 3:  # the last four rounds' snapshots are kept
             del snaps[k]
         s.next_round = None
-        layout = self.layout(s, cfg, rnd, n, cs, ce, h_steps)
+        idx = index[s.name]
+        layout = self._carried_layout(s, cfg, cs, ce, h_steps) if carried else \
+            site_round_layout(cfg, n, cs, ce, idx, h_steps)
         first = 0
         if s.resume is not None and s.resume[0] == rnd and s.progress is not None:
             first = s.resume[1]  # carried in: the kept steps are taken
         else:
-            keep = kept_steps(cfg, n, w.member_index(plan.members)[s.name], cs, ce) \
-                if local and not self.carried(s, rnd) else 0
-            s.progress = Progress(rnd, cs, h_steps, keep) if local else None
+            s.progress = Progress(rnd, cs, h_steps, 0 if carried else kept_steps(cfg, n, idx, cs, ce)) \
+                if local else None
         s.resume = None
         # The agent skips a step whose batch is empty (the last round, cut at the target) at no cost:
         # the empty steps trail every layout, so a full last step means none is empty.
@@ -131,16 +147,21 @@ class Rounds:
         """This site's inner steps of round `rnd` (site_agent.rounds' step_layout, positions for ids)."""
         assert s.plan is not None
         if cfg.train.mode == "local" and self.carried(s, rnd):
-            # Every member computes the same pure layout of the plan; the simulator computes it once
-            # per (plan, span, recipe) and hands each member its part (O(N) per member, not O(N^2)).
-            key = (s.plan.carry, s.plan.members, cs, ce, self.w.target, cfg.train.per_site_batch, h_steps)
-            whole = self._carried.get(key)
-            if whole is None:
-                whole = carried_steps(cfg, s.plan.carry, s.plan.members, cs, ce, self.w.target)
-                self._carried = {key: whole}  # one plan at a time: the previous one is done with
-            return list(whole[s.name])
+            return self._carried_layout(s, cfg, cs, ce, h_steps)
         idx = self.w.member_index(s.plan.members)[s.name]
         return site_round_layout(cfg, n, cs, ce, idx, h_steps)
+
+    def _carried_layout(self, s: SimSite, cfg: RunConfig, cs: int, ce: int, h_steps: int) -> list[Step]:
+        """The site's part of its plan's carried layout (ground.schedule.carried_steps): every member
+        computes the same pure layout of the plan; the simulator computes it once per (plan, span,
+        recipe) and hands each member its part (O(N) per member, not O(N^2))."""
+        assert s.plan is not None
+        key = (s.plan.carry, s.plan.members, cs, ce, self.w.target, cfg.train.per_site_batch, h_steps)
+        whole = self._carried.get(key)
+        if whole is None:
+            whole = carried_steps(cfg, s.plan.carry, s.plan.members, cs, ce, self.w.target)
+            self._carried = {key: whole}  # one plan at a time: the previous one is done with
+        return list(whole[s.name])
 
     def carry_over(self, s: SimSite, plan: EpochPlan, sp: dict[str, Any]) -> bool:
         """Keep the inner steps already taken in the round a carried epoch takes over (the agent's
@@ -282,7 +303,7 @@ class Rounds:
         # The report, built typed (ground.messages.Built: the core takes it without parsing it again);
         # the map a real site sends is made only for the input log.
         flops = tokens * w.flops_per_token
-        typed = RoundDone(rnd, step, s.phash, cs, ce, tokens, float(flops), tuple(s.mine))
+        typed = ROUND_DONE(rnd, step, s.phash, cs, ce, tokens, float(flops), tuple(s.mine))
         # Every member of a plain round reports the same timings: one (immutable) SiteCycle for all.
         ckey = (s.compute_s, h_steps, comm_s, sent, loss, cyc)
         if self._cycle[0] != ckey:
