@@ -71,9 +71,10 @@ def site_round_layout(cfg: RunConfig, n_members: int, cursor_start: int, cursor_
     nb = n_members * b
     lo = cursor_start + site_index * b
     if nb > 0 and steps > 0 and lo + (steps - 1) * nb + b <= cursor_end:
-        # Every step whole (all rounds but a run's last): nothing to cut, frontiers included.
-        return [(range(f, f + b), fr) for f, fr in zip(range(lo, lo + steps * nb, nb),
-                                                       range(cursor_start, cursor_start + steps * nb, nb))]
+        # Every step whole (all rounds but a run's last): nothing to cut, frontiers included (a
+        # step's frontier is its first position less the site's offset in the step, site_index x b).
+        off = lo - cursor_start
+        return [(range(f, f + b), f - off) for f in range(lo, lo + steps * nb, nb)]
     out = []
     for h in range(steps):
         first = lo + h * nb
