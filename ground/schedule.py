@@ -84,6 +84,27 @@ def site_round_layout(cfg: RunConfig, n_members: int, cursor_start: int, cursor_
     return out
 
 
+def round_is_whole(cfg: RunConfig, n_members: int, cursor_start: int, cursor_end: int, site_index: int,
+                   steps: int) -> bool:
+    """Whether every step of the site's `site_round_layout` is a whole batch (nothing cut at the target)."""
+    b = cfg.train.per_site_batch
+    nb = n_members * b
+    return nb > 0 and steps > 0 and cursor_start + site_index * b + (steps - 1) * nb + b <= cursor_end
+
+
+def site_round_positions(cfg: RunConfig, n_members: int, cursor_start: int, site_index: int, first: int,
+                         last: int) -> list[int]:
+    """The positions of steps first..last-1 of a whole round's `site_round_layout`, in order (what
+    iterating those steps' ranges gives, without making the steps: the simulator's every round)."""
+    b = cfg.train.per_site_batch
+    nb = n_members * b
+    lo = cursor_start + site_index * b
+    out: list[int] = []
+    for f in range(lo + first * nb, lo + last * nb, nb):
+        out += range(f, f + b)
+    return out
+
+
 def ids_at(order: np.ndarray, positions: range) -> list[int]:
     n = order.size
     return [int(order[p % n]) for p in positions]

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 from control.observations import SiteCycle
 from ground.messages import Built, RoundDone
 from ground.plans import EpochPlan, Restore
-from ground.schedule import carried_steps, kept_steps, steps_to_keep, round_span, site_round_layout
+from ground.schedule import (carried_steps, kept_steps, round_is_whole, round_span, site_round_layout,
+                             site_round_positions, steps_to_keep)
 from ground.setting import step_after_round
 from sim.engine import ns
 from sim.model import payload_bytes_sent
@@ -52,6 +53,19 @@ class Progress:
     keep: int  # the step before which the agent takes its mid-round copy (0: none)
     done: list[Step] = field(default_factory=list)
     epochs: list[int] = field(default_factory=list)  # the epoch each step was taken in
+    # Steps taken after `done` and not made yet: (a whole round's site_round_layout arguments, first
+    # step, end, epoch). A run without logs takes whole rounds this way (`Rounds.work`): the steps are
+    # made only if a carried epoch asks for them (`taken`), which few rounds see.
+    lazy: tuple[tuple[Any, ...], int, int, int] | None = None
+
+    def taken(self) -> tuple[list[Step], list[int]]:
+        """(done, epochs): every step taken so far, made if it was recorded lazily."""
+        if self.lazy is not None:
+            spec, lo, hi, epoch = self.lazy
+            self.lazy = None
+            self.done += site_round_layout(*spec)[lo:hi]
+            self.epochs += [epoch] * (hi - lo)
+        return self.done, self.epochs
 
 
 class Rounds:
@@ -122,8 +136,6 @@ class Rounds:
             del snaps[k]
         s.next_round = None
         idx = index[s.name]
-        layout = self._carried_layout(s, cfg, cs, ce, h_steps) if carried else \
-            site_round_layout(cfg, n, cs, ce, idx, h_steps)
         first = 0
         if s.resume is not None and s.resume[0] == rnd and s.progress is not None:
             first = s.resume[1]  # carried in: the kept steps are taken
@@ -131,9 +143,17 @@ class Rounds:
             s.progress = Progress(rnd, cs, h_steps, 0 if carried else kept_steps(cfg, n, idx, cs, ce)) \
                 if local else None
         s.resume = None
-        # The agent skips a step whose batch is empty (the last round, cut at the target) at no cost:
-        # the empty steps trail every layout, so a full last step means none is empty.
-        busy = h_steps - first if layout[-1][0] else sum(1 for ids, _f in layout[first:] if ids)
+        layout: list[Step] | tuple[Any, ...]
+        if not carried and not first and not w.write_logs and round_is_whole(cfg, n, cs, ce, idx, h_steps):
+            # A whole round, no logs (a scale run's every round): the layout's arguments stand for its
+            # steps (`work`), which are made only if a carried epoch asks for them (Progress.taken).
+            layout, busy = (cfg, n, cs, ce, idx, h_steps), h_steps
+        else:
+            layout = self._carried_layout(s, cfg, cs, ce, h_steps) if carried else \
+                site_round_layout(cfg, n, cs, ce, idx, h_steps)
+            # The agent skips a step whose batch is empty (the last round, cut at the target) at no
+            # cost: the empty steps trail every layout, so a full last step means none is empty.
+            busy = h_steps - first if layout[-1][0] else sum(1 for ids, _f in layout[first:] if ids)
         now = w.clock.now_ns
         s.cur = (rnd, cs, ce, h_steps, now, t_step, first, layout)
         w.clock.at_group(now + ns(busy * t_step), self._computed, s, s.gen, rnd, cs, ce, now, h_steps, step)
@@ -176,26 +196,35 @@ class Rounds:
         n = len(plan.members)
         cs, ce = round_span(cfg, n, plan.start_round, plan.start_cursor, plan.start_round, self.w.target)
         wanted = self.layout(s, cfg, plan.start_round, n, cs, ce, prog.steps_h)
-        k, from_copy = steps_to_keep(prog.done, wanted, prog.keep)
+        done, epochs = prog.taken()
+        k, from_copy = steps_to_keep(done, wanted, prog.keep)
         if k == 0:
             return False
-        dropped = len(prog.done) - k
+        dropped = len(done) - k
         seq = self.w.cfg.model.seq_len
         for h in range(k):
-            ids = list(prog.done[h][0])
-            s.log.emit("work_carried", round=prog.round, inner_step=h, from_epoch=prog.epochs[h], samples=ids,
+            ids = list(done[h][0])
+            s.log.emit("work_carried", round=prog.round, inner_step=h, from_epoch=epochs[h], samples=ids,
                        tokens=len(ids) * seq)
-        del prog.done[k:], prog.epochs[k:]
+        del done[k:], epochs[k:]
         s.resume = (prog.round, k)
         sp.update(rolled_back=False, carried_steps=k, from_mid_copy=from_copy, dropped_steps=dropped)
         return True
 
-    def work(self, s: SimSite, rnd: int, layout: list[Step], lo: int, hi: int) -> list[int]:
+    def work(self, s: SimSite, rnd: int, layout: list[Step] | tuple[Any, ...], lo: int, hi: int) -> list[int]:
         """Log the inner steps lo..hi-1 of `layout` as `work_attempted` (and record them as taken);
-        the site's sample ids of those steps."""
-        steps = layout[lo:hi]
+        the site's sample ids of those steps. `layout` may be a whole round's site_round_layout
+        arguments (`start`, without logs): the steps are then recorded as Progress.lazy, unmade."""
         prog = s.progress if s.progress is not None and s.progress.round == rnd else None
+        if type(layout) is tuple:
+            if prog is not None:
+                prog.taken()  # (nothing is pending in a round taken whole; kept in order if it were)
+                prog.lazy = (layout, lo, hi, s.epoch)
+            cfg, n, cs, _ce, idx, _h = layout
+            return site_round_positions(cfg, n, cs, idx, lo, hi)
+        steps = layout[lo:hi]
         if prog is not None:
+            prog.taken()
             prog.done += steps
             prog.epochs += [s.epoch] * len(steps)
         if self.w.write_logs:

@@ -53,3 +53,25 @@ def test_a_sites_round_layout_is_its_positions_and_the_frontier_of_every_step() 
                 assert [r for r, _f in got] == [site_positions(cfg, n, cs, h, idx, ce) for h in range(steps)]
                 assert [f * cfg.model.seq_len for _r, f in got] == [step_frontier_tokens(cfg, n, cs, h, ce)
                                                                     for h in range(steps)]
+
+
+def test_a_whole_rounds_positions_are_its_layouts_ranges_in_order() -> None:
+    """ground.schedule.round_is_whole and site_round_positions against site_round_layout: the
+    simulator takes a whole round's positions without making its steps."""
+    from ground.schedule import round_is_whole, site_round_layout, site_round_positions
+
+    for b, n, steps in ((8, 3, 8), (4, 5, 3), (2, 1, 1)):
+        c = load_config({"cluster": {"sites": [f"s{i}" for i in range(n)]},
+                         "train": {"per_site_batch": b, "inner_steps_h": steps}})
+        full = n * b * steps
+        for cs, ce in ((0, full), (96, 96 + full), (40, 40 + full // 2 + 1), (7, 7), (0, full - 1)):
+            for idx in range(n):
+                layout = site_round_layout(c, n, cs, ce, idx, steps)
+                whole = all(len(r) == b for r, _f in layout)
+                assert round_is_whole(c, n, cs, ce, idx, steps) == whole
+                if not whole:
+                    continue
+                for first in range(steps + 1):
+                    for last in range(first, steps + 1):
+                        assert site_round_positions(c, n, cs, idx, first, last) == \
+                            [i for r, _f in layout[first:last] for i in r]

@@ -204,22 +204,39 @@ def test_a_small_scale_run_is_consistent() -> None:
 
 
 @pytest.mark.parametrize("period_ms", [None, 5])
-def test_a_run_without_logs_is_the_same_run_as_with_logs(tmp_path: Path, period_ms: int | None) -> None:
+def test_a_run_without_logs_is_the_same_run_as_with_logs(tmp_path: Path, period_ms: int | None,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Without logs, a run's heartbeats are scheduled in bulk (sim/services.Heartbeats._beat_plain),
     with logs one site at a time: the same clock entries, so the same run. At a 5 ms period each
     beat arrives at the coordinator (5 ms away) at the instant of the next beat: the bulk path's
-    one-by-one case."""
+    one-by-one case. Without logs a whole round's steps are made only when a carried epoch asks
+    for them (sim/rounds.Progress.taken): the survivors of the crash keep the same steps."""
+    from sim.rounds import Rounds
+
     cfg = cfg_for("elastic")
     scen = Scenario.build("t", "").crash("b", at_useful_tokens=36_864, restart_after_s=2)
     model = SimModel(heartbeat_period_ms=period_ms) if period_ms else SimModel()
+    kept: list[list[tuple[str, int, object]]] = []
+    real_carry_over = Rounds.carry_over
+
+    def carry_over(self: Rounds, s: object, plan: object, sp: dict[str, object]) -> bool:
+        got = real_carry_over(self, s, plan, sp)
+        kept[-1].append((s.name, plan.epoch, sp.get("carried_steps")))  # type: ignore[attr-defined]
+        return got
+
+    monkeypatch.setattr(Rounds, "carry_over", carry_over)
 
     def seen(r: object) -> tuple[object, ...]:
         return (r.sim_s, r.complete, r.commits, r.epochs, r.core_steps, r.events_run, r.useful_tokens,
                 {k: n for k, (n, _s) in r.core_by_kind.items()})
 
-    bare, logged = simulate(cfg, scen, model), simulate(cfg, scen, model, out=tmp_path / "run")
+    kept.append([])
+    bare = simulate(cfg, scen, model)
+    kept.append([])
+    logged = simulate(cfg, scen, model, out=tmp_path / "run")
     assert bare.complete and bare.epochs == 3
     assert seen(bare) == seen(logged)
+    assert kept[0] == kept[1] and any(k for _s, _e, k in kept[0])  # the same steps kept, and some were
     if period_ms:
         assert bare.core_by_kind["heartbeat"][0] > 10_000  # 3 sites x ~30 s / 5 ms
 
