@@ -50,7 +50,9 @@ class Progress:
     round: int
     cursor: int
     steps_h: int
-    keep: int  # the step before which the agent takes its mid-round copy (0: none)
+    # ground.schedule.kept_steps' arguments: the step before which the agent takes its mid-round
+    # copy (`keep`), worked out only if a carried epoch asks (None: no copy).
+    keep_of: tuple[Any, ...] | None
     done: list[Step] = field(default_factory=list)
     epochs: list[int] = field(default_factory=list)  # the epoch each step was taken in
     # Steps taken after `done` and not made yet: (a whole round's site_round_layout arguments, first
@@ -66,6 +68,10 @@ class Progress:
             self.done += site_round_layout(*spec)[lo:hi]
             self.epochs += [epoch] * (hi - lo)
         return self.done, self.epochs
+
+    def keep(self) -> int:
+        """The step before which the agent takes its mid-round copy (0: none)."""
+        return kept_steps(*self.keep_of) if self.keep_of is not None else 0
 
 
 class Rounds:
@@ -140,8 +146,7 @@ class Rounds:
         if s.resume is not None and s.resume[0] == rnd and s.progress is not None:
             first = s.resume[1]  # carried in: the kept steps are taken
         else:
-            s.progress = Progress(rnd, cs, h_steps, 0 if carried else kept_steps(cfg, n, idx, cs, ce)) \
-                if local else None
+            s.progress = Progress(rnd, cs, h_steps, None if carried else (cfg, n, idx, cs, ce)) if local else None
         s.resume = None
         layout: list[Step] | tuple[Any, ...]
         if not carried and not first and not w.write_logs and round_is_whole(cfg, n, cs, ce, idx, h_steps):
@@ -197,7 +202,7 @@ class Rounds:
         cs, ce = round_span(cfg, n, plan.start_round, plan.start_cursor, plan.start_round, self.w.target)
         wanted = self.layout(s, cfg, plan.start_round, n, cs, ce, prog.steps_h)
         done, epochs = prog.taken()
-        k, from_copy = steps_to_keep(done, wanted, prog.keep)
+        k, from_copy = steps_to_keep(done, wanted, prog.keep())
         if k == 0:
             return False
         dropped = len(done) - k
