@@ -5,14 +5,17 @@ five fields of coordinator.core.Received, 1.3 us for ground.messages.RoundDone's
 sites the simulator builds a million of them an hour. `builder(cls)` returns a function that makes
 the same value (same class, same fields in the same order: equal, same hash and repr) by filling the
 instance's `__dict__`, about three times cheaper. Only where that is what `__init__` does: a class
-with `__post_init__`, `__slots__`, a field default factory, a non-init field or a hand-written
-`__init__` gets its own constructor back (`builder(cls) is cls`).
+with `__post_init__`, `__slots__`, a field default or default factory, a non-init or keyword-only
+field, or a hand-written `__init__` gets its own constructor back (`builder(cls) is cls`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Callable
+
+
+_OWN = ("_values_new", "_values_cls", "_values_obj")  # the built function's own names (no field may be one)
 
 
 def _plain(cls: type) -> bool:
@@ -23,8 +26,9 @@ def _plain(cls: type) -> bool:
     # The generated __init__ is compiled from a string; a hand-written one has a file.
     if init is None or getattr(getattr(init, "__code__", None), "co_filename", None) != "<string>":
         return False
-    return all(f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-               and f.name.isidentifier() for f in dataclasses.fields(cls))
+    return all(f.init and not f.kw_only and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING and f.name.isidentifier() and f.name not in _OWN
+               for f in dataclasses.fields(cls))
 
 
 def builder(cls: type) -> Callable[..., Any]:
@@ -36,10 +40,10 @@ def builder(cls: type) -> Callable[..., Any]:
     args = ", ".join(names)
     # One dict display: the fastest way to fill the instance (a loop over the names costs twice it).
     src = (f"def build({args}):\n"
-           f"    obj = new(cls)\n"
-           f"    obj.__dict__.update({{{', '.join(f'{n!r}: {n}' for n in names)}}})\n"
-           f"    return obj\n")
-    scope: dict[str, Any] = {"new": object.__new__, "cls": cls}
+           f"    _values_obj = _values_new(_values_cls)\n"
+           f"    _values_obj.__dict__.update({{{', '.join(f'{n!r}: {n}' for n in names)}}})\n"
+           f"    return _values_obj\n")
+    scope: dict[str, Any] = {"_values_new": object.__new__, "_values_cls": cls}
     exec(compile(src, f"<sim.values.builder({cls.__qualname__})>", "exec"), scope)
     build = scope["build"]
     build.__doc__ = f"{cls.__qualname__}(...), built by filling its __dict__ (sim/values.py)"

@@ -68,7 +68,29 @@ class _OwnInit:
         object.__setattr__(self, "x", abs(x))
 
 
-@pytest.mark.parametrize("cls", [_Checked, _Defaulted, _Slotted, _OwnInit, int])
+@dataclasses.dataclass(frozen=True)
+class _KeywordOnly:
+    x: int
+    y: int = dataclasses.field(kw_only=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class _NamedLikeTheBuilder:
+    _values_cls: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plain:
+    cls: int
+    new: str
+    obj: tuple[int, ...]
+
+
+def test_fields_named_like_python_names_are_stored_as_given() -> None:
+    assert builder(_Plain)(1, "n", (2,)) == _Plain(1, "n", (2,))
+
+
+@pytest.mark.parametrize("cls", [_Checked, _Defaulted, _Slotted, _OwnInit, _KeywordOnly, _NamedLikeTheBuilder, int])
 def test_a_class_whose_init_does_more_than_store_keeps_its_constructor(cls: type) -> None:
     assert builder(cls) is cls
 
