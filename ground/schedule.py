@@ -70,7 +70,7 @@ def site_round_layout(cfg: RunConfig, n_members: int, cursor_start: int, cursor_
     b = cfg.train.per_site_batch
     nb = n_members * b
     lo = cursor_start + site_index * b
-    if nb > 0 and steps > 0 and lo + (steps - 1) * nb + b <= cursor_end:
+    if round_is_whole(cfg, n_members, cursor_start, cursor_end, site_index, steps):
         # Every step whole (all rounds but a run's last): nothing to cut, frontiers included (a
         # step's frontier is its first position less the site's offset in the step, site_index x b).
         off = lo - cursor_start
