@@ -62,8 +62,9 @@ noise-floor: setup
 # scenarios/preemption.yaml, held out: the four policies under scenarios/one-outage.yaml three times
 # (the emulator's own run-to-run noise: whether elastic's restarted site joins before or after a
 # round's commit differs from run to run, and with it one round's membership), twice more over
-# site links the fit never saw (SIMVAL_SLOW), and the four policies under scenarios/churn.yaml twice
-# (two preemptions at two sites: a scenario the fit never saw whose ranking the policies decide).
+# site links the fit never saw (SIMVAL_SLOW), the four policies under scenarios/churn.yaml twice
+# (two preemptions at two sites: a scenario the fit never saw whose ranking the policies decide), and
+# one-outage twice at four sites (SIMVAL_4SITES: the fit sees only three).
 # Every inner step takes at least 100 ms (train.step_floor_ms, an emulated device speed above the
 # contended host's ~40 ms), so the host's speed does not set the pace.
 SIMVAL_SET = --set train.target_useful_tokens=589824 --set train.step_floor_ms=100
@@ -72,6 +73,8 @@ SIMVAL = runs/sim-validation
 # slower (the collective takes about a quarter of each round), so the timing model must carry over.
 SIMVAL_SLOW = --set wan.site_link.up.latency_ms=60 --set wan.site_link.down.latency_ms=60 \
   --set wan.site_link.up.bandwidth_kbps=1000 --set wan.site_link.down.bandwidth_kbps=1000
+# The held-out site count: four sites on the fitted links (every inner step still paced by the floor).
+SIMVAL_4SITES = --set 'cluster.sites=["a","b","c","d"]'
 sim-validate: setup
 	rm -rf $(SIMVAL)
 	$(BIN)/xdc noise-floor --demo --seeds 3 $(SIMVAL_SET) --runs-dir $(SIMVAL)/root/noise-floor --out $(SIMVAL)/noise_floor.json
@@ -82,6 +85,8 @@ sim-validate: setup
 	  --runs-dir $(SIMVAL)/root/slow-runs$$i --out $(SIMVAL)/root/compare-oneoutage-slowlinks-$$i --quiet || exit 1; done
 	for i in 1 2; do $(BIN)/xdc compare --demo scenarios/churn.yaml $(SIMVAL_SET) \
 	  --runs-dir $(SIMVAL)/root/churn-runs$$i --out $(SIMVAL)/root/compare-churn-$$i --quiet || exit 1; done
+	for i in 1 2; do $(BIN)/xdc compare --demo scenarios/one-outage.yaml $(SIMVAL_SET) $(SIMVAL_4SITES) \
+	  --runs-dir $(SIMVAL)/root/four-runs$$i --out $(SIMVAL)/root/compare-oneoutage-4sites-$$i --quiet || exit 1; done
 	$(BIN)/python -m bench.sim_validate --runs-root $(SIMVAL)/root --out $(SIMVAL)/sim --calibration-extra $(SIMVAL)/fit/compare-preemption
 
 # 20 random fault schedules per policy (about an hour on 2 cores); tally in bench/results/soak.json.

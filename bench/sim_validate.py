@@ -19,7 +19,8 @@ comparison whose scenario name is among the calibration runs' is refused.
 Held-out link profiles: a comparison whose site links differ from every calibration run's is its
 own held-out condition ("one-outage over site links 60±2 ms 1,000 KB/s (held out)"), judged apart
 from the same scenario over the fitted links: the model's collective and transfer times must carry
-over to links it was not fitted on.
+over to links it was not fitted on. Held-out site counts, the same way: a comparison at a number of
+sites no calibration run had ("one-outage at 4 sites (held out)") is its own condition.
 
 Repeats: two comparisons of one scenario (over the same links) are the emulator's repeats; the time and ranking claims are
 then judged against the emulator's mean, and are "undecided" where the emulator's own repeats
@@ -83,6 +84,14 @@ def links_of(run_dir: Path) -> str:
     return label + (f", {n} link override(s)" if n else "")
 
 
+def sites_of(run_dir: Path) -> int:
+    """How many sites the run had (its config's cluster.sites; the default three where it names none).
+    A scenario run at a site count the fit never saw is its own held-out condition, as other links
+    are: whether the model carries over to more members (a wider collective, more reports a round)."""
+    cluster = json.loads((run_dir / "config.json").read_text()).get("cluster") or {}
+    return len(cluster.get("sites") or ("a", "b", "c"))
+
+
 def extra_runs(dirs: list[Path]) -> list[Path]:
     """Run directories named, or a comparison's policy runs (its index.json; the reference run, one
     process, is no calibration input), or those under a study directory's runs/ (each with its
@@ -123,7 +132,9 @@ def run(runs_root: Path, out: Path, extra: list[Path] | None = None, allow_simul
     cal_scenarios = {json.loads((p / "scenario.json").read_text()).get("name") for p in cal_runs
                      if (p / "scenario.json").exists()}
     cal_links = {links_of(p) for p in cal_runs}
+    cal_sites = {sites_of(p) for p in cal_runs}
     raw["calibration_links"] = sorted(cal_links)
+    raw["calibration_sites"] = sorted(cal_sites)
     model = SimModel.from_calibration(cal)
     bounds = validate.timing_bounds(model, cal)  # restart and poll delay at their fitted fewest and most
     raw["timing_spread"] = validate.timing_spread(cal)
@@ -139,15 +150,19 @@ def run(runs_root: Path, out: Path, extra: list[Path] | None = None, allow_simul
         for r in index["runs"]:
             emu_dir = Path(r["run_dir"])
             emu_dir = emu_dir if emu_dir.exists() else comp / emu_dir.name
-            links = links_of(emu_dir)
-            # The held-out condition: the scenario, and the links where the fit never saw them.
-            cond = scen if links in cal_links else f"{scen} over {links} (held out)"
+            links, n_sites = links_of(emu_dir), sites_of(emu_dir)
+            # The held-out condition: the scenario, and the links and the site count where the fit
+            # never saw them.
+            held = ([f"over {links}"] if links not in cal_links else []) + \
+                ([f"at {n_sites} sites"] if n_sites not in cal_sites else [])
+            cond = " ".join([scen, *held, "(held out)"]) if held else scen
             sim_dir = validate.simulate_like(emu_dir, model, out / comp.name / emu_dir.name)
             emu, sim = validate.measure(emu_dir), validate.measure(sim_dir)
             around = [validate.measure(validate.simulate_like(emu_dir, m, out / "timing-bounds" / comp.name /
                                                               f"{emu_dir.name}-{side}"))
                       for side, m in bounds.items()]
             rows.append({"scenario": cond, "links": links, "links_held_out": links not in cal_links,
+                         "sites": n_sites, "sites_held_out": n_sites not in cal_sites,
                          "comparison": comp.name, "policy": emu["policy"], "emulator": emu,
                          "simulator": sim, "error": validate.compare(emu, sim),
                          "simulator_bounds": validate.bounds_of([sim, *around]) if around else None,

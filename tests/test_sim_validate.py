@@ -191,14 +191,16 @@ def test_bytes_are_judged_against_the_emulators_repeats() -> None:
                               "range [0, 7176442]"]
 
 
-def _comparison(root: Path, name: str, links: dict, scen: Scenario) -> None:
-    """A stand-in `xdc compare` directory: stall and elastic simulated over `links`, with its index."""
+def _comparison(root: Path, name: str, links: dict, scen: Scenario, sites: tuple[str, ...] = ()) -> None:
+    """A stand-in `xdc compare` directory: stall and elastic simulated over `links` (at `sites`, or the
+    default three), with its index."""
     import json
 
     runs = []
     for policy in ("stall", "elastic"):
         cfg = load_config(merge(COMPARE_CFG, {"run_id": f"{name}-{policy}", "recovery": {"policy": policy},
-                                              "wan": {"site_link": links}}))
+                                              "wan": {"site_link": links},
+                                              **({"cluster": {"sites": list(sites)}} if sites else {})}))
         out = root / name / f"{policy}-run"
         simulate(cfg, scen, SimModel(), out=out)
         (out / "scenario.json").write_text(json.dumps(scen.to_dict()))
@@ -240,6 +242,44 @@ def test_the_same_scenario_over_links_the_fit_never_saw_is_its_own_held_out_cond
     fast_t = {r["policy"]: r["emulator"]["time_to_target_s"] for r in raw["comparisons"][
         "compare-fitted-links (crash-b)"]}
     assert all(slow_t[p] > fast_t[p] for p in ("stall", "elastic"))
+
+
+def test_the_same_scenario_at_more_sites_than_the_fit_saw_is_its_own_held_out_condition(tmp_path: Path) -> None:
+    """Held-out site counts: a comparison at four sites, over the fitted links, is judged apart from the
+    same scenario at the fit's three (not as a repeat), labelled with its site count and marked held out;
+    one both over other links and at another count names both."""
+    from bench.sim_validate import sites_of
+
+    root = tmp_path / "root"
+    fit = root / "noise-floor" / "noise-seed0"
+    simulate(load_config(merge(COMPARE_CFG, {"run_id": "fit"})), None, SimModel(), out=fit)
+    scen = Scenario.build("crash-b", "").crash("b", at_useful_tokens=36_864, restart_after_s=2)
+    slow = {"up": {"latency_ms": 40, "bandwidth_kbps": 1000}, "down": {"latency_ms": 40, "bandwidth_kbps": 1000}}
+    _comparison(root, "compare-three", {}, scen)
+    _comparison(root, "compare-four", {}, scen, ("a", "b", "c", "d"))
+    _comparison(root, "compare-four-slow", slow, scen, ("a", "b", "c", "d"))
+    assert sites_of(root / "compare-three" / "stall-run") == 3
+    assert sites_of(root / "compare-four" / "stall-run") == 4
+    raw = validate_run(root, tmp_path / "out", allow_simulated=True)  # simulated stand-ins for emulator runs
+    assert raw["calibration_sites"] == [3]
+    by_comp = {k: {(r["scenario"], r["links_held_out"], r["sites"], r["sites_held_out"]) for r in rs}
+               for k, rs in raw["comparisons"].items()}
+    assert by_comp == {
+        "compare-four (crash-b at 4 sites (held out))": {("crash-b at 4 sites (held out)", False, 4, True)},
+        "compare-four-slow (crash-b over site links 40±0 ms 1,000 KB/s at 4 sites (held out))":
+            {("crash-b over site links 40±0 ms 1,000 KB/s at 4 sites (held out)", True, 4, True)},
+        "compare-three (crash-b)": {("crash-b", False, 3, False)}}
+    groups = validate.time_groups([r for rs in raw["comparisons"].values() for r in rs])
+    assert sorted((g["scenario"], g["policy"], len(g["emulator_s"])) for g in groups) == [
+        ("crash-b", "elastic", 1), ("crash-b", "stall", 1),
+        ("crash-b at 4 sites (held out)", "elastic", 1), ("crash-b at 4 sites (held out)", "stall", 1),
+        ("crash-b over site links 40±0 ms 1,000 KB/s at 4 sites (held out)", "elastic", 1),
+        ("crash-b over site links 40±0 ms 1,000 KB/s at 4 sites (held out)", "stall", 1)]
+    # four sites share the target: each round takes 4/3 the samples, so the run needs fewer rounds
+    four = {r["policy"]: r["emulator"]["time_to_target_s"] for r in raw["comparisons"][
+        "compare-four (crash-b at 4 sites (held out))"]}
+    three = {r["policy"]: r["emulator"]["time_to_target_s"] for r in raw["comparisons"]["compare-three (crash-b)"]}
+    assert all(four[p] < three[p] for p in ("stall", "elastic"))
 
 
 def test_a_miss_the_simulators_own_timing_bounds_reach_is_undecided_and_one_they_do_not_is_falsified() -> None:
