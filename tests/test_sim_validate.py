@@ -326,3 +326,26 @@ def test_the_timing_bounds_set_the_restart_and_poll_delay_to_their_fitted_fewest
         (3.98, 0.033, 4.29, 0.247)
     assert b["fewest"].eval_s == b["most"].eval_s == 1.0  # only the timing parameters move
     assert validate.timing_bounds(model, {"parameters": {"restart_s": {"value": 4.1}}}) == {}
+
+
+def test_the_race_diagnostic_measures_a_faults_delay_from_its_triggering_commit_to_the_action_or_the_log(
+        tmp_path: Path) -> None:
+    """bench/sim_lost_given_race: the delay runs from the first commit at or past the trigger, to the
+    action's start (the SIGKILL) or to the logged fault_injected (after the action); a time-triggered
+    fault has none."""
+    import json
+
+    from bench.sim_lost_given_race import fault_delays_s
+
+    logs = tmp_path / "run" / "logs"
+    logs.mkdir(parents=True)
+    commits = [{"event": "commit", "mono_ns": t, "useful_tokens": tok}
+               for t, tok in ((1_000_000_000, 300_000), (2_000_000_000, 417_792), (3_000_000_000, 500_000))]
+    (logs / "coord.jsonl").write_text("".join(json.dumps(c) + "\n" for c in commits))
+    chaos = [{"event": "scenario_started", "mono_ns": 0},
+             {"event": "fault_injected", "mono_ns": 2_200_000_000, "start_mono_ns": 2_130_000_000,
+              "end_mono_ns": 2_199_000_000, "trigger": {"at_useful_tokens": 400_000}},
+             {"event": "fault_injected", "mono_ns": 2_500_000_000, "trigger": {"at_s": 2.5}}]
+    (logs / "chaos.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chaos))
+    assert fault_delays_s(tmp_path / "run", "start") == pytest.approx([0.13])
+    assert fault_delays_s(tmp_path / "run", "logged") == pytest.approx([0.2])
