@@ -59,7 +59,7 @@ noise-floor: setup
 
 # The emulator runs the simulator's validation reads (about 1.5 hours on 2 cores), then the bench
 # (bench/sim_validate.py): a fit from three fault-free runs and the four policies under
-# scenarios/preemption.yaml, held out: the four policies under scenarios/one-outage.yaml three times
+# scenarios/preemption.yaml and under scenarios/crash-fit.yaml (a crash of c: what a SIGKILL costs), held out: the four policies under scenarios/one-outage.yaml three times
 # (the emulator's own run-to-run noise: whether elastic's restarted site joins before or after a
 # round's commit differs from run to run, and with it one round's membership), twice more over
 # site links the fit never saw (SIMVAL_SLOW), the four policies under scenarios/churn.yaml twice
@@ -79,6 +79,7 @@ sim-validate: setup
 	rm -rf $(SIMVAL)
 	$(BIN)/xdc noise-floor --demo --seeds 3 $(SIMVAL_SET) --runs-dir $(SIMVAL)/root/noise-floor --out $(SIMVAL)/noise_floor.json
 	$(BIN)/xdc compare --demo scenarios/preemption.yaml $(SIMVAL_SET) --runs-dir $(SIMVAL)/fit/runs --out $(SIMVAL)/fit/compare-preemption --quiet
+	$(BIN)/xdc compare --demo scenarios/crash-fit.yaml $(SIMVAL_SET) --runs-dir $(SIMVAL)/fit/crash-runs --out $(SIMVAL)/fit/compare-crash-fit --quiet
 	for i in 1 2 3; do $(BIN)/xdc compare --demo scenarios/one-outage.yaml $(SIMVAL_SET) \
 	  --runs-dir $(SIMVAL)/root/runs$$i --out $(SIMVAL)/root/compare-oneoutage-$$i --quiet || exit 1; done
 	for i in 1 2; do $(BIN)/xdc compare --demo scenarios/one-outage.yaml $(SIMVAL_SET) $(SIMVAL_SLOW) \
@@ -87,7 +88,8 @@ sim-validate: setup
 	  --runs-dir $(SIMVAL)/root/churn-runs$$i --out $(SIMVAL)/root/compare-churn-$$i --quiet || exit 1; done
 	for i in 1 2; do $(BIN)/xdc compare --demo scenarios/one-outage.yaml $(SIMVAL_SET) $(SIMVAL_4SITES) \
 	  --runs-dir $(SIMVAL)/root/four-runs$$i --out $(SIMVAL)/root/compare-oneoutage-4sites-$$i --quiet || exit 1; done
-	$(BIN)/python -m bench.sim_validate --runs-root $(SIMVAL)/root --out $(SIMVAL)/sim --calibration-extra $(SIMVAL)/fit/compare-preemption
+	$(BIN)/python -m bench.sim_validate --runs-root $(SIMVAL)/root --out $(SIMVAL)/sim \
+	  --calibration-extra $(SIMVAL)/fit/compare-preemption --calibration-extra $(SIMVAL)/fit/compare-crash-fit
 
 # 20 random fault schedules per policy (about an hour on 2 cores); tally in bench/results/soak.json.
 soak: setup

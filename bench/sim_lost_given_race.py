@@ -49,9 +49,9 @@ def fault_delays_s(run_dir: Path, to: str) -> list[float]:
     return out
 
 
-def run(runs_root: Path, fit: Path, out: Path, to: str, only: str = "") -> list[dict[str, Any]]:
+def run(runs_root: Path, fits: list[Path], out: Path, to: str, only: str = "") -> list[dict[str, Any]]:
     cal_runs = sorted(p for p in (runs_root / "noise-floor").glob("noise-seed*") if (p / "config.json").exists())
-    cal_runs += extra_runs([fit]) if fit.is_dir() else []
+    cal_runs += extra_runs([f for f in fits if f.is_dir()])
     model = SimModel.from_calibration(calibrate(cal_runs))
     rows = []
     for comp in heldout_comparisons(runs_root):
@@ -78,12 +78,14 @@ def run(runs_root: Path, fit: Path, out: Path, to: str, only: str = "") -> list[
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs-root", type=Path, default=SIMVAL_ROOT)
-    ap.add_argument("--fit", type=Path, default=SIMVAL_FIT, help="the faulted calibration comparison")
+    ap.add_argument("--fit", type=Path, action="append", default=[],
+                    help="a faulted calibration comparison (repeatable; default: make sim-validate's fit/compare-*)")
     ap.add_argument("--to", choices=("start", "logged"), default="start")
     ap.add_argument("--only", default="", help="only comparisons whose name contains this")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "sim-validation" / "lost-given-race")
     args = ap.parse_args(argv)
-    rows = run(args.runs_root, args.fit, args.out, args.to, args.only)
+    fits = args.fit or sorted(p for p in SIMVAL_FIT.glob("compare-*") if p.is_dir())
+    rows = run(args.runs_root, fits, args.out, args.to, args.only)
     for r in rows:
         d = r["diff"]
         print(f"{r['comparison']} {r['policy']}: delay {r['delays_ms']} ms (fitted {r['fitted_delay_ms']}), lost "

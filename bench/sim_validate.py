@@ -56,7 +56,7 @@ from sim.model import SimModel
 
 
 SIMVAL_ROOT = ROOT / "runs" / "sim-validation" / "root"  # the Makefile's sim-validate target writes these
-SIMVAL_FIT = ROOT / "runs" / "sim-validation" / "fit" / "compare-preemption"
+SIMVAL_FIT = ROOT / "runs" / "sim-validation" / "fit"  # its faulted calibration comparisons: compare-*
 
 
 def heldout_comparisons(root: Path) -> list[Path]:
@@ -196,8 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.runs_root is None:  # `make sim-validate`'s runs, with its fit comparison, where they exist
         args.runs_root = SIMVAL_ROOT if SIMVAL_ROOT.is_dir() else ROOT / "runs"
-        if SIMVAL_ROOT.is_dir() and not args.calibration_extra and SIMVAL_FIT.is_dir():
-            args.calibration_extra = [SIMVAL_FIT]
+        if SIMVAL_ROOT.is_dir() and not args.calibration_extra:
+            args.calibration_extra = sorted(p for p in SIMVAL_FIT.glob("compare-*") if p.is_dir())
     raw = run(Path(args.runs_root), Path(args.out), args.calibration_extra)
     groups = validate.time_groups([r for rs in raw.get("comparisons", {}).values() for r in rs])
     errs = [g["error_vs_mean"] for g in groups if "error_vs_mean" in g]

@@ -19,7 +19,10 @@ every input file with its sha256. What is fitted:
   start_s               the launcher's process_started -> the site's first site_joined
   preempt_exit_s        a site's SIGTERM (`signal`) -> its `preemption_announced` (it notices the
                         signal at its next check: within an inner step)
-  fault_poll_s          the triggering commit -> fault_injected
+  fault_poll_s          the triggering commit -> the fault's action began (fault_injected's
+                        start_mono_ns: a crash's SIGKILL; the event itself is logged after the action)
+  crash_teardown_s      a site_crash's action: SIGKILL -> the process has exited (fault_injected's
+                        start_mono_ns -> end_mono_ns; the chaos driver waits for the exit)
   ack_bytes             control bytes / messages on the links between sites (only acks cross them)
   frame_overhead_bytes  per site: (collective bytes it counted on its links - its collective spans'
                         payload_bytes_sent - what it resent to sites) / (collective messages - resent ones)
@@ -70,7 +73,8 @@ def samples_of(run: Path) -> dict[str, list[float]]:
     est: dict[str, list[float]] = {k: [] for k in ("compute_s_per_token", "collective_cpu_s",
                                                    "checkpoint_write_bytes_per_s", "checkpoint_read_bytes_per_s",
                                                    "eval_s", "restart_s", "standby_restart_s", "standby_prepare_s",
-                                                   "start_s", "preempt_exit_s", "fault_poll_s", "ack_bytes",
+                                                   "start_s", "preempt_exit_s", "fault_poll_s",
+                                                   "crash_teardown_s", "ack_bytes",
                                                    "frame_overhead_bytes", "telemetry_message_bytes",
                                                    "control_mix", "store_message_bytes")}
     coll: dict[tuple[int, int], list[tuple[float, list[str]]]] = {}
@@ -130,8 +134,12 @@ def samples_of(run: Path) -> dict[str, list[float]]:
         elif e["event"] == "fault_injected" and (e.get("trigger") or {}).get("at_useful_tokens") is not None:
             want = e["trigger"]["at_useful_tokens"]
             c = next((x for x in coord if x["event"] == "commit" and x.get("useful_tokens", 0) >= want), None)
-            if c is not None and c["mono_ns"] <= e["mono_ns"]:
-                est["fault_poll_s"].append((e["mono_ns"] - c["mono_ns"]) / 1e9)
+            began = e.get("start_mono_ns", e["mono_ns"])  # (a simulated run logs its fault at once)
+            if c is not None and c["mono_ns"] <= began:
+                est["fault_poll_s"].append((began - c["mono_ns"]) / 1e9)
+        if e["event"] == "fault_injected" and e.get("kind") in ("site_crash", "site_restart") \
+                and (e.get("result") or {}).get("exited") and e.get("end_mono_ns") and e.get("start_mono_ns"):
+            est["crash_teardown_s"].append((e["end_mono_ns"] - e["start_mono_ns"]) / 1e9)
     _byte_sizes(run, sites, coord, est)
     for e in launcher:
         if e["event"] == "process_started" and e.get("name") in sites:

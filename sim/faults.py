@@ -53,6 +53,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from chaos.scenario import Fault, Scenario, Trigger, parse_link_target
+from sim.engine import MONO_BASE_NS, ns
 
 if TYPE_CHECKING:
     from sim.world import World
@@ -153,12 +154,17 @@ class SimChaos:
     def inject(self, i: int, f: Fault, progress: dict[str, Any]) -> None:
         assert self.log is not None and self.scenario is not None
         result: dict[str, Any] = {}
+        span: dict[str, int] = {}
         if f.kind in ("site_crash", "site_restart", "site_preempt"):
             self.w.clock.resume(self.w.sites[f.target])  # a stopped site: the signal ends the stop first
         if f.kind in ("site_crash", "site_restart"):
             site = self.w.sites[f.target]
             result = {"process": f.target, "pid": site.pid, "signal": "SIGKILL", "exited": True}
-            site.kill()
+            teardown_s = self.w.model.crash_teardown_s
+            site.kill(teardown_s)
+            if teardown_s > 0:  # the action's span, as the emulator's driver logs it: SIGKILL -> exited
+                now = self.w.clock.now_ns
+                span = {"start_mono_ns": MONO_BASE_NS + now, "end_mono_ns": MONO_BASE_NS + now + ns(teardown_s)}
         elif f.kind == "site_preempt":
             site = self.w.sites[f.target]
             result = {"process": f.target, "pid": site.pid, "signal": "SIGTERM", "grace_s": f.params.get("grace_s")}
@@ -203,7 +209,7 @@ class SimChaos:
                       params=dict(f.params), note=f.note, noop=f.kind == "noop", result=result, t_s=self._t_s(),
                       heal_at=({"after_s": heal_s} if heal_s is not None else f.heal.to_dict() if f.heal else None),
                       progress={"useful_tokens": progress.get("useful_tokens"), "step": progress.get("step")},
-                      trigger=f.trigger.to_dict())
+                      trigger=f.trigger.to_dict(), **span)
         if heal_s is not None:
             self.w.clock.after(heal_s, self._fire, "heal", i, {})
         elif f.heal is not None:

@@ -64,6 +64,10 @@ class SimModel:
     preempt_exit_s: float = 0.2
     # Chaos driver: how long after the triggering commit a progress-triggered fault fires.
     fault_poll_s: float = 0.5
+    # SIGKILL (site_crash) -> the killed process has exited and its connections close: the compute
+    # stops at the kill, the coordinator's disconnect grace starts at the exit. Prior 0: they close
+    # at the kill (fitted from calibration runs with a crash: the crash action's SIGKILL -> exit).
+    crash_teardown_s: float = 0.0
     # After a cut link heals: ZeroMQ reconnects (RECONNECT_IVL 40 ms) and the CurveZMQ handshake
     # runs before the WAN endpoint resends what was not acknowledged.
     reconnect_s: float = 0.05

@@ -81,12 +81,16 @@ class SimSite:
         self.send("join", {"pid": self.pid})
         self.w.heartbeats.start(self)
 
-    def kill(self) -> None:
-        """SIGKILL: everything in flight is lost; the coordinator sees the connection close."""
+    def kill(self, teardown_s: float = 0.0) -> None:
+        """SIGKILL: everything in flight is lost; the coordinator sees the connection close once the
+        process has exited, `teardown_s` later (a clean exit's own kill: at once)."""
         self.w.rounds.abandon(self, killed=True)
         self.alive, self.busy = False, False
         self.gen += 1
-        self.w.coord.connection_lost(self.name)
+        if teardown_s > 0:
+            self.w.clock.after(teardown_s, self.w.coord.connection_lost, self.name)
+        else:
+            self.w.coord.connection_lost(self.name)
 
     def terminate(self) -> None:
         """SIGTERM (a preemption notice): as the agent, stop at the next check, tell the coordinator

@@ -254,7 +254,7 @@ def test_a_wall_budget_stops_a_large_run_even_when_its_messages_arrive_in_batche
 def test_calibrating_on_a_simulated_run_recovers_its_timing_model(tmp_path: Path) -> None:
     """The round trip: fit sim/calibrate.py to a run the simulator wrote with known parameters."""
     truth = SimModel(compute_s_per_token=0.0007, eval_s=2.5, restart_s=12.0, fault_poll_s=0.8,
-                     collective_cpu_s=0.05)
+                     collective_cpu_s=0.05, crash_teardown_s=0.07)
     scen = Scenario.build("t", "").crash("b", at_useful_tokens=36_864, restart_after_s=2)
     simulate(cfg_for("restart"), scen, truth, out=tmp_path / "run")
     cal = tmp_path / "cal.json"
@@ -263,7 +263,8 @@ def test_calibrating_on_a_simulated_run_recovers_its_timing_model(tmp_path: Path
     p = doc["parameters"]
     assert p["compute_s_per_token"]["value"] == pytest.approx(0.0007, rel=1e-6)
     assert p["eval_s"]["value"] == pytest.approx(2.5, rel=1e-6)
-    assert p["fault_poll_s"]["value"] == pytest.approx(0.8, rel=1e-6)
+    assert p["fault_poll_s"]["value"] == pytest.approx(0.8, rel=1e-6)  # to the SIGKILL, not to the exit
+    assert p["crash_teardown_s"]["value"] == pytest.approx(0.07, rel=1e-6)
     assert p["collective_cpu_s"]["value"] == pytest.approx(0.05, abs=1e-6)
     # restart: the modeled restart plus the join's trip to the coordinator (service link latency)
     assert 12.0 <= p["restart_s"]["value"] <= 12.1
@@ -592,3 +593,27 @@ def test_a_joiner_finishes_its_transfer_when_a_drain_from_a_later_round_arrives(
     # No Toxiproxy counters in a simulation, and one run has no other run's frontier to compare with.
     assert (status.pop("byte_classes"), status.pop("same_frontier")) == ("unknown", "unknown")
     assert set(status.values()) == {"pass"}, status
+
+
+def test_a_killed_sites_connections_close_when_it_has_exited_not_at_the_kill(tmp_path: Path) -> None:
+    """crash_teardown_s: the compute stops at the SIGKILL (the same work is lost), but the coordinator
+    sees the connection close, and starts its disconnect grace, only once the process has exited:
+    the site is declared failed exactly the teardown later."""
+    scen = Scenario.build("t", "").crash("b", at_useful_tokens=36_864, restart_after_s=2)
+
+    def run(teardown_s: float) -> tuple[dict, dict, list[dict]]:
+        out = tmp_path / f"t{teardown_s}"
+        simulate(cfg_for("stall"), scen, SimModel(crash_teardown_s=teardown_s), out=out)
+        chaos = [json.loads(x) for x in (out / "logs" / "chaos.jsonl").read_text().splitlines()]
+        coord = [json.loads(x) for x in (out / "logs" / "coord.jsonl").read_text().splitlines()]
+        b = [json.loads(x) for x in (out / "logs" / "b.jsonl").read_text().splitlines()]
+        fault = next(e for e in chaos if e["event"] == "fault_injected")
+        failed = next(e for e in coord if e["event"] == "site_failed")
+        return fault, failed, [e for e in b if e["event"] == "work_attempted" and e["mono_ns"] <= fault["mono_ns"]]
+
+    f0, failed0, work0 = run(0.0)
+    f1, failed1, work1 = run(0.25)
+    assert f0["mono_ns"] == f1["mono_ns"] and "start_mono_ns" not in f0
+    assert (f1["start_mono_ns"], f1["end_mono_ns"]) == (f1["mono_ns"], f1["mono_ns"] + 250_000_000)
+    assert failed1["mono_ns"] - failed0["mono_ns"] == 250_000_000
+    assert work0 and [(e["round"], e["inner_step"]) for e in work0] == [(e["round"], e["inner_step"]) for e in work1]
