@@ -11,8 +11,9 @@ An emulated run on a shared machine can fail a site the scenario never touched (
 timeout under load). Decisions from the first such unscheduled failure on follow from it, not
 from the scenario: only the prefix before it is comparable, and the comparison says so. Likewise
 either run can end before a site the scenario restarted has joined again (a slow restart under
-load, or a simulated run that reached its target first): the other run's decisions that only add
-that site back are reported as a prefix match, with the reason.
+load, or a simulated run that reached its target first), or see it join only after its last commit,
+when no round is left to admit it: the other run's decisions that only add that site back are
+reported as a prefix match, with the reason.
 """
 
 from __future__ import annotations
@@ -56,15 +57,21 @@ def _unscheduled(coord: list[dict[str, Any]], chaos: list[dict[str, Any]]) -> di
     return None
 
 
-def _unjoined(coord: list[dict[str, Any]], chaos: list[dict[str, Any]]) -> dict[str, float]:
+def _unjoined(coord: list[dict[str, Any]], chaos: list[dict[str, Any]],
+              by_last_commit: bool = False) -> dict[str, float]:
+    """Restarted sites that had not joined again by the run's end (`by_last_commit`: by its last
+    commit, after which no round is left to admit a site, so a later join decides nothing): site ->
+    seconds from its restart to that end."""
     if not coord:
         return {}
     end_ns = coord[-1]["mono_ns"]
+    if by_last_commit:
+        end_ns = max((c["mono_ns"] for c in coord if c["event"] == "commit"), default=end_ns)
     out: dict[str, float] = {}
     for e in chaos:
         if e["event"] == "fault_healed" and (e.get("result") or {}).get("restarted"):
             site = e.get("target")
-            if not any(j["event"] == "site_joined" and j.get("site") == site and j["mono_ns"] >= e["mono_ns"]
+            if not any(j["event"] == "site_joined" and j.get("site") == site and e["mono_ns"] <= j["mono_ns"] <= end_ns
                        for j in coord):
                 out[str(site)] = (end_ns - e["mono_ns"]) / 1e9
     return out
@@ -125,8 +132,8 @@ def compare_runs(emulated: Path, simulated: Path, policy: str = "") -> Compariso
     # One run ended before a restarted site came back, the other saw it join: the emulator's restart
     # was slow on a loaded machine, or the simulated run reached its target first (its restart time is
     # a fitted median). The decisions that only add that site back cannot be compared.
-    late = _unjoined(coord, chaos) if bad is None and len(sim) > n else {}
-    late_sim = _unjoined(sim_coord, sim_chaos) if bad is None and len(sim) < n else {}
+    late = _unjoined(coord, chaos, by_last_commit=True) if bad is None and len(sim) > n else {}
+    late_sim = _unjoined(sim_coord, sim_chaos, by_last_commit=True) if bad is None and len(sim) < n else {}
     censored = _censored(late, sim[n:])
     censored_sim = _censored(late_sim, emu[len(sim):])
     if (len(sim) < n and not censored_sim) or (bad is None and len(sim) > n and not censored):
@@ -143,7 +150,7 @@ def compare_runs(emulated: Path, simulated: Path, policy: str = "") -> Compariso
         why = f"{bad['id']}: {bad.get('site')} failed ({bad.get('reason')}), which no fault of the scenario caused"
     if (censored or censored_sim) and not mism:
         which, gone = ("emulator's", late) if censored else ("simulated", late_sim)
-        why = f"the {which} run ended before " + ", ".join(
+        why = f"the {which} run ended, or made its last commit, before " + ", ".join(
             f"{site} joined again ({t:.1f} s after its restart)" for site, t in sorted(gone.items()))
     status = "mismatch" if mism else ("prefix match" if bad is not None or censored or censored_sim else "match")
     return Comparison(policy, status, min(n, len(sim)), len(emu), len(sim), mism, timing, why)

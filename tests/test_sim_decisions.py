@@ -39,7 +39,8 @@ def test_an_emulated_run_that_ended_before_the_restarted_site_joined_is_a_prefix
     assert unjoined_restarts(emu) == {"b": 3.0}
     c = compare_runs(emu, sim, "oracle")
     assert (c.status, c.compared, c.structural_mismatches) == ("prefix match", 2, [])
-    assert c.disturbed_by == "the emulator's run ended before b joined again (3.0 s after its restart)"
+    assert c.disturbed_by == ("the emulator's run ended, or made its last commit, before b joined again "
+                              "(3.0 s after its restart)")
 
 
 def test_an_extra_simulated_decision_that_is_not_the_late_sites_return_is_a_mismatch(tmp_path):
@@ -75,7 +76,8 @@ def test_a_simulated_run_that_ended_before_the_restarted_site_joined_is_a_prefix
     c = compare_runs(emu, sim, "oracle")
     assert (c.status, c.compared, c.emulator_decisions, c.simulator_decisions) == ("prefix match", 2, 3, 2)
     assert c.structural_mismatches == []
-    assert c.disturbed_by == "the simulated run ended before b joined again (4.0 s after its restart)"
+    assert c.disturbed_by == ("the simulated run ended, or made its last commit, before b joined again "
+                              "(4.0 s after its restart)")
 
 
 def test_a_missing_simulated_decision_that_is_not_the_late_sites_return_is_a_mismatch(tmp_path):
@@ -85,3 +87,20 @@ def test_a_missing_simulated_decision_that_is_not_the_late_sites_return_is_a_mis
     c = compare_runs(emu, sim, "elastic")
     assert c.status == "mismatch"
     assert c.structural_mismatches == ["3 emulator decisions, 2 simulated"]
+
+
+def test_a_simulated_run_whose_restarted_site_joined_after_its_last_commit_is_a_prefix(tmp_path):
+    """The simulated b joined again, but after the run's last commit: no round was left to admit it,
+    so the emulator's decision that adds b back is beyond what the simulated run could show. A join
+    before the last commit with no decision after it stays a mismatch."""
+    commit = {"event": "commit", "mono_ns": 10 * S, "round": 9}
+    emu = _run(tmp_path, "emu", FIRST_TWO + [REJOIN], KILL)
+    joined_late = {"event": "site_joined", "mono_ns": int(10.5 * S), "site": "b"}
+    late = _run(tmp_path, "late", FIRST_TWO + [commit, joined_late], KILL)
+    c = compare_runs(emu, late, "elastic")
+    assert (c.status, c.compared, c.structural_mismatches) == ("prefix match", 2, [])
+    assert c.disturbed_by == "the simulated run ended, or made its last commit, before b joined again (3.0 s after its " \
+                             "restart)"
+    joined_early = {"event": "site_joined", "mono_ns": int(9.5 * S), "site": "b"}
+    early = _run(tmp_path, "early", FIRST_TWO + [joined_early, commit], KILL)
+    assert compare_runs(emu, early, "elastic").structural_mismatches == ["3 emulator decisions, 2 simulated"]
