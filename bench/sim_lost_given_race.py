@@ -24,19 +24,16 @@ from typing import Any
 
 from bench.common import ROOT
 from bench.sim_validate import SIMVAL_FIT, SIMVAL_ROOT, extra_runs, heldout_comparisons
+from ground.eventlog import process_events
 from sim import validate
 from sim.calibrate import calibrate
 from sim.model import SimModel
 
 
-def _lines(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def fault_delays_s(run_dir: Path, to: str) -> list[float]:
     """Per progress-triggered fault of the run: seconds from its triggering commit to the action's
     start (`to` = "start") or to the logged fault_injected (`to` = "logged")."""
-    coord, chaos = _lines(run_dir / "logs" / "coord.jsonl"), _lines(run_dir / "logs" / "chaos.jsonl")
+    coord, chaos = process_events(run_dir, "coord"), process_events(run_dir, "chaos")
     out = []
     for e in chaos:
         want = (e.get("trigger") or {}).get("at_useful_tokens") if e["event"] == "fault_injected" else None
