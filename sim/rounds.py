@@ -83,12 +83,13 @@ class Rounds:
         self._carried: dict[tuple[Any, ...], dict[str, list[Step]]] = {}  # the carried layout of the newest plan
         self._round: tuple[Any, ...] = (None,) * 4  # start's newest round (`_round_of`)
         self._setting: tuple[Any, Any] = (None, None)  # _recipe's newest setting and its recipe
-        self._cycle: tuple[tuple[Any, ...] | None, Any] = (None, None)  # reduced's last SiteCycle and its values
+        # reduced's last SiteCycle: (its values, the report's `extra` holding it)
+        self._cycle: tuple[tuple[Any, ...] | None, dict[str, Any]] = (None, {})
         # The members of a round finish their compute and their all-reduce at the same instant: the
         # clock keeps each instant's as one entry (sim/engine.Clock.at_group), run here in order.
         self._computed, self._reduced = self.computed, self.reduced  # one object each: grouped by identity
-        w.clock.batch(self._computed)
-        w.clock.batch(self._reduced)
+        w.clock.batch(self._computed, self._computed_many)
+        w.clock.batch(self._reduced, self._reduced_many)
 
     def _recipe(self, setting: Any) -> tuple[RunConfig, int, bool, float]:
         """(the effective config, inner steps a round, local mode with one worker, s per step) of a
@@ -220,13 +221,11 @@ class Rounds:
         """Log the inner steps lo..hi-1 of `layout` as `work_attempted` (and record them as taken);
         the site's sample ids of those steps. `layout` may be a whole round's site_round_layout
         arguments (`start`, without logs): the steps are then recorded as Progress.lazy, unmade."""
-        prog = s.progress if s.progress is not None and s.progress.round == rnd else None
         if type(layout) is tuple:
-            if prog is not None:
-                prog.taken()  # (nothing is pending in a round taken whole; kept in order if it were)
-                prog.lazy = (layout, lo, hi, s.epoch)
+            self.take_whole(s, rnd, layout, lo, hi)
             cfg, n, cs, _ce, idx, _h = layout
             return site_round_positions(cfg, n, cs, idx, lo, hi)
+        prog = s.progress if s.progress is not None and s.progress.round == rnd else None
         steps = layout[lo:hi]
         if prog is not None:
             prog.taken()
@@ -244,6 +243,15 @@ class Rounds:
             out += ids
         return out
 
+    @staticmethod
+    def take_whole(s: SimSite, rnd: int, layout: tuple[Any, ...], lo: int, hi: int) -> None:
+        """Record the inner steps lo..hi-1 of a whole round (`layout`: its site_round_layout arguments)
+        as taken, unmade (Progress.lazy)."""
+        prog = s.progress
+        if prog is not None and prog.round == rnd:
+            prog.taken()  # (nothing is pending in a round taken whole; kept in order if it were)
+            prog.lazy = (layout, lo, hi, s.epoch)
+
     def computed(self, s: SimSite, gen: int, rnd: int, cs: int, ce: int, t0: int, h_steps: int, step: int) -> None:
         if gen != s.gen:
             return
@@ -251,17 +259,61 @@ class Rounds:
         assert plan is not None
         first, layout = s.cur[6], s.cur[7]
         s.cur = None
-        mine = self.work(s, rnd, layout, first, h_steps)
-        if first:  # carried in: taken in an earlier epoch
-            mine = [i for ids, _f in layout[:first] for i in ids] + mine
+        if type(layout) is tuple:
+            # A whole round without logs (`start`): its sample ids are never made (see `reduced`).
+            self.take_whole(s, rnd, layout, 0, h_steps)
+            mine: list[int] | tuple[()] = ()
+            count = h_steps * layout[0].train.per_site_batch
+        else:
+            mine = self.work(s, rnd, layout, first, h_steps)
+            if first:  # carried in: taken in an earlier epoch
+                mine = [i for ids, _f in layout[:first] for i in ids] + mine
+            count = len(mine)
         if w.write_logs:
             s.log.span_at("compute", t0, w.clock.now_ns, round=rnd, loss=w.learning.train_loss(ce, h_steps),
-                          samples=len(mine), cpu_s=(w.clock.now_ns - t0) / 1e9)
+                          samples=count, cpu_s=(w.clock.now_ns - t0) / 1e9)
         key = (s.epoch, rnd)
         arrived = self.rendezvous.setdefault(key, {})
         arrived[s.name] = w.clock.now_ns
-        s.mine = mine
+        s.mine, s.n_mine = mine, count
         s.compute_s = (w.clock.now_ns - t0) / 1e9
+        self._arrived(s, plan, key, arrived, rnd, cs, ce, h_steps, step)
+
+    def _computed_many(self, items: list[tuple[Any, ...]]) -> None:
+        """`computed` for the entries of one instant, in order. The members of a whole round without
+        logs (every entry live, of one plan, epoch, round and start: a scale run's every round) in one
+        pass that does what the calls would: each member's steps recorded and its arrival; the
+        rendezvous can complete only at the last (the members are distinct), so it is looked at once."""
+        s0, _g, rnd, _cs, _ce, t0, _h, _st = items[0]
+        plan, epoch = s0.plan, s0.epoch
+        for s, gen, r, _c, _e, t, _h, _st in items:
+            if gen != s.gen or r != rnd or t != t0 or s.plan is not plan or s.epoch != epoch \
+                    or type(s.cur[7]) is not tuple:
+                for args in items:
+                    self.computed(*args)
+                return
+        assert plan is not None
+        now = self.w.clock.now_ns
+        key = (epoch, rnd)
+        arrived = self.rendezvous.setdefault(key, {})
+        compute_s = (now - t0) / 1e9
+        for s, _g, _r, _c, _e, _t, h, _st in items:
+            layout = s.cur[7]
+            s.cur = None
+            prog = s.progress  # (take_whole, inline)
+            if prog is not None and prog.round == rnd:
+                prog.taken()
+                prog.lazy = (layout, 0, h, epoch)
+            arrived[s.name] = now
+            s.mine, s.n_mine = (), h * layout[0].train.per_site_batch
+            s.compute_s = compute_s
+        s, _g, rnd, cs, ce, _t, h, step = items[-1]
+        self._arrived(s, plan, key, arrived, rnd, cs, ce, h, step)
+
+    def _arrived(self, s: SimSite, plan: EpochPlan, key: tuple[int, int], arrived: dict[str, int], rnd: int, cs: int,
+                 ce: int, h_steps: int, step: int) -> None:
+        """After `s`'s arrival at the rendezvous `key`: when every member is in, the all-reduce."""
+        w = self.w
         # Every arrival is a member of the plan (the key's epoch): the count says when all are in.
         if len(arrived) == len(plan.members) and set(arrived) == set(plan.members):
             del self.rendezvous[key]
@@ -331,24 +383,20 @@ class Rounds:
         s.next_round = rnd + 1
         s.inflight = None
         s.progress = None  # the round is applied: nothing of it is in flight any more
-        tokens = len(s.mine) * w.cfg.model.seq_len
+        tokens = s.n_mine * w.cfg.model.seq_len
         loss = w.learning.train_loss(ce, h_steps)
-        cyc = w.model.update_cosine
         # The report, built typed (ground.messages.Built: the core takes it without parsing it again);
-        # the map a real site sends is made only for the input log.
+        # the map a real site sends is made only for the input log. A whole round without logs reports
+        # no sample ids (`computed` never made them): the field is optional, the core reads the cursors,
+        # the hash and the counts, and nothing else sees a report of a run without logs.
         flops = tokens * w.flops_per_token
         typed = ROUND_DONE(rnd, step, s.phash, cs, ce, tokens, float(flops), tuple(s.mine))
-        # Every member of a plain round reports the same timings: one (immutable) SiteCycle for all.
-        ckey = (s.compute_s, h_steps, comm_s, sent, loss, cyc)
-        if self._cycle[0] != ckey:
-            self._cycle = (ckey, SiteCycle(float(s.compute_s), h_steps, float(comm_s), int(sent), float(loss), 1.0,
-                                           float(cyc * cyc), float(cyc), 0))
-        cycle = self._cycle[1]
+        extra = self._cycle_of(s.compute_s, h_steps, comm_s, sent, loss)
         raw = None
         if w.write_logs:
             raw = {"round": rnd, "step": step, "param_hash": s.phash, "cursor_start": cs, "cursor_end": ce,
-                   "samples": s.mine, "tokens": tokens, "flops": flops, "cycle": cycle.to_json()}
-        s.send("round_done", Built(typed, {"cycle": cycle}, raw))
+                   "samples": s.mine, "tokens": tokens, "flops": flops, "cycle": extra["cycle"].to_json()}
+        s.send("round_done", Built(typed, extra, raw))
         if w.write_logs:
             s.log.emit("round_done", round=rnd, param_hash=s.phash, cursor_start=cs, cursor_end=ce,
                        retained_samples=ce, samples_sha256=w.prefix_sha(ce))
@@ -364,6 +412,138 @@ class Rounds:
         if last:
             return self.finish(s)
         self.start(s, rnd + 1)
+
+    def _cycle_of(self, compute_s: float, h_steps: int, comm_s: float, sent: int, loss: float) -> dict[str, Any]:
+        """A report's `extra`: {"cycle": the site's SiteCycle}. Every member of a plain round reports the
+        same timings: one (immutable) SiteCycle and one map for all (nothing writes to either)."""
+        cyc = self.w.model.update_cosine
+        ckey = (compute_s, h_steps, comm_s, sent, loss, cyc)
+        if self._cycle[0] != ckey:
+            self._cycle = (ckey, {"cycle": SiteCycle(float(compute_s), h_steps, float(comm_s), int(sent), float(loss),
+                                                     1.0, float(cyc * cyc), float(cyc), 0)})
+        return self._cycle[1]
+
+    def _reduced_many(self, items: list[tuple[Any, ...]]) -> None:
+        """`reduced` for the entries of one instant, in order. The members of a round without logs or
+        byte counters (every entry live, of one plan and setting, one round: a scale run's every round)
+        in one pass that does what the calls would, in the same order (each member's report, its
+        leader's evaluation and checkpoint, its next round), with what they share worked out once."""
+        w = self.w
+        s0, _g, rnd, cs, ce, _ta, h_steps, step = items[0]
+        plan, setting = s0.plan, s0.setting
+        plain = not w.write_logs and w.wan is None
+        if plain:
+            for s, gen, r, c, e, _ta, h, st in items:
+                if gen != s.gen or s.plan is not plan or s.setting is not setting or r != rnd or c != cs \
+                        or e != ce or h != h_steps or st != step:
+                    plain = False
+                    break
+        if not plain:
+            for args in items:
+                self.reduced(*args)
+            return
+        assert plan is not None
+        sent, _parts = self.payload(len(plan.members), setting.compression)
+        now, apply_round, target = w.clock.now_ns, w.apply_round, w.target
+        seq, fpt = w.cfg.model.seq_len, w.flops_per_token
+        loss = w.learning.train_loss(ce, h_steps)
+        last = ce >= target
+        cfg = w.cfg.train
+        evals = (rnd + 1) % cfg.eval_every_rounds == 0 or last
+        ckpts = (rnd + 1) % cfg.checkpoint_every_rounds == 0 or last
+        cycle_of = self._cycle_of
+        nxt = self._next_whole(s0, rnd + 1, items)
+        if nxt is None:  # the last round, a cut link, a coordinator down, or a next round not whole
+            for s, _g, _r, _c, _e, t_arrive, _h, _st in items:
+                s.phash = phash = apply_round(s.phash, rnd, cs, ce)
+                s.retained, s.next_round, s.inflight, s.progress = ce, rnd + 1, None, None
+                tokens = s.n_mine * seq
+                typed = ROUND_DONE(rnd, step, phash, cs, ce, tokens, float(tokens * fpt), tuple(s.mine))
+                s.send("round_done", Built(typed, cycle_of(s.compute_s, h_steps, (now - t_arrive) / 1e9, sent, loss)))
+                if s.leader:
+                    if evals:
+                        w.learning.evaluate(s, rnd, ce)
+                    if ckpts:
+                        s.checkpoint(rnd, ce)
+                if last:
+                    self.finish(s)
+                else:
+                    self.start(s, rnd + 1)
+            return
+        # Each member's report and next round as `start` makes them, the calls to the clock collected
+        # and made per instant (Clock.at_group_many) before anything else schedules: `_next_whole`
+        # checked that no report arrives at the next round's instant, so the groups are the same.
+        (_p, r1, _set, start_step, cfg1, h1, local, t_step, n1, cs1, ce1, step1, _carried, index), lat = nxt
+        t1 = now + ns(h1 * t_step)
+        arrivals: dict[int, list[tuple[Any, ...]]] = {}
+        starts: list[tuple[Any, ...]] = []
+        clock, deliver, computed = w.clock, w._deliver, self._computed
+
+        def flush() -> None:
+            for t, many in arrivals.items():
+                clock.at_group_many(t, deliver, many)
+            clock.at_group_many(t1, computed, starts)
+            arrivals.clear()
+            starts.clear()
+
+        timed: tuple[float, int] | None = None  # the last member's (compute s, arrival): its cycle is `extra`
+        extra: dict[str, Any] = {}
+        for (s, _g, _r, _c, _e, t_arrive, _h, _st), d in zip(items, lat):
+            s.phash = phash = apply_round(s.phash, rnd, cs, ce)
+            s.retained, s.next_round, s.inflight, s.progress = ce, rnd + 1, None, None
+            tokens = s.n_mine * seq
+            typed = ROUND_DONE(rnd, step, phash, cs, ce, tokens, float(tokens * fpt), tuple(s.mine))
+            if timed is None or timed[0] != s.compute_s or timed[1] != t_arrive:
+                timed = (s.compute_s, t_arrive)
+                extra = cycle_of(s.compute_s, h_steps, (now - t_arrive) / 1e9, sent, loss)
+            body = Built(typed, extra)
+            msg = (s.name, s.inc, s.epoch, "round_done", body)  # (World.to_coord's, with nothing in the way)
+            got = arrivals.get(now + d)
+            if got is None:
+                arrivals[now + d] = [msg]
+            else:
+                got.append(msg)
+            if s.leader and (evals or ckpts):
+                flush()
+                if evals:
+                    w.learning.evaluate(s, rnd, ce)
+                if ckpts:
+                    s.checkpoint(rnd, ce)
+            if s.pending or s.resume is not None or s.start_step != start_step:
+                flush()
+                self.start(s, r1)
+                continue
+            # `start`'s whole round, without logs (its every test made: see _next_whole)
+            s.busy, s.inflight, s.round = True, r1, r1
+            snaps = s.snapshots
+            snaps[r1] = (phash, ce)
+            while (k := min(snaps)) < r1 - 3:
+                del snaps[k]
+            s.next_round = None
+            idx = index[s.name]
+            s.progress = Progress(r1, cs1, h1, (cfg1, n1, idx, cs1, ce1)) if local else None
+            s.resume = None
+            s.cur = (r1, cs1, ce1, h1, now, t_step, 0, (cfg1, n1, cs1, ce1, idx, h1))
+            starts.append((s, s.gen, r1, cs1, ce1, now, h1, step1))
+        flush()
+
+    def _next_whole(self, s0: SimSite, r1: int, items: list[tuple[Any, ...]]) -> tuple[tuple[Any, ...], list[int]] | None:
+        """For `_reduced_many`: the next round's shared values (`_round_of`) and each member's report
+        delay to the coordinator, if the members' next round is whole and nothing stands between them
+        and the coordinator; else None."""
+        w = self.w
+        if w.coord.down or w.links.cuts or w.write_logs:
+            return None
+        r = self._round_of(s0, r1)
+        _p, _r, _set, _ss, cfg, h, _local, t_step, n, cs, ce, step, carried, _index = r
+        # The largest index has the last batch of every step: whole for it, whole for all.
+        if cs >= w.target or carried or step is None or not round_is_whole(cfg, n, cs, ce, n - 1, h):
+            return None
+        delay = w.links.one_way_ns
+        lat = [delay(it[0].name, "coord") for it in items]
+        if ns(h * t_step) in lat:  # a report would arrive at the next round's instant: one by one
+            return None
+        return r, lat
 
     def payload(self, n: int, compression: str) -> tuple[int, int]:
         """(bytes one member sends, message parts) of one all-reduce among n members (kept per n)."""

@@ -57,7 +57,8 @@ class SimSite:
         self.cur: tuple[int, int, int, int, int, float, int, list[Step]] | None = None
         self.progress: Progress | None = None  # the inner steps taken in the round in flight
         self.resume: tuple[int, int] | None = None  # carried in: (round, steps kept)
-        self.mine: list[int] = []
+        self.mine: list[int] | tuple[()] = []  # the round's sample ids (() when not made: sim/rounds.computed)
+        self.n_mine = 0  # how many samples the site took in the round
         self.compute_s = 0.0
 
     # ------------------------------------------------------------------ process life

@@ -241,6 +241,60 @@ def test_a_run_without_logs_is_the_same_run_as_with_logs(tmp_path: Path, period_
         assert bare.core_by_kind["heartbeat"][0] > 10_000  # 3 sites x ~30 s / 5 ms
 
 
+@pytest.mark.parametrize("scenario,policy,mode", [("one-outage", "elastic", "local"), ("one-outage", "restart", "sync"),
+                                                  ("churn", "stall", "local"), ("preemption", "oracle", "local"),
+                                                  ("partition", "elastic", "local"), ("fault-storm", "restart", "local")])
+def test_a_round_of_members_in_bulk_is_the_same_run_as_one_member_at_a_time(
+        scenario: str, policy: str, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without logs, the members of a round finish their compute and their all-reduce in one pass each
+    (sim/rounds.Rounds._computed_many, _reduced_many: their next rounds and reports scheduled per
+    instant). With those replaced by one `computed` / `reduced` call per member, in order, the run is
+    the same: every commit, epoch, clock entry and site state. 24 sites, so that the reports reach the
+    coordinator at several instants; the scenarios crash, preempt, cut and churn mid-round."""
+    from sim.cli import site_names, with_policy
+    from sim.rounds import Rounds
+
+    names = site_names(24)
+    scen = load_scenario(ROOT / "scenarios" / f"{scenario}.yaml", sites=names)
+    cfg = with_policy(load_config({"cluster": {"sites": names}, "train": {"target_useful_tokens": 4_000_000,
+                                                                          "mode": mode}}), policy, scen)
+    worlds: list[object] = []
+
+    def run() -> tuple[object, ...]:
+        import sim.world as sw
+
+        real = sw.World
+
+        class Seen(real):  # type: ignore[misc, valid-type]
+            def __init__(self, *a: object, **k: object) -> None:
+                super().__init__(*a, **k)
+                worlds.append(self)
+
+        with monkeypatch.context() as m:
+            m.setattr(sw, "World", Seen)
+            r = simulate(cfg, scen, SimModel(), max_sim_s=3000)
+        w = worlds[-1]
+        st = w.coord.state  # type: ignore[attr-defined]  (the core's whole state: the controller's evidence too)
+        sites = sorted((s.name, s.phash, s.retained, s.round, s.epoch, s.gen, s.alive)
+                       for s in w.sites.values())  # type: ignore[attr-defined]
+        return (r.sim_s, r.complete, r.commits, r.epochs, r.core_steps, r.events_run, r.useful_tokens, r.never_fired,
+                {k: n for k, (n, _s) in r.core_by_kind.items()}, st, sites, w.decisions)  # type: ignore[attr-defined]
+
+    calls: list[str] = []  # the one-member calls made
+    for name in ("computed", "reduced"):
+        real_call = getattr(Rounds, name)
+        monkeypatch.setattr(Rounds, name, lambda self, *a, _f=real_call, _n=name: calls.append(_n) or _f(self, *a))
+    bulk = run()
+    in_bulk = len(calls)
+    with monkeypatch.context() as m:
+        m.setattr(Rounds, "_computed_many", lambda self, items: [self.computed(*a) for a in items] and None)
+        m.setattr(Rounds, "_reduced_many", lambda self, items: [self.reduced(*a) for a in items] and None)
+        one_by_one = run()
+    assert bulk[1] and not bulk[7]  # complete, every fault fired
+    assert bulk == one_by_one
+    assert in_bulk < (len(calls) - in_bulk) / 4  # most rounds went through the bulk passes
+
+
 def test_a_wall_budget_stops_a_large_run_even_when_its_messages_arrive_in_batches() -> None:
     """`wall_stop` is polled every 4,096 clock entries: 200 sites' same-instant heartbeats and round
     reports run as batches, and the budget must still be looked at (here: spent at the first look)."""
