@@ -527,7 +527,8 @@ class Rounds:
             starts.append((s, s.gen, r1, cs1, ce1, now, h1, step1))
         flush()
 
-    def _next_whole(self, s0: SimSite, r1: int, items: list[tuple[Any, ...]]) -> tuple[tuple[Any, ...], list[int]] | None:
+    def _next_whole(self, s0: SimSite, r1: int,
+                    items: list[tuple[Any, ...]]) -> tuple[tuple[Any, ...], list[int]] | None:
         """For `_reduced_many`: the next round's shared values (`_round_of`) and each member's report
         delay to the coordinator, if the members' next round is whole and nothing stands between them
         and the coordinator; else None."""

@@ -241,9 +241,9 @@ def test_a_run_without_logs_is_the_same_run_as_with_logs(tmp_path: Path, period_
         assert bare.core_by_kind["heartbeat"][0] > 10_000  # 3 sites x ~30 s / 5 ms
 
 
-@pytest.mark.parametrize("scenario,policy,mode", [("one-outage", "elastic", "local"), ("one-outage", "restart", "sync"),
-                                                  ("churn", "stall", "local"), ("preemption", "oracle", "local"),
-                                                  ("partition", "elastic", "local"), ("fault-storm", "restart", "local")])
+@pytest.mark.parametrize("scenario,policy,mode", [
+    ("one-outage", "elastic", "local"), ("one-outage", "restart", "sync"), ("churn", "stall", "local"),
+    ("preemption", "oracle", "local"), ("partition", "elastic", "local"), ("fault-storm", "restart", "local")])
 def test_a_round_of_members_in_bulk_is_the_same_run_as_one_member_at_a_time(
         scenario: str, policy: str, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without logs, the members of a round finish their compute and their all-reduce in one pass each
