@@ -18,7 +18,7 @@ from coordinator import core
 from coordinator import membership as mb
 from ground.journal import Journal
 from ground.messages import Built
-from sim.values import builder
+from ground.values import builder
 
 if TYPE_CHECKING:
     from sim.world import World

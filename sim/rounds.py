@@ -29,7 +29,7 @@ from ground.schedule import (carried_steps, kept_steps, round_is_whole, round_sp
 from ground.setting import step_after_round
 from sim.engine import ns
 from sim.model import payload_bytes_sent
-from sim.values import builder
+from ground.values import builder
 from site_agent.epochs import interrupts
 
 if TYPE_CHECKING:

@@ -217,8 +217,8 @@ def test_decision_none_changes_nothing() -> None:
 
 
 def test_a_heartbeat_record_built_by_hand_equals_dataclasses_replace_on_every_field() -> None:
-    """membership.heard builds the record with the constructor (speed); it must say what replace says,
-    including on a field added later (then the constructor call misses it and this fails)."""
+    """membership.heard builds the record with ground.values.builder (speed); it must say what replace
+    says, including on a field added later (then the builder call misses it and this fails)."""
     from dataclasses import fields, replace
 
     from coordinator.membership import SiteRecord, SiteState, heard

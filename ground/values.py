@@ -1,12 +1,14 @@
-"""Frozen dataclass values built without their generated `__init__`, for the simulator's hottest paths.
+"""Frozen dataclass values built without their generated `__init__`, for the hottest paths.
 
 A frozen dataclass's `__init__` sets each field through `object.__setattr__` (about 0.9 us for the
 five fields of coordinator.core.Received, 1.3 us for ground.messages.RoundDone's eight); at 1,000
-sites the simulator builds a million of them an hour. `builder(cls)` returns a function that makes
-the same value (same class, same fields in the same order: equal, same hash and repr) by filling the
-instance's `__dict__`, about three times cheaper. Only where that is what `__init__` does: a class
-with `__post_init__`, `__slots__`, a field default or default factory, a non-init or keyword-only
-field, or a hand-written `__init__` gets its own constructor back (`builder(cls) is cls`).
+sites the simulator builds a million of them an hour, and the coordinator's core a SiteRecord per
+heartbeat. `builder(cls)` returns a function that makes the same value (same class, same fields in
+the same order: equal, same hash and repr) by filling the instance's `__dict__`, about three times
+cheaper. It takes every field, positionally: a field's default is not applied (a call that leaves
+one out is a TypeError). Only where that is what `__init__` does: a class with `__post_init__`,
+`__slots__`, a default factory, a non-init or keyword-only field, or a hand-written `__init__` gets
+its own constructor back (`builder(cls) is cls`).
 """
 
 from __future__ import annotations
@@ -26,14 +28,13 @@ def _plain(cls: type) -> bool:
     # The generated __init__ is compiled from a string; a hand-written one has a file.
     if init is None or getattr(getattr(init, "__code__", None), "co_filename", None) != "<string>":
         return False
-    return all(f.init and not f.kw_only and f.default is dataclasses.MISSING
-               and f.default_factory is dataclasses.MISSING and f.name.isidentifier() and f.name not in _OWN
-               for f in dataclasses.fields(cls))
+    return all(f.init and not f.kw_only and f.default_factory is dataclasses.MISSING and f.name.isidentifier()
+               and f.name not in _OWN for f in dataclasses.fields(cls))
 
 
 def builder(cls: type) -> Callable[..., Any]:
-    """A function (the fields, positionally, in order) -> cls(...), filling __dict__ where that is
-    what cls.__init__ does; else cls itself."""
+    """A function (every field, positionally, in order: no defaults) -> cls(...), filling __dict__
+    where that is what cls.__init__ does; else cls itself."""
     if not _plain(cls):
         return cls
     names = [f.name for f in dataclasses.fields(cls)]
@@ -44,7 +45,7 @@ def builder(cls: type) -> Callable[..., Any]:
            f"    _values_obj.__dict__.update({{{', '.join(f'{n!r}: {n}' for n in names)}}})\n"
            f"    return _values_obj\n")
     scope: dict[str, Any] = {"_values_new": object.__new__, "_values_cls": cls}
-    exec(compile(src, f"<sim.values.builder({cls.__qualname__})>", "exec"), scope)
+    exec(compile(src, f"<ground.values.builder({cls.__qualname__})>", "exec"), scope)
     build = scope["build"]
-    build.__doc__ = f"{cls.__qualname__}(...), built by filling its __dict__ (sim/values.py)"
+    build.__doc__ = f"{cls.__qualname__}(...), built by filling its __dict__ (ground/values.py)"
     return build  # type: ignore[no-any-return]

@@ -1,4 +1,4 @@
-"""sim/values.builder: a frozen dataclass value built by filling its __dict__ is the value its
+"""ground/values.builder: a frozen dataclass value built by filling its __dict__ is the value its
 constructor makes (equal, same hash and repr, same class); a class whose __init__ does more gets its
 own constructor back."""
 
@@ -12,7 +12,7 @@ import pytest
 from coordinator.core_types import Received
 from ground.messages import Built, RoundDone
 from ground.plans import EpochPlan, Restore
-from sim.values import builder
+from ground.values import builder
 
 
 def test_a_received_message_built_fast_is_the_constructed_one() -> None:
@@ -90,7 +90,14 @@ def test_fields_named_like_python_names_are_stored_as_given() -> None:
     assert builder(_Plain)(1, "n", (2,)) == _Plain(1, "n", (2,))
 
 
-@pytest.mark.parametrize("cls", [_Checked, _Defaulted, _Slotted, _OwnInit, _KeywordOnly, _NamedLikeTheBuilder, int])
+def test_a_class_with_defaults_is_built_from_every_field_and_never_defaults_one() -> None:
+    build = builder(_Defaulted)
+    assert build is not _Defaulted and build(1, 2) == _Defaulted(1, 2) and build(1, 3) == _Defaulted(1)
+    with pytest.raises(TypeError, match="missing"):
+        build(1)  # the constructor would default y: the builder never does
+
+
+@pytest.mark.parametrize("cls", [_Checked, _Slotted, _OwnInit, _KeywordOnly, _NamedLikeTheBuilder, int])
 def test_a_class_whose_init_does_more_than_store_keeps_its_constructor(cls: type) -> None:
     assert builder(cls) is cls
 
