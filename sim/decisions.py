@@ -11,9 +11,10 @@ An emulated run on a shared machine can fail a site the scenario never touched (
 timeout under load). Decisions from the first such unscheduled failure on follow from it, not
 from the scenario: only the prefix before it is comparable, and the comparison says so. Likewise
 either run can end before a site the scenario restarted has joined again (a slow restart under
-load, or a simulated run that reached its target first), or see it join only after its last commit,
-when no round is left to admit it: the other run's decisions that only add that site back are
-reported as a prefix match, with the reason.
+load, or a simulated run that reached its target first), or see it join only when no round is left
+to admit it (after its last commit, or while its last round is in flight: the coordinator says so):
+the other run's decisions that only add that site back are reported as a prefix match, with the
+reason.
 """
 
 from __future__ import annotations
@@ -57,11 +58,33 @@ def _unscheduled(coord: list[dict[str, Any]], chaos: list[dict[str, Any]]) -> di
     return None
 
 
+# The recovery decision of a joiner that came when the run's last round was already in flight
+# (coordinator/recovery.py): no boundary is left to admit it. Group 1: the joiners, as a Python list.
+TOO_LATE = re.compile(r": (\[[^\]]*\]) wait: the run ends with the round in flight$")
+
+
+def _told_too_late(coord: list[dict[str, Any]], since_ns: int) -> set[str]:
+    """Sites the coordinator said, after `since_ns`, that it could no longer admit (TOO_LATE) and
+    did not admit after all (no later epoch has them as members)."""
+    out: set[str] = set()
+    for i, e in enumerate(coord):
+        if e["event"] != "recovery_decision" or e["mono_ns"] < since_ns:
+            continue
+        m = TOO_LATE.search(str(e.get("reason", "")))
+        if m is None:
+            continue
+        for site in re.findall(r"'([^']*)'", m.group(1)):
+            if not any(x["event"] == "membership_epoch" and site in (x.get("members") or []) for x in coord[i:]):
+                out.add(site)
+    return out
+
+
 def _unjoined(coord: list[dict[str, Any]], chaos: list[dict[str, Any]],
               by_last_commit: bool = False) -> dict[str, float]:
     """Restarted sites that had not joined again by the run's end (`by_last_commit`: by its last
-    commit, after which no round is left to admit a site, so a later join decides nothing): site ->
-    seconds from its restart to that end."""
+    commit, after which no round is left to admit a site, so a later join decides nothing; or whose
+    join the coordinator answered that the run ends with the round in flight, and never admitted):
+    site -> seconds from its restart to that end."""
     if not coord:
         return {}
     end_ns = coord[-1]["mono_ns"]
@@ -72,7 +95,7 @@ def _unjoined(coord: list[dict[str, Any]], chaos: list[dict[str, Any]],
         if e["event"] == "fault_healed" and (e.get("result") or {}).get("restarted"):
             site = e.get("target")
             if not any(j["event"] == "site_joined" and j.get("site") == site and e["mono_ns"] <= j["mono_ns"] <= end_ns
-                       for j in coord):
+                       for j in coord) or (by_last_commit and site in _told_too_late(coord, e["mono_ns"])):
                 out[str(site)] = (end_ns - e["mono_ns"]) / 1e9
     return out
 

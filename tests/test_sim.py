@@ -295,6 +295,22 @@ def test_a_round_of_members_in_bulk_is_the_same_run_as_one_member_at_a_time(
     assert in_bulk < (len(calls) - in_bulk) / 4  # most rounds went through the bulk passes
 
 
+def test_a_round_progress_made_fast_is_the_constructed_one() -> None:
+    """sim/rounds.new_progress fills the record's __dict__ by hand: it must be what the constructor
+    makes, with fresh lists each time, and must know every field (a field added later fails here)."""
+    from dataclasses import fields
+
+    from sim.rounds import Progress, new_progress
+
+    assert [f.name for f in fields(Progress)] == ["round", "cursor", "steps_h", "keep_of", "done", "epochs", "lazy"]
+    for keep_of in (None, ("cfg", 3, 1, 0, 96)):
+        fast, slow = new_progress(4, 96, 8, keep_of), Progress(4, 96, 8, keep_of)
+        assert type(fast) is Progress and fast == slow and repr(fast) == repr(slow)
+    a, b = new_progress(1, 0, 8, None), new_progress(1, 0, 8, None)
+    a.done.append((range(0, 8), 0))
+    assert b.done == [] and a.epochs is not b.epochs
+
+
 def test_a_wall_budget_stops_a_large_run_even_when_its_messages_arrive_in_batches() -> None:
     """`wall_stop` is polled every 4,096 clock entries: 200 sites' same-instant heartbeats and round
     reports run as batches, and the budget must still be looked at (here: spent at the first look)."""

@@ -104,3 +104,25 @@ def test_a_simulated_run_whose_restarted_site_joined_after_its_last_commit_is_a_
     joined_early = {"event": "site_joined", "mono_ns": int(9.5 * S), "site": "b"}
     early = _run(tmp_path, "early", FIRST_TWO + [joined_early, commit], KILL)
     assert compare_runs(emu, early, "elastic").structural_mismatches == ["3 emulator decisions, 2 simulated"]
+
+
+def test_a_simulated_run_told_that_its_rejoin_came_with_the_last_round_in_flight_is_a_prefix(tmp_path):
+    """The simulated b joined again before the last commit, but while the last round was in flight:
+    the coordinator said it could not admit it any more (coordinator/recovery.py) and never did, so
+    the emulator's decision that adds b back (its b came a round earlier, on a slower host) is beyond
+    what the simulated run could show. Told nothing, it stays a mismatch; so does a later epoch that
+    differs from the emulator's."""
+    emu = _run(tmp_path, "emu", FIRST_TWO + [REJOIN], KILL)
+    joined = {"event": "site_joined", "mono_ns": int(9.5 * S), "site": "b"}
+    told = {"event": "recovery_decision", "mono_ns": int(9.5 * S),
+            "reason": "oracle: ['b'] wait: the run ends with the round in flight"}
+    commit = {"event": "commit", "mono_ns": 10 * S, "round": 9}
+    late = _run(tmp_path, "late", FIRST_TWO + [joined, told, commit], KILL)
+    c = compare_runs(emu, late, "oracle")
+    assert (c.status, c.compared, c.structural_mismatches) == ("prefix match", 2, [])
+    assert c.disturbed_by == ("the simulated run ended, or made its last commit, before b joined again "
+                              "(3.0 s after its restart)")
+    other = _run(tmp_path, "other", FIRST_TWO + [joined, told, _epoch(3, 9.8, ["a", "c"]), commit], KILL)
+    assert compare_runs(emu, other, "oracle").status == "mismatch"  # an epoch without b: a real difference
+    untold = _run(tmp_path, "untold", FIRST_TWO + [joined, commit], KILL)
+    assert compare_runs(emu, untold, "oracle").structural_mismatches == ["3 emulator decisions, 2 simulated"]
