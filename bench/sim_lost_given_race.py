@@ -26,7 +26,7 @@ from bench.common import ROOT
 from bench.sim_validate import SIMVAL_FIT, SIMVAL_ROOT, extra_runs, heldout_comparisons
 from ground.eventlog import process_events
 from sim import validate
-from sim.calibrate import calibrate
+from sim.calibrate import calibrate, triggering_commit
 from sim.model import SimModel
 
 
@@ -36,10 +36,7 @@ def fault_delays_s(run_dir: Path, to: str) -> list[float]:
     coord, chaos = process_events(run_dir, "coord"), process_events(run_dir, "chaos")
     out = []
     for e in chaos:
-        want = (e.get("trigger") or {}).get("at_useful_tokens") if e["event"] == "fault_injected" else None
-        if want is None:
-            continue
-        c = next((x for x in coord if x["event"] == "commit" and x.get("useful_tokens", 0) >= want), None)
+        c = triggering_commit(coord, e) if e["event"] == "fault_injected" else None
         if c is not None:
             t = e.get("start_mono_ns", e["mono_ns"]) if to == "start" else e["mono_ns"]
             out.append((t - c["mono_ns"]) / 1e9)

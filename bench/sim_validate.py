@@ -26,8 +26,9 @@ Repeats: two comparisons of one scenario (over the same links) are the emulator'
 then judged against the emulator's mean, and are "undecided" where the emulator's own repeats
 disagree by more than the simulator does (sim/validate.claims).
 
-Timing bounds: every held-out run is simulated twice more, with the restart time and the chaos
-driver's poll delay at their fitted fewest and at their most (sim/validate.timing_bounds, into
+Timing bounds: every held-out run is simulated twice more, with the restart time, the chaos
+driver's poll delay and a killed process's exit (the crash teardown) at their fitted fewest and at
+their most (sim/validate.timing_bounds, into
 OUT/timing-bounds); a byte or lost-token miss that this range reaches is "undecided", not falsified.
 
 Result: ratio = the largest time-to-target error against the emulator's mean time of a (scenario,
@@ -136,7 +137,7 @@ def run(runs_root: Path, out: Path, extra: list[Path] | None = None, allow_simul
     raw["calibration_links"] = sorted(cal_links)
     raw["calibration_sites"] = sorted(cal_sites)
     model = SimModel.from_calibration(cal)
-    bounds = validate.timing_bounds(model, cal)  # restart and poll delay at their fitted fewest and most
+    bounds = validate.timing_bounds(model, cal)  # restart, poll delay, teardown at their fitted fewest and most
     raw["timing_spread"] = validate.timing_spread(cal)
     raw["calibration"] = {k: {"value": v["value"], "n": v["n"], "half_iqr": v["uncertainty"]["value"]}
                           for k, v in cal["parameters"].items()}

@@ -132,8 +132,7 @@ def samples_of(run: Path) -> dict[str, list[float]]:
             else:
                 est["restart_s"].append((nxt - e["mono_ns"]) / 1e9)
         elif e["event"] == "fault_injected" and (e.get("trigger") or {}).get("at_useful_tokens") is not None:
-            want = e["trigger"]["at_useful_tokens"]
-            c = next((x for x in coord if x["event"] == "commit" and x.get("useful_tokens", 0) >= want), None)
+            c = triggering_commit(coord, e)
             began = e.get("start_mono_ns", e["mono_ns"])  # (a simulated run logs its fault at once)
             if c is not None and c["mono_ns"] <= began:
                 est["fault_poll_s"].append((began - c["mono_ns"]) / 1e9)
@@ -147,6 +146,16 @@ def samples_of(run: Path) -> dict[str, list[float]]:
             if nxt is not None and not any(t < e["mono_ns"] for t, s in joins if s == e["name"]):
                 est["start_s"].append((nxt - e["mono_ns"]) / 1e9)
     return est
+
+
+def triggering_commit(coord: list[dict[str, Any]], fault: dict[str, Any]) -> dict[str, Any] | None:
+    """The commit that fired a progress-triggered fault (`fault`: its fault_injected event): the first
+    of the coordinator's commits at or past its trigger's useful tokens; None for a fault triggered
+    otherwise, or one no commit reached."""
+    want = (fault.get("trigger") or {}).get("at_useful_tokens")
+    if want is None:
+        return None
+    return next((x for x in coord if x["event"] == "commit" and x.get("useful_tokens", 0) >= want), None)
 
 
 def _last_counters(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -316,14 +316,15 @@ def test_a_miss_the_simulators_own_timing_bounds_reach_is_undecided_and_one_they
     assert lost["status"] == "undecided" and "inside the simulator's own range [1536, 4608]" in lost["undecided"][0]
 
 
-def test_the_timing_bounds_set_the_restart_and_poll_delay_to_their_fitted_fewest_and_most() -> None:
+def test_the_timing_bounds_set_the_restart_poll_delay_and_teardown_to_their_fitted_fewest_and_most() -> None:
     cal = {"parameters": {"restart_s": {"value": 4.1, "range": [3.98, 4.29]},
                           "fault_poll_s": {"value": 0.139, "range": [0.033, 0.247]},
+                          "crash_teardown_s": {"value": 0.064, "range": [0.041, 0.118]},
                           "eval_s": {"value": 1.0, "range": [0.5, 2.0]}}}
-    model = SimModel(restart_s=4.1, fault_poll_s=0.139, eval_s=1.0)
+    model = SimModel(restart_s=4.1, fault_poll_s=0.139, crash_teardown_s=0.064, eval_s=1.0)
     b = validate.timing_bounds(model, cal)
-    assert (b["fewest"].restart_s, b["fewest"].fault_poll_s, b["most"].restart_s, b["most"].fault_poll_s) == \
-        (3.98, 0.033, 4.29, 0.247)
+    assert (b["fewest"].restart_s, b["fewest"].fault_poll_s, b["fewest"].crash_teardown_s) == (3.98, 0.033, 0.041)
+    assert (b["most"].restart_s, b["most"].fault_poll_s, b["most"].crash_teardown_s) == (4.29, 0.247, 0.118)
     assert b["fewest"].eval_s == b["most"].eval_s == 1.0  # only the timing parameters move
     assert validate.timing_bounds(model, {"parameters": {"restart_s": {"value": 4.1}}}) == {}
 
