@@ -131,10 +131,9 @@ def samples_of(run: Path) -> dict[str, list[float]]:
                 est["standby_restart_s"].append(max(0.0, (nxt - e["mono_ns"]) / 1e9 - wait))
             else:
                 est["restart_s"].append((nxt - e["mono_ns"]) / 1e9)
-        elif e["event"] == "fault_injected" and (e.get("trigger") or {}).get("at_useful_tokens") is not None:
-            c = triggering_commit(coord, e)
+        elif e["event"] == "fault_injected" and (c := triggering_commit(coord, e)) is not None:
             began = e.get("start_mono_ns", e["mono_ns"])  # (a simulated run logs its fault at once)
-            if c is not None and c["mono_ns"] <= began:
+            if c["mono_ns"] <= began:
                 est["fault_poll_s"].append((began - c["mono_ns"]) / 1e9)
         if e["event"] == "fault_injected" and e.get("kind") in ("site_crash", "site_restart") \
                 and (e.get("result") or {}).get("exited") and e.get("end_mono_ns") and e.get("start_mono_ns"):

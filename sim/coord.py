@@ -112,17 +112,12 @@ class SimCoordinator:
             for m in msgs:
                 self.lost.pop(m[0], None)  # heard again: the WAN endpoint clears the closed connection
         outs = self._step_all([RECEIVED(*m) for m in msgs], now)
-        if not self.log_inputs:  # (the loop below without its logging: most inputs have no outputs)
-            for out in outs:
-                if out:
-                    self._apply(out)
-                if not self.tick_due:
-                    self.request_tick()
-            return
-        for (src, inc, epoch, kind, body), out in zip(msgs, outs):
+        log = self.log_inputs
+        for m, out in zip(msgs, outs):
             if out:
                 self._apply(out)
-            if self.log_inputs:
+            if log:
+                src, inc, epoch, kind, body = m
                 rejected = any(isinstance(o, core.Emit) and o.event == "report_rejected" for o in out)
                 if type(body) is Built:
                     body = body.raw  # the map a real site would have sent (the core took it typed)

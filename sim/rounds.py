@@ -314,10 +314,7 @@ class Rounds:
         for s, _g, _r, _c, _e, _t, h, _st in items:
             layout = s.cur[7]
             s.cur = None
-            prog = s.progress  # (take_whole, inline)
-            if prog is not None and prog.round == rnd:
-                prog.taken()
-                prog.lazy = (layout, 0, h, epoch)
+            self.take_whole(s, rnd, layout, 0, h)
             arrived[s.name] = now
             s.mine, s.n_mine = (), h * layout[0].train.per_site_batch
             s.compute_s = compute_s
@@ -452,38 +449,22 @@ class Rounds:
                         or e != ce or h != h_steps or st != step:
                     plain = False
                     break
-        if not plain:
+        # The members' next round and what stands between them and the coordinator (None: the last
+        # round, a cut link, the coordinator down, or a next round not whole): else one by one.
+        nxt = self._next_whole(s0, rnd + 1, items) if plain and ce < w.target else None
+        if nxt is None:
             for args in items:
                 self.reduced(*args)
             return
         assert plan is not None
         sent, _parts = self.payload(len(plan.members), setting.compression)
-        now, apply_round, target = w.clock.now_ns, w.apply_round, w.target
+        now, apply_round = w.clock.now_ns, w.apply_round
         seq, fpt = w.cfg.model.seq_len, w.flops_per_token
         loss = w.learning.train_loss(ce, h_steps)
-        last = ce >= target
-        cfg = w.cfg.train
-        evals = (rnd + 1) % cfg.eval_every_rounds == 0 or last
-        ckpts = (rnd + 1) % cfg.checkpoint_every_rounds == 0 or last
+        cfg = w.cfg.train  # (not the last round: that one goes one by one)
+        evals = (rnd + 1) % cfg.eval_every_rounds == 0
+        ckpts = (rnd + 1) % cfg.checkpoint_every_rounds == 0
         cycle_of = self._cycle_of
-        nxt = self._next_whole(s0, rnd + 1, items)
-        if nxt is None:  # the last round, a cut link, a coordinator down, or a next round not whole
-            for s, _g, _r, _c, _e, t_arrive, _h, _st in items:
-                s.phash = phash = apply_round(s.phash, rnd, cs, ce)
-                s.retained, s.next_round, s.inflight, s.progress = ce, rnd + 1, None, None
-                tokens = s.n_mine * seq
-                typed = ROUND_DONE(rnd, step, phash, cs, ce, tokens, float(tokens * fpt), tuple(s.mine))
-                s.send("round_done", Built(typed, cycle_of(s.compute_s, h_steps, (now - t_arrive) / 1e9, sent, loss)))
-                if s.leader:
-                    if evals:
-                        w.learning.evaluate(s, rnd, ce)
-                    if ckpts:
-                        s.checkpoint(rnd, ce)
-                if last:
-                    self.finish(s)
-                else:
-                    self.start(s, rnd + 1)
-            return
         # Each member's report and next round as `start` makes them, the calls to the clock collected
         # and made per instant (Clock.at_group_many) before anything else schedules: `_next_whole`
         # checked that no report arrives at the next round's instant, so the groups are the same.
@@ -547,7 +528,7 @@ class Rounds:
         delay to the coordinator, if the members' next round is whole and nothing stands between them
         and the coordinator; else None."""
         w = self.w
-        if w.coord.down or w.links.cuts or w.write_logs:
+        if w.coord.down or w.links.cuts:
             return None
         r = self._round_of(s0, r1)
         _p, _r, _set, _ss, cfg, h, _local, t_step, n, cs, ce, step, carried, _index = r

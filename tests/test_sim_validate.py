@@ -209,16 +209,25 @@ def _comparison(root: Path, name: str, links: dict, scen: Scenario, sites: tuple
                                                         "interrupted": False}))
 
 
+SLOW_LINKS = {"up": {"latency_ms": 40, "bandwidth_kbps": 1000}, "down": {"latency_ms": 40, "bandwidth_kbps": 1000}}
+
+
+def _fitted_root(tmp_path: Path) -> tuple[Path, Path, Scenario]:
+    """A runs root with one fault-free calibration run (simulated, three sites over the fitted
+    links), its path, and the crash scenario the held-out comparisons run."""
+    root = tmp_path / "root"
+    fit = root / "noise-floor" / "noise-seed0"
+    simulate(load_config(merge(COMPARE_CFG, {"run_id": "fit"})), None, SimModel(), out=fit)
+    return root, fit, Scenario.build("crash-b", "").crash("b", at_useful_tokens=36_864, restart_after_s=2)
+
+
 def test_the_same_scenario_over_links_the_fit_never_saw_is_its_own_held_out_condition(tmp_path: Path) -> None:
     """Held-out link profiles: a comparison over other site links is judged apart (not as a repeat of
     the same scenario over the fitted links), labelled with its links and marked held out."""
     from bench.sim_validate import links_of
 
-    root = tmp_path / "root"
-    fit = root / "noise-floor" / "noise-seed0"
-    simulate(load_config(merge(COMPARE_CFG, {"run_id": "fit"})), None, SimModel(), out=fit)
-    scen = Scenario.build("crash-b", "").crash("b", at_useful_tokens=36_864, restart_after_s=2)
-    slow = {"up": {"latency_ms": 40, "bandwidth_kbps": 1000}, "down": {"latency_ms": 40, "bandwidth_kbps": 1000}}
+    root, fit, scen = _fitted_root(tmp_path)
+    slow = SLOW_LINKS
     _comparison(root, "compare-fitted-links", {}, scen)
     _comparison(root, "compare-slow-links", slow, scen)
     assert links_of(fit) == "site links 5±0 ms unshaped"
@@ -250,11 +259,8 @@ def test_the_same_scenario_at_more_sites_than_the_fit_saw_is_its_own_held_out_co
     one both over other links and at another count names both."""
     from bench.sim_validate import sites_of
 
-    root = tmp_path / "root"
-    fit = root / "noise-floor" / "noise-seed0"
-    simulate(load_config(merge(COMPARE_CFG, {"run_id": "fit"})), None, SimModel(), out=fit)
-    scen = Scenario.build("crash-b", "").crash("b", at_useful_tokens=36_864, restart_after_s=2)
-    slow = {"up": {"latency_ms": 40, "bandwidth_kbps": 1000}, "down": {"latency_ms": 40, "bandwidth_kbps": 1000}}
+    root, _fit, scen = _fitted_root(tmp_path)
+    slow = SLOW_LINKS
     _comparison(root, "compare-three", {}, scen)
     _comparison(root, "compare-four", {}, scen, ("a", "b", "c", "d"))
     _comparison(root, "compare-four-slow", slow, scen, ("a", "b", "c", "d"))
