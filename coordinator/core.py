@@ -12,8 +12,9 @@ ordered list of what the shell (`coordinator/service.py`) must do, in that order
     Context(fields)        the log's context (epoch, step) for the lines after it
 
 Inputs are `Received` (a message from a site: header fields and its raw body, parsed and checked
-here) and `Tick` (the connections the WAN endpoint saw close, then the membership and recovery
-decisions and the completion check). `recover` rebuilds the state from the journal's records.
+here), `Heartbeats` (many sites' heartbeats of one instant: the same as one Received each, in one
+input; the simulator's) and `Tick` (the connections the WAN endpoint saw close, then the membership
+and recovery decisions and the completion check). `recover` rebuilds the state from the journal's records.
 
 The state is a frozen dataclass; `step` works on a private copy (`rules.Rules`) and returns a new
 state, so the same inputs at the same `now_ns` give the same decisions: a run's logged inputs
@@ -24,18 +25,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from coordinator.core_types import (EVENTS, KINDS, Context, CoordState, Emit, Fence, Journal, Output, Received, Send,
-                                    Tick, membership_config, policy_of)
+from coordinator.core_types import (EVENTS, KINDS, Context, CoordState, Emit, Fence, Heartbeats, Journal, Output,
+                                    Received, Send, Tick, membership_config, policy_of)
 from coordinator.recovery import ClusterView, OracleFaults, Policy
 from coordinator.rules import Rules
 from coordinator.settings import EpochSettings
 from ground.config import RunConfig
 from ground.schedule import samples_for_tokens, target_samples
 
-__all__ = ["EVENTS", "KINDS", "Context", "CoordState", "Emit", "Fence", "Journal", "Output", "Received", "Send", "Tick",
-           "announce_current", "initial_state", "membership_config", "policy_of", "recover", "step", "step_all",
-           "target_samples",
-           "view"]
+__all__ = ["EVENTS", "KINDS", "Context", "CoordState", "Emit", "Fence", "Heartbeats", "Input", "Journal", "Output",
+           "Received", "Send", "Tick", "announce_current", "initial_state", "membership_config", "policy_of", "recover",
+           "step", "step_all", "target_samples", "view"]
 
 
 def initial_state(cfg: RunConfig) -> CoordState:
@@ -45,17 +45,26 @@ def initial_state(cfg: RunConfig) -> CoordState:
                       settings=EpochSettings(cfg))
 
 
-def step(state: CoordState, event: Received | Tick, now_ns: int, cfg: RunConfig) -> tuple[CoordState, list[Output]]:
-    """Apply one input at `now_ns`: the new state and what to do, in order."""
-    w = Rules(state, cfg)
+Input = Received | Heartbeats | Tick
+
+
+def _apply(w: Rules, event: Input, now_ns: int) -> None:
     if isinstance(event, Received):
         w.handle(event, now_ns)
+    elif isinstance(event, Heartbeats):
+        w.heartbeats(event, now_ns)
     else:
         w.tick(event, now_ns)
+
+
+def step(state: CoordState, event: Input, now_ns: int, cfg: RunConfig) -> tuple[CoordState, list[Output]]:
+    """Apply one input at `now_ns`: the new state and what to do, in order."""
+    w = Rules(state, cfg)
+    _apply(w, event, now_ns)
     return w.freeze(), w.out
 
 
-def step_all(state: CoordState, events: list[Received | Tick], now_ns: int,
+def step_all(state: CoordState, events: list[Input], now_ns: int,
              cfg: RunConfig) -> tuple[CoordState, list[list[Output]]]:
     """Several inputs at the same `now_ns`, in order: the state and the outputs (one list per input)
     that calling `step` once per input gives, with one working copy for all of them. The simulator
@@ -65,10 +74,7 @@ def step_all(state: CoordState, events: list[Received | Tick], now_ns: int,
     outs: list[list[Output]] = []
     for event in events:
         w.out = []
-        if isinstance(event, Received):
-            w.handle(event, now_ns)
-        else:
-            w.tick(event, now_ns)
+        _apply(w, event, now_ns)
         outs.append(w.out)
     return w.freeze(), outs
 

@@ -1,6 +1,7 @@
 """The coordinator core's values: its inputs, its outputs, its state (coordinator/core.py drives them).
 
-Inputs: `Received` (a site's message: header fields and raw body) and `Tick` (one pass of the loop).
+Inputs: `Received` (a site's message: header fields and raw body), `Heartbeats` (many sites' heartbeats
+of one instant, the same as one Received each) and `Tick` (one pass of the loop).
 Outputs, in the order the shell carries them out: `Journal`, `Emit`, `Send`, `Fence`, `Context`.
 `EVENTS` names every event the core emits: the decisions a replay compares.
 """
@@ -40,6 +41,18 @@ class Received:
     epoch: int
     kind: str
     body: Any
+
+
+@dataclass(frozen=True)
+class Heartbeats:
+    """Heartbeat messages of one instant, in arrival order, each (src, inc, epoch, kind, body): Received's
+    fields, kind "heartbeat". The same input as one `Received` each, in that order (`Rules.heartbeats`;
+    tests/test_coordinator_core.py compares the two). The simulator's unlogged runs send it: a thousand
+    heartbeats an instant at 1,000 sites, each otherwise a Received, a parse and a dispatch. A logged
+    input is always a Received (the input log and its replay know no other kind of message)."""
+
+    messages: tuple[tuple[str, int, int, str, Any], ...]
+    kind = "heartbeat"  # (a class attribute, not a field: what the messages are)
 
 
 @dataclass(frozen=True)

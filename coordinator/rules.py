@@ -11,8 +11,8 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from coordinator import membership
-from coordinator.core_types import (EVENTS, Context, CoordState, Emit, Fence, Journal, Output, Received, Send, Tick,
-                                    membership_config, policy_of)
+from coordinator.core_types import (EVENTS, Context, CoordState, Emit, Fence, Heartbeats, Journal, Output, Received,
+                                    Send, Tick, membership_config, policy_of)
 from coordinator.recovery import ClusterView, Frontier, checkpoint_before_waiting, decide_recovery
 from coordinator.replay import after_epoch, pending_checkpoints, recent_epochs
 from coordinator.settings import EpochSettings, due_change, setting_for_epoch
@@ -184,6 +184,24 @@ class Rules:
             self._reject(msg, f"bad_body: {e}")
         except Exception as e:  # a bug met by one message is logged; the coordinator goes on
             self._reject(msg, f"internal_error: {type(e).__name__}: {str(e)[:500]}")
+
+    def heartbeats(self, beats: Heartbeats, now_ns: int) -> None:
+        """Heartbeat messages of one instant, in order, each what `handle` does with it as a Received.
+        The common one (a site the membership knows, a header epoch announced, a heartbeat of the current
+        epoch or of none yet, a body the simulator built) is `_on_heartbeat`'s record write, nothing else
+        (no reject, no plan to send); any other goes through `handle`, and the loop reads the state again."""
+        epoch, sites = self.membership.epoch, self._sites_for_write()
+        heard, get = membership.heard, sites.get
+        for m in beats.messages:
+            src, inc, msg_epoch, kind, body = m
+            known = get(src)
+            if known is not None and 0 <= msg_epoch <= epoch and kind == "heartbeat" and type(body) is Built \
+                    and type(hb := body.typed) is Heartbeat and (hb.epoch == epoch or hb.epoch == 0):
+                sites[src] = heard(known, now_ns, inc if not known.incarnation else 0)
+            else:
+                self.handle(Received(*m), now_ns)
+                epoch, sites = self.membership.epoch, self._sites_for_write()
+                get = sites.get
 
     def _reject(self, msg: Received, reason: str, **extra: Any) -> None:
         self.emit("report_rejected", kind=str(msg.kind)[:64], src=msg.src, site=msg.src, msg_epoch=msg.epoch,

@@ -47,12 +47,14 @@ class SimCoordinator:
     def _step(self, event: core.Received | core.Tick, now: int) -> list[core.Output]:
         return self._step_all([event], now)[0]
 
-    def _step_all(self, events: list[core.Received | core.Tick], now: int) -> list[list[core.Output]]:
+    def _step_all(self, events: list[core.Input], now: int) -> list[list[core.Output]]:
         """One core.step_all per run of consecutive inputs of one kind (the same as one step each), so
-        that the core's time is known per message kind (`core_by_kind`: the scale bench's floor)."""
+        that the core's time is known per message kind (`core_by_kind`: the scale bench's floor). Counts
+        are of messages (a core.Heartbeats input counts each of its heartbeats) and ticks."""
         outs: list[list[core.Output]] = []
         i, n = 0, len(events)
         kinds = [getattr(e, "kind", "tick") for e in events]
+        heartbeats = core.Heartbeats
         while i < n:
             kind = kinds[i]
             j = i + 1
@@ -61,15 +63,16 @@ class SimCoordinator:
             t0 = time.perf_counter_ns()
             self.state, got = core.step_all(self.state, events[i:j], now, self.cfg)
             dt = time.perf_counter_ns() - t0
+            count = sum(len(e.messages) if type(e) is heartbeats else 1 for e in events[i:j])
             acc = self.core_by_kind.get(kind)
             if acc is None:
                 acc = self.core_by_kind[kind] = [0, 0]
-            acc[0] += j - i
+            acc[0] += count
             acc[1] += dt
             self.core_ns += dt
+            self.core_steps += count
             outs += got
             i = j
-        self.core_steps += n
         return outs
 
     def start(self) -> None:
@@ -111,19 +114,42 @@ class SimCoordinator:
         if self.lost:
             for m in msgs:
                 self.lost.pop(m[0], None)  # heard again: the WAN endpoint clears the closed connection
+        if not self.log_inputs:
+            return self._receive_plain(msgs, now)
         outs = self._step_all([RECEIVED(*m) for m in msgs], now)
-        log = self.log_inputs
         for m, out in zip(msgs, outs):
             if out:
                 self._apply(out)
-            if log:
-                src, inc, epoch, kind, body = m
-                rejected = any(isinstance(o, core.Emit) and o.event == "report_rejected" for o in out)
-                if type(body) is Built:
-                    body = body.raw  # the map a real site would have sent (the core took it typed)
-                self.log.emit(INPUT_EVENT, input="message", now_ns=now, src=src, inc=inc, msg_epoch=epoch,
-                              kind=kind, **({"rejected": True} if rejected else {"body": body}))
+            src, inc, epoch, kind, body = m
+            rejected = any(isinstance(o, core.Emit) and o.event == "report_rejected" for o in out)
+            if type(body) is Built:
+                body = body.raw  # the map a real site would have sent (the core took it typed)
+            self.log.emit(INPUT_EVENT, input="message", now_ns=now, src=src, inc=inc, msg_epoch=epoch,
+                          kind=kind, **({"rejected": True} if rejected else {"body": body}))
             if not self.tick_due:  # (request_tick's own first test: a thousand reports, one tick)
+                self.request_tick()
+
+    def _receive_plain(self, msgs: list[tuple[str, int, int, str, Any]], now: int) -> None:
+        """receive_all without an input log: each run of heartbeats after the first message is one
+        core.Heartbeats input (the same as one Received each), and each input's outputs are carried out
+        in order, a tick requested after the first message as one `receive` each would (after it the
+        tick is due: the later requests did nothing)."""
+        events: list[core.Input] = [RECEIVED(*msgs[0])]
+        i, n = 1, len(msgs)
+        while i < n:
+            if msgs[i][3] != "heartbeat":
+                events.append(RECEIVED(*msgs[i]))
+                i += 1
+                continue
+            j = i + 1
+            while j < n and msgs[j][3] == "heartbeat":
+                j += 1
+            events.append(core.Heartbeats(tuple(msgs[i:j])))
+            i = j
+        for out in self._step_all(events, now):
+            if out:
+                self._apply(out)
+            if not self.tick_due:
                 self.request_tick()
 
     def connection_lost(self, site: str) -> None:

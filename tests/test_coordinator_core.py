@@ -9,6 +9,7 @@ decisions (epochs, members, plans, commits, frontiers, reasons) and its journal,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,47 @@ def test_a_silent_member_is_suspected_then_failed_and_elastic_continues_without_
     assert c.state.membership.epoch == 2 and c.state.membership.members == ("a", "c")
     last = c.emitted("membership_epoch")[-1]
     assert last["policy"] == "elastic" and not last["paused"] and last["start_round"] >= 1
+
+
+def test_a_batch_of_heartbeats_is_one_received_heartbeat_each_in_order() -> None:
+    """core.Heartbeats (the simulator's unlogged input: an instant's heartbeats as one input) gives the
+    state and outputs of one Received heartbeat each, in order, in every case `Rules.heartbeats` either
+    takes in its common pass or hands to `handle`: a known member in the current epoch, a heartbeat of no
+    epoch yet, a failed non-member still beating in its old epoch (it is sent the plan), an unknown
+    site, an unannounced header or heartbeat epoch, a raw (unbuilt) body, a bad body, and a site whose
+    incarnation a recovered coordinator does not know yet (learned from its heartbeat)."""
+    from ground.messages import Built, Heartbeat
+
+    cfg = config(policy="elastic")
+    c = formed(cfg)
+    commit_round(c, 0, 0, 96, SITES, 1)
+    for _ in range(7):  # b is silent until it fails: epoch 2 of a and c
+        c.heartbeats(("a", "c"), 1)
+        c.feed(core.Tick(), after_ms=500)
+    assert c.state.membership.epoch == 2 and c.state.membership.sites["b"].state == membership.SiteState.FAILED
+    # c as a recovered coordinator knows it: incarnation 0 until it speaks (learned once, not changed after).
+    m = c.state.membership
+    state = dataclasses.replace(c.state, membership=dataclasses.replace(
+        m, sites={**m.sites, "c": dataclasses.replace(m.sites["c"], incarnation=0)}))
+
+    def hb(src: str, epoch: int, hb_epoch: int, inc: int = 1) -> tuple[str, int, int, str, Any]:
+        return (src, inc, epoch, "heartbeat", Built(Heartbeat(7, hb_epoch, 3)))
+
+    beats = (hb("a", 2, 2), hb("c", 2, 0, inc=5), hb("b", 1, 1), hb("zz", 2, 2), hb("a", 3, 2), hb("c", 2, 5),
+             ("a", 1, 2, "heartbeat", {"epoch": 2, "round": 3}), ("c", 1, 2, "heartbeat", {"epoch": "x"}),
+             hb("a", 2, 2, inc=4), hb("c", 2, 2, inc=5), hb("c", 2, 2, inc=6))
+    now = c.now + 200 * MS
+    folded, want = state, []
+    for m in beats:
+        folded, out = core.step(folded, core.Received(*m), now, cfg)
+        want += out
+    got_state, got = core.step(state, core.Heartbeats(beats), now, cfg)
+    assert got == want and got_state == folded
+    assert [o.to for o in got if isinstance(o, core.Send)] == ["b"]  # the failed member told to rejoin
+    rejected = [o.fields["reason"].split(":")[0] for o in got if isinstance(o, core.Emit)]
+    assert rejected == ["future_epoch", "future_epoch", "bad_body"], rejected
+    sites = got_state.membership.sites
+    assert sites["a"].last_heartbeat_ns == now and sites["a"].incarnation == 1 and sites["c"].incarnation == 5
 
 
 def test_the_oracle_drains_ahead_of_the_fault_and_the_drain_is_a_field_of_the_plan_it_sends() -> None:

@@ -19,7 +19,7 @@ import pytest
 from analysis.analyze import analyze
 from analysis.artifact import build_artifact
 from chaos.scenario import Scenario, load_scenario
-from ground.config import load_config, merge
+from ground.config import RunConfig, load_config, merge
 from ground.schedule import rounds_for_target, target_samples
 from sim.cli import main as sim_main
 from sim.faults import UnsupportedFault
@@ -241,6 +241,40 @@ def test_a_run_without_logs_is_the_same_run_as_with_logs(tmp_path: Path, period_
         assert bare.core_by_kind["heartbeat"][0] > 10_000  # 3 sites x ~30 s / 5 ms
 
 
+def _case_24(scenario: str, policy: str, mode: str) -> tuple[RunConfig, Scenario]:
+    """A 24-site config and scenario (24: the reports reach the coordinator at several instants)."""
+    from sim.cli import site_names, with_policy
+
+    names = site_names(24)
+    scen = load_scenario(ROOT / "scenarios" / f"{scenario}.yaml", sites=names)
+    return with_policy(load_config({"cluster": {"sites": names}, "train": {"target_useful_tokens": 4_000_000,
+                                                                           "mode": mode}}), policy, scen), scen
+
+
+def _whole_run(cfg: RunConfig, scen: Scenario, monkeypatch: pytest.MonkeyPatch) -> tuple[object, ...]:
+    """An unlogged run and everything it ends with: result, the core's whole state (the controller's
+    evidence too), every site's state, the recovery decisions."""
+    import sim.world as sw
+
+    worlds: list[object] = []
+    real = sw.World
+
+    class Seen(real):  # type: ignore[misc, valid-type]
+        def __init__(self, *a: object, **k: object) -> None:
+            super().__init__(*a, **k)
+            worlds.append(self)
+
+    with monkeypatch.context() as m:
+        m.setattr(sw, "World", Seen)
+        r = simulate(cfg, scen, SimModel(), max_sim_s=3000)
+    w = worlds[-1]
+    st = w.coord.state  # type: ignore[attr-defined]
+    sites = sorted((s.name, s.phash, s.retained, s.round, s.epoch, s.gen, s.alive)
+                   for s in w.sites.values())  # type: ignore[attr-defined]
+    return (r.sim_s, r.complete, r.commits, r.epochs, r.core_steps, r.events_run, r.useful_tokens, r.never_fired,
+            {k: n for k, (n, _s) in r.core_by_kind.items()}, st, sites, w.decisions)  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize("scenario,policy,mode", [
     ("one-outage", "elastic", "local"), ("one-outage", "restart", "sync"), ("churn", "stall", "local"),
     ("preemption", "oracle", "local"), ("partition", "elastic", "local"), ("fault-storm", "restart", "local")])
@@ -251,34 +285,12 @@ def test_a_round_of_members_in_bulk_is_the_same_run_as_one_member_at_a_time(
     instant). With those replaced by one `computed` / `reduced` call per member, in order, the run is
     the same: every commit, epoch, clock entry and site state. 24 sites, so that the reports reach the
     coordinator at several instants; the scenarios crash, preempt, cut and churn mid-round."""
-    from sim.cli import site_names, with_policy
     from sim.rounds import Rounds
 
-    names = site_names(24)
-    scen = load_scenario(ROOT / "scenarios" / f"{scenario}.yaml", sites=names)
-    cfg = with_policy(load_config({"cluster": {"sites": names}, "train": {"target_useful_tokens": 4_000_000,
-                                                                          "mode": mode}}), policy, scen)
-    worlds: list[object] = []
+    cfg, scen = _case_24(scenario, policy, mode)
 
     def run() -> tuple[object, ...]:
-        import sim.world as sw
-
-        real = sw.World
-
-        class Seen(real):  # type: ignore[misc, valid-type]
-            def __init__(self, *a: object, **k: object) -> None:
-                super().__init__(*a, **k)
-                worlds.append(self)
-
-        with monkeypatch.context() as m:
-            m.setattr(sw, "World", Seen)
-            r = simulate(cfg, scen, SimModel(), max_sim_s=3000)
-        w = worlds[-1]
-        st = w.coord.state  # type: ignore[attr-defined]  (the core's whole state: the controller's evidence too)
-        sites = sorted((s.name, s.phash, s.retained, s.round, s.epoch, s.gen, s.alive)
-                       for s in w.sites.values())  # type: ignore[attr-defined]
-        return (r.sim_s, r.complete, r.commits, r.epochs, r.core_steps, r.events_run, r.useful_tokens, r.never_fired,
-                {k: n for k, (n, _s) in r.core_by_kind.items()}, st, sites, w.decisions)  # type: ignore[attr-defined]
+        return _whole_run(cfg, scen, monkeypatch)
 
     calls: list[str] = []  # the one-member calls made
     for name in ("computed", "reduced"):
@@ -293,6 +305,38 @@ def test_a_round_of_members_in_bulk_is_the_same_run_as_one_member_at_a_time(
     assert bulk[1] and not bulk[7]  # complete, every fault fired
     assert bulk == one_by_one
     assert in_bulk < (len(calls) - in_bulk) / 4  # most rounds went through the bulk passes
+
+
+@pytest.mark.parametrize("scenario,policy,mode", [
+    ("one-outage", "elastic", "local"), ("churn", "restart", "sync"), ("partition", "stall", "local")])
+def test_an_instants_heartbeats_as_one_core_input_are_the_same_run_as_one_message_each(
+        scenario: str, policy: str, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without logs, the heartbeats of one instant after its first message reach the core as one
+    core.Heartbeats input (sim/coord.SimCoordinator._receive_plain). With every message a Received of
+    its own instead, the run is the same: every commit, epoch, site state and the core's whole state."""
+    from coordinator.rules import Rules
+    from sim.coord import RECEIVED, SimCoordinator
+
+    cfg, scen = _case_24(scenario, policy, mode)
+    batches: list[int] = []
+    real_heartbeats = Rules.heartbeats
+    monkeypatch.setattr(Rules, "heartbeats", lambda self, b, now: batches.append(len(b.messages))
+                        or real_heartbeats(self, b, now))
+    batched = _whole_run(cfg, scen, monkeypatch)
+
+    def one_each(self: SimCoordinator, msgs: list[tuple[object, ...]], now: int) -> None:
+        for out in self._step_all([RECEIVED(*m) for m in msgs], now):
+            if out:
+                self._apply(out)
+            if not self.tick_due:
+                self.request_tick()
+
+    with monkeypatch.context() as m:
+        m.setattr(SimCoordinator, "_receive_plain", one_each)
+        single = _whole_run(cfg, scen, monkeypatch)
+    assert batched[1] and not batched[7]  # complete, every fault fired
+    assert batched == single
+    assert max(batches) >= 12 and sum(batches) > batched[8]["heartbeat"] / 2  # most heartbeats went in batches
 
 
 def test_a_round_progress_made_fast_is_the_constructed_one() -> None:
