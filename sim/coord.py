@@ -3,7 +3,8 @@
 Each message is one `core.step(Received)`; after the messages of one instant, one
 `core.step(Tick)` with the connections the WAN endpoint would have seen close. Ticks also run
 at the next instant a membership rule could fire (a heartbeat timeout, a confirmation, a
-disconnect grace), read from the core's state, instead of every 50 ms. The outputs are carried
+disconnect grace), read from the core's state, instead of every 50 ms. An instant of nothing but
+heartbeats in a calm cluster gets no tick: it would decide nothing (see `_needs_tick`). The outputs are carried
 out in order, as the service does: the journal, the log line, the send (delivered after the
 link's latency), the log context. Every input is logged as `coord_input`, as the service does,
 so a simulated run replays through the core like an emulated one.
@@ -43,6 +44,9 @@ class SimCoordinator:
         self.records: list[dict[str, Any]] = []  # the journal's records (what a restart recovers from)
         self.down = False  # killed (coord_crash) until it starts again
         self.gen = 0  # its scheduled ticks belong to one incarnation
+        # The last core input was a tick that decided nothing (or heartbeats after one that needed no
+        # tick), and no member was suspect or disconnected then: see `_needs_tick`.
+        self.settled = self.calm = False
 
     def _step(self, event: core.Received | core.Tick, now: int) -> list[core.Output]:
         return self._step_all([event], now)[0]
@@ -83,14 +87,14 @@ class SimCoordinator:
     def crash(self) -> None:
         """coord_crash: SIGKILL. Its timers die with it; what the sites send meanwhile waits in their
         queues (sim/world.py holds it) and reaches the next incarnation."""
-        self.down, self.gen = True, self.gen + 1
+        self.down, self.gen, self.settled = True, self.gen + 1, False
         self.tick_due, self.deadline_ns, self.lost = False, -1, {}  # (a SIGKILLed process logs nothing)
 
     def restart(self) -> None:
         """Started again: the state is rebuilt from the journal by the core's own `recover`, the
         current epoch is announced again (as coordinator/service.py does), and what waited arrives."""
         now = self.w.clock.now_ns
-        self.down, self.gen = False, self.gen + 1
+        self.down, self.gen, self.settled = False, self.gen + 1, False
         self.state, outs = core.recover(list(self.records), None, now, self.cfg)
         self.log.emit("coordinator_started", expected_sites=list(self.mcfg.expected_sites),
                       policy=self.cfg.recovery.policy, journal_commits=len(self.state.commits),
@@ -111,12 +115,14 @@ class SimCoordinator:
         input logged in that order, as one `receive` each would have (nothing the outputs do reaches
         the core within the instant: sends and faults are scheduled on the clock)."""
         now = self.w.clock.now_ns
+        heard_lost = False
         if self.lost:
-            for m in msgs:
-                self.lost.pop(m[0], None)  # heard again: the WAN endpoint clears the closed connection
+            for m in msgs:  # heard again: the WAN endpoint clears the closed connection
+                heard_lost = self.lost.pop(m[0], None) is not None or heard_lost
         if not self.log_inputs:
-            return self._receive_plain(msgs, now)
+            return self._receive_plain(msgs, now, heard_lost)
         outs = self._step_all([RECEIVED(*m) for m in msgs], now)
+        tick = self._needs_tick(msgs, outs, now, heard_lost)
         for m, out in zip(msgs, outs):
             if out:
                 self._apply(out)
@@ -126,10 +132,27 @@ class SimCoordinator:
                 body = body.raw  # the map a real site would have sent (the core took it typed)
             self.log.emit(INPUT_EVENT, input="message", now_ns=now, src=src, inc=inc, msg_epoch=epoch,
                           kind=kind, **({"rejected": True} if rejected else {"body": body}))
-            if not self.tick_due:  # (request_tick's own first test: a thousand reports, one tick)
+            if tick and not self.tick_due:  # (request_tick's own first test: a thousand reports, one tick)
                 self.request_tick()
 
-    def _receive_plain(self, msgs: list[tuple[str, int, int, str, Any]], now: int) -> None:
+    def _needs_tick(self, msgs: list[tuple[str, int, int, str, Any]], outs: list[list[core.Output]], now: int,
+                    heard_lost: bool) -> bool:
+        """Whether the messages of this instant need a tick after them. Not when they are all heartbeats
+        that asked for nothing (no output), none from a site whose connection was marked closed, and
+        the last core input before them was a tick that decided nothing (or heartbeats like these),
+        with no member suspect or disconnected and the next membership deadline still ahead. Such a
+        tick would decide nothing either: heartbeats change only when sites were last heard (which
+        clears nothing: nobody is suspect), no rule's deadline has passed since (the deadline tick is
+        scheduled for the first), and everything else a tick reads (states, members, the commit record,
+        the setting) is what the last tick read. Nor would it move the deadline (heartbeats only make
+        it later, and a later one is not rescheduled). tests/test_sim.py runs with and without this."""
+        if self.settled and self.calm and not heard_lost and self.deadline_ns > now \
+                and all(m[3] == "heartbeat" for m in msgs) and not any(outs):
+            return False
+        self.settled = False
+        return True
+
+    def _receive_plain(self, msgs: list[tuple[str, int, int, str, Any]], now: int, heard_lost: bool) -> None:
         """receive_all without an input log: each run of heartbeats after the first message is one
         core.Heartbeats input (the same as one Received each), and each input's outputs are carried out
         in order, a tick requested after the first message as one `receive` each would (after it the
@@ -146,10 +169,12 @@ class SimCoordinator:
                 j += 1
             events.append(core.Heartbeats(tuple(msgs[i:j])))
             i = j
-        for out in self._step_all(events, now):
+        outs = self._step_all(events, now)
+        tick = self._needs_tick(msgs, outs, now, heard_lost)
+        for out in outs:
             if out:
                 self._apply(out)
-            if not self.tick_due:
+            if tick and not self.tick_due:
                 self.request_tick()
 
     def connection_lost(self, site: str) -> None:
@@ -177,6 +202,7 @@ class SimCoordinator:
         before = self.state
         event = core.Tick(tuple(sorted(self.lost.items())))
         out = self._step(event, now)
+        self.settled = not out
         self._apply(out)
         if self.log_inputs and (out or self.state != before):
             self.log.emit(INPUT_EVENT, input="tick", now_ns=now, lost=dict(event.lost))
@@ -187,6 +213,7 @@ class SimCoordinator:
     def _schedule_deadline(self, now: int) -> None:
         """A tick at the next instant a membership rule could fire, from the core's state."""
         m, c = self.state.membership, self.mcfg
+        self.calm = False
         if m.epoch == 0 or self.state.shutdown_sent:
             return
         timeout, confirm, grace = (c.heartbeat_timeout_ms * 1_000_000, c.failure_confirm_ms * 1_000_000,
@@ -204,7 +231,9 @@ class SimCoordinator:
             t = min(heard) + timeout + 1
             if best is None or t < best:
                 best = t
-        for r in [r for r in recs if r.state is suspect or (r.disconnected_ns and r.state is active)]:
+        odd = [r for r in recs if r.state is suspect or (r.disconnected_ns and r.state is active)]
+        self.calm = not odd
+        for r in odd:
             cands = []
             if r.state is suspect:
                 cands.append(r.last_heartbeat_ns + timeout + confirm + 1)
@@ -222,7 +251,19 @@ class SimCoordinator:
             return
         if t == self.deadline_ns:
             self.deadline_ns = -1
+        if self.settled and self.calm and not self.tick_due and not self.state.settle_until_ns \
+                and not self._late(t):
+            # Heartbeats since it was scheduled put it off: nothing is due, and the tick would decide
+            # nothing (see `_needs_tick`) but the next deadline, which is set here as it would.
+            self._schedule_deadline(t)
+            return
         self.request_tick()
+
+    def _late(self, now: int) -> bool:
+        """Whether an active member's heartbeat timeout has run out by `now`."""
+        m, active = self.state.membership, mb.SiteState.ACTIVE
+        after = now - self.mcfg.heartbeat_timeout_ms * 1_000_000 - 1
+        return any(r.last_heartbeat_ns <= after for r in map(m.sites.__getitem__, m.members) if r.state is active)
 
     # ------------------------------------------------------------------ outputs
     def _apply(self, outputs: list[core.Output], journal: bool = True) -> None:

@@ -241,38 +241,49 @@ def test_a_run_without_logs_is_the_same_run_as_with_logs(tmp_path: Path, period_
         assert bare.core_by_kind["heartbeat"][0] > 10_000  # 3 sites x ~30 s / 5 ms
 
 
-def _case_24(scenario: str, policy: str, mode: str) -> tuple[RunConfig, Scenario]:
-    """A 24-site config and scenario (24: the reports reach the coordinator at several instants)."""
+def _case_24(scenario: str, policy: str, mode: str, confirm_ms: int = 0) -> tuple[RunConfig, Scenario]:
+    """A 24-site config and scenario (24: the reports reach the coordinator at several instants);
+    `confirm_ms`: the silence after the heartbeat timeout before a suspect is failed."""
     from sim.cli import site_names, with_policy
 
     names = site_names(24)
     scen = load_scenario(ROOT / "scenarios" / f"{scenario}.yaml", sites=names)
-    return with_policy(load_config({"cluster": {"sites": names}, "train": {"target_useful_tokens": 4_000_000,
-                                                                           "mode": mode}}), policy, scen), scen
+    return with_policy(load_config({"cluster": {"sites": names}, "recovery": {"failure_confirm_ms": confirm_ms},
+                                    "train": {"target_useful_tokens": 4_000_000, "mode": mode}}), policy, scen), scen
 
 
 def _whole_run(cfg: RunConfig, scen: Scenario, monkeypatch: pytest.MonkeyPatch) -> tuple[object, ...]:
     """An unlogged run and everything it ends with: result, the core's whole state (the controller's
-    evidence too), every site's state, the recovery decisions."""
+    evidence too), every site's state, the recovery decisions; and the coordinator's history: every
+    output of its core (decisions, journal records, sends), with the virtual time it was carried out."""
     import sim.world as sw
+    from sim.coord import SimCoordinator
 
     worlds: list[object] = []
     real = sw.World
+    history: list[tuple[int, tuple[object, ...]]] = []
+    real_apply = SimCoordinator._apply
 
     class Seen(real):  # type: ignore[misc, valid-type]
         def __init__(self, *a: object, **k: object) -> None:
             super().__init__(*a, **k)
             worlds.append(self)
 
+    def apply(self: SimCoordinator, outputs: list[object], journal: bool = True) -> None:
+        history.append((self.w.clock.now_ns, tuple(outputs)))
+        real_apply(self, outputs, journal)  # type: ignore[arg-type]
+
     with monkeypatch.context() as m:
         m.setattr(sw, "World", Seen)
+        m.setattr(SimCoordinator, "_apply", apply)
         r = simulate(cfg, scen, SimModel(), max_sim_s=3000)
     w = worlds[-1]
     st = w.coord.state  # type: ignore[attr-defined]
     sites = sorted((s.name, s.phash, s.retained, s.round, s.epoch, s.gen, s.alive)
                    for s in w.sites.values())  # type: ignore[attr-defined]
     return (r.sim_s, r.complete, r.commits, r.epochs, r.core_steps, r.events_run, r.useful_tokens, r.never_fired,
-            {k: n for k, (n, _s) in r.core_by_kind.items()}, st, sites, w.decisions)  # type: ignore[attr-defined]
+            {k: n for k, (n, _s) in r.core_by_kind.items()}, st, sites, w.decisions,  # type: ignore[attr-defined]
+            [(t, o) for t, o in history if o])
 
 
 @pytest.mark.parametrize("scenario,policy,mode", [
@@ -324,11 +335,13 @@ def test_an_instants_heartbeats_as_one_core_input_are_the_same_run_as_one_messag
                         or real_heartbeats(self, b, now))
     batched = _whole_run(cfg, scen, monkeypatch)
 
-    def one_each(self: SimCoordinator, msgs: list[tuple[object, ...]], now: int) -> None:
-        for out in self._step_all([RECEIVED(*m) for m in msgs], now):
+    def one_each(self: SimCoordinator, msgs: list[tuple[object, ...]], now: int, heard_lost: bool) -> None:
+        outs = self._step_all([RECEIVED(*m) for m in msgs], now)
+        tick = self._needs_tick(msgs, outs, now, heard_lost)  # type: ignore[arg-type]
+        for out in outs:
             if out:
                 self._apply(out)
-            if not self.tick_due:
+            if tick and not self.tick_due:
                 self.request_tick()
 
     with monkeypatch.context() as m:
@@ -337,6 +350,36 @@ def test_an_instants_heartbeats_as_one_core_input_are_the_same_run_as_one_messag
     assert batched[1] and not batched[7]  # complete, every fault fired
     assert batched == single
     assert max(batches) >= 12 and sum(batches) > batched[8]["heartbeat"] / 2  # most heartbeats went in batches
+
+
+@pytest.mark.parametrize("scenario,policy,mode,confirm_ms", [
+    ("one-outage", "elastic", "local", 0), ("churn", "restart", "sync", 0), ("partition", "stall", "local", 0),
+    ("fault-storm", "oracle", "local", 0), ("preemption", "restart", "local", 0), ("straggler", "elastic", "local", 0),
+    ("straggler", "stall", "sync", 0), ("straggler", "elastic", "local", 2000), ("fault-storm", "restart", "sync", 2000)])
+def test_ticks_left_out_after_calm_heartbeats_and_put_off_deadlines_change_nothing(
+        scenario: str, policy: str, mode: str, confirm_ms: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulated coordinator ticks neither after an instant of heartbeats in a calm cluster nor at a
+    deadline that heartbeats have put off (sim/coord.SimCoordinator._needs_tick, _deadline_tick). With a
+    tick after every instant and at every deadline, the run is the same: every output of the core at
+    the same virtual time, every commit, epoch, site state, recovery decision and the core's whole
+    state; only the ticks (and the clock entries that ran them) are fewer. (A hung site that resumes
+    within `confirm_ms` is a suspect cleared by a heartbeat.)"""
+    from sim.coord import SimCoordinator
+
+    cfg, scen = _case_24(scenario, policy, mode, confirm_ms)
+    fewer = _whole_run(cfg, scen, monkeypatch)
+    with monkeypatch.context() as m:
+        m.setattr(SimCoordinator, "_needs_tick", lambda self, *a: True)
+        m.setattr(SimCoordinator, "_late", lambda self, now: True)
+        every = _whole_run(cfg, scen, monkeypatch)
+
+    def but_ticks(r: tuple[object, ...]) -> tuple[object, ...]:
+        kinds = {k: n for k, n in r[8].items() if k != "tick"}  # type: ignore[attr-defined]
+        return r[:4] + r[6:8] + (kinds,) + r[9:]
+
+    assert fewer[1] and not fewer[7]  # complete, every fault fired
+    assert but_ticks(fewer) == but_ticks(every)
+    assert fewer[8]["tick"] < every[8]["tick"] / 2, (fewer[8]["tick"], every[8]["tick"])  # type: ignore[index]
 
 
 def test_a_round_progress_made_fast_is_the_constructed_one() -> None:
