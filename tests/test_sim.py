@@ -355,7 +355,8 @@ def test_an_instants_heartbeats_as_one_core_input_are_the_same_run_as_one_messag
 @pytest.mark.parametrize("scenario,policy,mode,confirm_ms", [
     ("one-outage", "elastic", "local", 0), ("churn", "restart", "sync", 0), ("partition", "stall", "local", 0),
     ("fault-storm", "oracle", "local", 0), ("preemption", "restart", "local", 0), ("straggler", "elastic", "local", 0),
-    ("straggler", "stall", "sync", 0), ("straggler", "elastic", "local", 2000), ("fault-storm", "restart", "sync", 2000)])
+    ("straggler", "stall", "sync", 0), ("straggler", "elastic", "local", 2000),
+    ("fault-storm", "restart", "sync", 2000)])
 def test_ticks_left_out_after_calm_heartbeats_and_put_off_deadlines_change_nothing(
         scenario: str, policy: str, mode: str, confirm_ms: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The simulated coordinator ticks neither after an instant of heartbeats in a calm cluster nor at a
