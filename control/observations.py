@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from itertools import repeat
+from operator import is_
 from typing import Any, Mapping
 
 
@@ -101,19 +103,31 @@ def observe(rnd: int, epoch: int, setting_label: str, h: int, cycles: Mapping[st
     """Join the members' measurements of one committed round into one observation (pure)."""
     members = tuple(sorted(cycles))
     cs = [cycles[m] for m in members]
-    steps = [c.compute_s / c.inner_steps for c in cs if c.inner_steps > 0]
-    last = max(cs, key=lambda c: c.compute_s) if cs else None  # waited for nobody's compute
-    losses = [c.loss for c in cs if c.loss is not None]
-    cos = [c.update_dot_mean / (c.update_norm * c.mean_norm) for c in cs if c.update_norm > 0 and c.mean_norm > 0]
-    norms = [c.update_norm for c in cs if c.update_norm > 0]
+    if cs and all(map(is_, cs, repeat(cs[0], len(cs)))):
+        # Every member's the same record (the simulator's members of a plain round share one): the
+        # same lists, made by repetition (a round of 1,000 members, once per commit).
+        c, n = cs[0], len(cs)
+        steps = [c.compute_s / c.inner_steps] * n if c.inner_steps > 0 else []
+        last: SiteCycle | None = c
+        losses = [c.loss] * n if c.loss is not None else []
+        cos = [c.update_dot_mean / (c.update_norm * c.mean_norm)] * n if c.update_norm > 0 and c.mean_norm > 0 else []
+        norms = [c.update_norm] * n if c.update_norm > 0 else []
+        comms, payloads, stalls = [c.comm_s] * n, [float(c.payload_bytes)] * n, [c.stalls] * n
+    else:
+        steps = [c.compute_s / c.inner_steps for c in cs if c.inner_steps > 0]
+        last = max(cs, key=lambda c: c.compute_s) if cs else None  # waited for nobody's compute
+        losses = [c.loss for c in cs if c.loss is not None]
+        cos = [c.update_dot_mean / (c.update_norm * c.mean_norm) for c in cs if c.update_norm > 0 and c.mean_norm > 0]
+        norms = [c.update_norm for c in cs if c.update_norm > 0]
+        comms, payloads, stalls = [c.comm_s for c in cs], [float(c.payload_bytes) for c in cs], [c.stalls for c in cs]
     return Observation(
         round=rnd, epoch=epoch, setting=setting_label, inner_steps_h=h, n_members=len(members),
         members_changed=prev_members is not None and prev_members != members,
         t_step_s=_median(steps) if steps else 0.0, t_comm_s=last.comm_s if last else 0.0,
-        straggler_wait_s=max(c.comm_s for c in cs) - last.comm_s if last else 0.0,
-        payload_bytes=int(_median([float(c.payload_bytes) for c in cs])) if cs else 0,
+        straggler_wait_s=max(comms) - last.comm_s if last else 0.0,
+        payload_bytes=int(_median(payloads)) if cs else 0,
         goodput_bps=last.payload_bytes / last.comm_s if last and last.comm_s > 0 else 0.0,
-        stalls=sum(c.stalls for c in cs),
+        stalls=sum(stalls),
         loss=sum(losses) / len(losses) if losses else None,
         cos_to_mean=sum(cos) / len(cos) if len(cos) >= 2 else None,
         norm_ratio=max(norms) / min(norms) if len(norms) >= 2 else None,

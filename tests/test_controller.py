@@ -155,3 +155,20 @@ def test_observe_joins_members_measurements():
     o2 = observe(8, 3, "local H=8", 8, {"a": c(0.8, 0.5, 1, 1), "b": c(0.8, 0.5, 1, 1)}, ("a", "b", "c"))
     assert o2.members_changed
     assert replace(o2, round=9).round == 9
+
+
+def test_observe_of_members_sharing_one_record_is_what_equal_records_give():
+    """observe() makes its lists by repetition when every member's cycle is the same record (the
+    simulator's members of a plain round share one): the observation is the one that distinct, equal
+    records give (the general pass), for sync and local rounds, with and without loss and norms."""
+    from sim.cli import site_names
+
+    for steps, loss, norm, stalls in ((8, 2.5, 1.5, 0), (1, None, 0.0, 2), (4, 0.1, 2.0, 1)):
+        fields = dict(compute_s=0.3, inner_steps=steps, comm_s=0.7, payload_bytes=12_345, loss=loss,
+                      update_norm=norm, update_dot_mean=0.37, mean_norm=0.9, stalls=stalls)
+        one = SiteCycle(**fields)
+        for n in (1, 2, 1000):
+            names = site_names(n)
+            shared = observe(5, 2, "local H=8", steps, {m: one for m in names}, tuple(names))
+            distinct = observe(5, 2, "local H=8", steps, {m: SiteCycle(**fields) for m in names}, tuple(names))
+            assert shared == distinct and shared.n_members == n and shared.stalls == n * stalls
