@@ -346,10 +346,9 @@ class Rounds:
         w = self.w
         members, compression, arrived, rnd, cs, ce, h_steps, step, _gens = call
         dur = extra_s + w.links.collective_s(members, w.n_params, compression)
-        for m in members:
-            site = w.sites[m]
-            w.clock.at_group(w.clock.now_ns + ns(dur), self._reduced, site, site.gen, rnd, cs, ce, arrived[m], h_steps,
-                             step)
+        sites = w.sites
+        w.clock.at_group_many(w.clock.now_ns + ns(dur), self._reduced,  # (one at_group per member, in order)
+                              [(sites[m], sites[m].gen, rnd, cs, ce, arrived[m], h_steps, step) for m in members])
 
     def on_heal(self) -> None:
         """A cut healed: every collective waiting only on cut proxies that pass data again finishes."""
