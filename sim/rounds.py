@@ -482,15 +482,22 @@ class Rounds:
 
         timed: tuple[float, int] | None = None  # the last member's (compute s, arrival): its cycle is `extra`
         extra: dict[str, Any] = {}
+        # The last report made and what it was made of. Members without sample ids of their own (an
+        # unlogged whole round) that hold the same hash, count and cycle send equal reports: one
+        # immutable body for all of them, as their heartbeats share one.
+        made: tuple[str, int, dict[str, Any]] | None = None
+        body = None
         for (s, _g, _r, _c, _e, t_arrive, _h, _st), d in zip(items, lat):
             s.phash = phash = apply_round(s.phash, rnd, cs, ce)
             s.retained, s.next_round, s.inflight, s.progress = ce, rnd + 1, None, None
             tokens = s.n_mine * seq
-            typed = ROUND_DONE(rnd, step, phash, cs, ce, tokens, float(tokens * fpt), tuple(s.mine))
             if timed is None or timed[0] != s.compute_s or timed[1] != t_arrive:
                 timed = (s.compute_s, t_arrive)
                 extra = cycle_of(s.compute_s, h_steps, (now - t_arrive) / 1e9, sent, loss)
-            body = Built(typed, extra)
+            if s.mine or made is None or made[0] != phash or made[1] != tokens or made[2] is not extra:
+                typed = ROUND_DONE(rnd, step, phash, cs, ce, tokens, float(tokens * fpt), tuple(s.mine))
+                body = Built(typed, extra)
+                made = None if s.mine else (phash, tokens, extra)
             msg = (s.name, s.inc, s.epoch, "round_done", body)  # (World.to_coord's, with nothing in the way)
             got = arrivals.get(now + d)
             if got is None:
