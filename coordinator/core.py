@@ -12,8 +12,8 @@ ordered list of what the shell (`coordinator/service.py`) must do, in that order
     Context(fields)        the log's context (epoch, step) for the lines after it
 
 Inputs are `Received` (a message from a site: header fields and its raw body, parsed and checked
-here), `Heartbeats` (many sites' heartbeats of one instant: the same as one Received each, in one
-input; the simulator's) and `Tick` (the connections the WAN endpoint saw close, then the membership
+here), `Messages` (many sites' messages of one kind at one instant: the same as one Received each, in
+one input; the simulator's) and `Tick` (the connections the WAN endpoint saw close, then the membership
 and recovery decisions and the completion check). `recover` rebuilds the state from the journal's records.
 
 The state is a frozen dataclass; `step` works on a private copy (`rules.Rules`) and returns a new
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from coordinator.core_types import (EVENTS, KINDS, Context, CoordState, Emit, Fence, Heartbeats, Journal, Output,
+from coordinator.core_types import (EVENTS, KINDS, Context, CoordState, Emit, Fence, Journal, Messages, Output,
                                     Received, Send, Tick, membership_config, policy_of)
 from coordinator.recovery import ClusterView, OracleFaults, Policy
 from coordinator.rules import Rules
@@ -33,7 +33,7 @@ from coordinator.settings import EpochSettings
 from ground.config import RunConfig
 from ground.schedule import samples_for_tokens, target_samples
 
-__all__ = ["EVENTS", "KINDS", "Context", "CoordState", "Emit", "Fence", "Heartbeats", "Input", "Journal", "Output",
+__all__ = ["EVENTS", "KINDS", "Context", "CoordState", "Emit", "Fence", "Input", "Journal", "Messages", "Output",
            "Received", "Send", "Tick", "announce_current", "initial_state", "membership_config", "policy_of", "recover",
            "step", "step_all", "target_samples", "view"]
 
@@ -45,14 +45,14 @@ def initial_state(cfg: RunConfig) -> CoordState:
                       settings=EpochSettings(cfg))
 
 
-Input = Received | Heartbeats | Tick
+Input = Received | Messages | Tick
 
 
 def _apply(w: Rules, event: Input, now_ns: int) -> None:
     if isinstance(event, Received):
         w.handle(event, now_ns)
-    elif isinstance(event, Heartbeats):
-        w.heartbeats(event, now_ns)
+    elif isinstance(event, Messages):
+        w.messages(event, now_ns)
     else:
         w.tick(event, now_ns)
 

@@ -1,7 +1,7 @@
 """The coordinator core's values: its inputs, its outputs, its state (coordinator/core.py drives them).
 
-Inputs: `Received` (a site's message: header fields and raw body), `Heartbeats` (many sites' heartbeats
-of one instant, the same as one Received each) and `Tick` (one pass of the loop).
+Inputs: `Received` (a site's message: header fields and raw body), `Messages` (many sites' messages of
+one kind at one instant, the same as one Received each) and `Tick` (one pass of the loop).
 Outputs, in the order the shell carries them out: `Journal`, `Emit`, `Send`, `Fence`, `Context`.
 `EVENTS` names every event the core emits: the decisions a replay compares.
 """
@@ -44,15 +44,15 @@ class Received:
 
 
 @dataclass(frozen=True)
-class Heartbeats:
-    """Heartbeat messages of one instant, in arrival order, each (src, inc, epoch, kind, body): Received's
-    fields, kind "heartbeat". The same input as one `Received` each, in that order (`Rules.heartbeats`;
-    tests/test_coordinator_core.py compares the two). The simulator's unlogged runs send it: a thousand
-    heartbeats an instant at 1,000 sites, each otherwise a Received, a parse and a dispatch. A logged
-    input is always a Received (the input log and its replay know no other kind of message)."""
+class Messages:
+    """Messages of one kind at one instant, in arrival order, each (src, inc, epoch, kind, body): Received's
+    fields. The same input as one `Received` each, in that order (`Rules.messages`; tests/test_coordinator_
+    core.py compares the two). The simulator's unlogged runs send it: a thousand heartbeats or round
+    reports an instant at 1,000 sites, each otherwise a Received, a parse and a dispatch. A logged input
+    is always a Received (the input log and its replay know no other kind of message)."""
 
+    kind: str  # what the messages are (each is still checked: one of another kind goes through `handle`)
     messages: tuple[tuple[str, int, int, str, Any], ...]
-    kind = "heartbeat"  # (a class attribute, not a field: what the messages are)
 
 
 @dataclass(frozen=True)

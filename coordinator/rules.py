@@ -11,7 +11,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from coordinator import membership
-from coordinator.core_types import (EVENTS, Context, CoordState, Emit, Fence, Heartbeats, Journal, Output, Received,
+from coordinator.core_types import (EVENTS, Context, CoordState, Emit, Fence, Journal, Messages, Output, Received,
                                     Send, Tick, membership_config, policy_of)
 from coordinator.recovery import ClusterView, Frontier, checkpoint_before_waiting, decide_recovery
 from coordinator.replay import after_epoch, pending_checkpoints, recent_epochs
@@ -23,6 +23,7 @@ from ground.plans import EpochPlan, Plan, Restore
 from ground.records import Commit, EpochRecord
 from ground.schedule import samples_per_round, target_samples, tokens_of_samples
 from ground.setting import ConsistencySetting
+from ground.values import builder
 
 # Members run at most about one round ahead of the commit record; a report further ahead is absurd.
 ROUND_WINDOW = 8
@@ -33,6 +34,7 @@ HANDLERS = {"join": "_on_join", "heartbeat": "_on_heartbeat", "round_done": "_on
             "checkpoint_durable": "_on_checkpoint_durable", "peer_unreachable": "_on_peer_unreachable"}
 
 _MEMBER_SETS: dict[int, tuple[tuple[str, ...], frozenset[str]]] = {}
+RECEIVED = builder(Received)  # Received(...) with every field given: a thousand round reports an instant
 
 
 def member_set(members: tuple[str, ...]) -> frozenset[str]:
@@ -176,23 +178,40 @@ class Rules:
             self.committed_cursor = plan.start_cursor
 
     # ------------------------------------------------------------------ messages
-    def handle(self, msg: Received, now_ns: int) -> None:
-        """One received message: validated, then applied. Nothing in a message can stop the loop."""
+    def handle(self, msg: Received, now_ns: int, report: RoundDone | None = None) -> None:
+        """One received message: validated, then applied. Nothing in a message can stop the loop.
+        `report`: the message is a round report already known good to dispatch (its header epoch
+        announced, its body a typed report: `_round_reports`), given to its handler directly."""
         try:
-            self.on_message(msg, now_ns)
+            if report is None:
+                self.on_message(msg, now_ns)
+            else:
+                self._on_round_done(msg, report, now_ns)
         except BadMessage as e:
             self._reject(msg, f"bad_body: {e}")
         except Exception as e:  # a bug met by one message is logged; the coordinator goes on
             self._reject(msg, f"internal_error: {type(e).__name__}: {str(e)[:500]}")
 
-    def heartbeats(self, beats: Heartbeats, now_ns: int) -> None:
-        """Heartbeat messages of one instant, in order, each what `handle` does with it as a Received.
-        The common one (a site the membership knows, a header epoch announced, a heartbeat of the current
-        epoch or of none yet, a body the simulator built) is `_on_heartbeat`'s record write, nothing else
-        (no reject, no plan to send); any other goes through `handle`, and the loop reads the state again."""
+    def messages(self, batch: Messages, now_ns: int) -> None:
+        """Messages of one kind at one instant, in order, each what `handle` does with it as a Received:
+        heartbeats and round reports through their common case in one pass (`_heartbeats`,
+        `_round_reports`), any other kind one `handle` each."""
+        if batch.kind == "heartbeat":
+            self._heartbeats(batch.messages, now_ns)
+        elif batch.kind == "round_done":
+            self._round_reports(batch.messages, now_ns)
+        else:
+            for m in batch.messages:
+                self.handle(Received(*m), now_ns)
+
+    def _heartbeats(self, messages: tuple[tuple[str, int, int, str, Any], ...], now_ns: int) -> None:
+        """The common heartbeat (a site the membership knows, a header epoch announced, a heartbeat of the
+        current epoch or of none yet, a body the simulator built) is `_on_heartbeat`'s record write,
+        nothing else (no reject, no plan to send); any other goes through `handle`, and the loop reads
+        the state again."""
         epoch, sites = self.membership.epoch, self._sites_for_write()
         heard, get = membership.heard, sites.get
-        for m in beats.messages:
+        for m in messages:
             src, inc, msg_epoch, kind, body = m
             known = get(src)
             if known is not None and 0 <= msg_epoch <= epoch and kind == "heartbeat" and type(body) is Built \
@@ -202,6 +221,18 @@ class Rules:
                 self.handle(Received(*m), now_ns)
                 epoch, sites = self.membership.epoch, self._sites_for_write()
                 get = sites.get
+
+    def _round_reports(self, messages: tuple[tuple[str, int, int, str, Any], ...], now_ns: int) -> None:
+        """A round report in an announced epoch whose body the simulator built is `_on_round_done`'s
+        directly (what `on_message` would have found: nothing to reject, nothing to parse); any other
+        goes through `handle`."""
+        handle = self.handle
+        for m in messages:
+            if m[3] == "round_done" and 0 <= m[2] <= self.membership.epoch and type(body := m[4]) is Built \
+                    and type(r := body.typed) is RoundDone:
+                handle(RECEIVED(*m), now_ns, r)
+            else:
+                handle(RECEIVED(*m), now_ns)
 
     def _reject(self, msg: Received, reason: str, **extra: Any) -> None:
         self.emit("report_rejected", kind=str(msg.kind)[:64], src=msg.src, site=msg.src, msg_epoch=msg.epoch,

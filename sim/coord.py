@@ -54,11 +54,11 @@ class SimCoordinator:
     def _step_all(self, events: list[core.Input], now: int) -> list[list[core.Output]]:
         """One core.step_all per run of consecutive inputs of one kind (the same as one step each), so
         that the core's time is known per message kind (`core_by_kind`: the scale bench's floor). Counts
-        are of messages (a core.Heartbeats input counts each of its heartbeats) and ticks."""
+        are of messages (a core.Messages input counts each of its messages) and ticks."""
         outs: list[list[core.Output]] = []
         i, n = 0, len(events)
         kinds = [getattr(e, "kind", "tick") for e in events]
-        heartbeats = core.Heartbeats
+        batch = core.Messages
         while i < n:
             kind = kinds[i]
             j = i + 1
@@ -67,7 +67,7 @@ class SimCoordinator:
             t0 = time.perf_counter_ns()
             self.state, got = core.step_all(self.state, events[i:j], now, self.cfg)
             dt = time.perf_counter_ns() - t0
-            count = sum(len(e.messages) if type(e) is heartbeats else 1 for e in events[i:j])
+            count = sum(len(e.messages) if type(e) is batch else 1 for e in events[i:j])
             acc = self.core_by_kind.get(kind)
             if acc is None:
                 acc = self.core_by_kind[kind] = [0, 0]
@@ -153,21 +153,18 @@ class SimCoordinator:
         return True
 
     def _receive_plain(self, msgs: list[tuple[str, int, int, str, Any]], now: int, heard_lost: bool) -> None:
-        """receive_all without an input log: each run of heartbeats after the first message is one
-        core.Heartbeats input (the same as one Received each), and each input's outputs are carried out
-        in order, a tick requested after the first message as one `receive` each would (after it the
+        """receive_all without an input log: each run of messages of one kind after the first message is
+        one core.Messages input (the same as one Received each), and each input's outputs are carried
+        out in order, a tick requested after the first message as one `receive` each would (after it the
         tick is due: the later requests did nothing)."""
         events: list[core.Input] = [RECEIVED(*msgs[0])]
         i, n = 1, len(msgs)
         while i < n:
-            if msgs[i][3] != "heartbeat":
-                events.append(RECEIVED(*msgs[i]))
-                i += 1
-                continue
+            kind = msgs[i][3]
             j = i + 1
-            while j < n and msgs[j][3] == "heartbeat":
+            while j < n and msgs[j][3] == kind:
                 j += 1
-            events.append(core.Heartbeats(tuple(msgs[i:j])))
+            events.append(core.Messages(kind, tuple(msgs[i:j])))
             i = j
         outs = self._step_all(events, now)
         tick = self._needs_tick(msgs, outs, now, heard_lost)

@@ -132,9 +132,9 @@ def test_a_silent_member_is_suspected_then_failed_and_elastic_continues_without_
 
 
 def test_a_batch_of_heartbeats_is_one_received_heartbeat_each_in_order() -> None:
-    """core.Heartbeats (the simulator's unlogged input: an instant's heartbeats as one input) gives the
-    state and outputs of one Received heartbeat each, in order, in every case `Rules.heartbeats` either
-    takes in its common pass or hands to `handle`: a known member in the current epoch, a heartbeat of no
+    """core.Messages of heartbeats (the simulator's unlogged input: an instant's heartbeats as one input)
+    gives the state and outputs of one Received heartbeat each, in order, in every case `Rules._heartbeats`
+    either takes in its common pass or hands to `handle`: a known member in the current epoch, a heartbeat of no
     epoch yet, a failed non-member still beating in its old epoch (it is sent the plan), an unknown
     site, an unannounced header or heartbeat epoch, a raw (unbuilt) body, a bad body, and a site whose
     incarnation a recovered coordinator does not know yet (learned from its heartbeat)."""
@@ -163,13 +163,53 @@ def test_a_batch_of_heartbeats_is_one_received_heartbeat_each_in_order() -> None
     for m in beats:
         folded, out = core.step(folded, core.Received(*m), now, cfg)
         want += out
-    got_state, got = core.step(state, core.Heartbeats(beats), now, cfg)
+    got_state, got = core.step(state, core.Messages("heartbeat", beats), now, cfg)
     assert got == want and got_state == folded
     assert [o.to for o in got if isinstance(o, core.Send)] == ["b"]  # the failed member told to rejoin
     rejected = [o.fields["reason"].split(":")[0] for o in got if isinstance(o, core.Emit)]
     assert rejected == ["future_epoch", "future_epoch", "bad_body"], rejected
     sites = got_state.membership.sites
     assert sites["a"].last_heartbeat_ns == now and sites["a"].incarnation == 1 and sites["c"].incarnation == 5
+
+
+def test_a_batch_of_round_reports_is_one_received_report_each_in_order() -> None:
+    """core.Messages of round reports gives the state and outputs of one Received each, in order, in every
+    case `Rules._round_reports` either hands to the report's handler directly or to `handle`: members'
+    built reports (the last one commits the round), a raw report, an unannounced header epoch, a
+    non-member's report, a built body of the wrong type, a bad raw body, a report too far ahead, and a
+    message of another kind in the batch; and a batch of joins goes through `handle` one by one."""
+    from ground.messages import Built, Heartbeat, RoundDone
+
+    cfg = config(policy="elastic")
+    c = formed(cfg)
+    commit_round(c, 0, 0, 96, SITES, 1)
+
+    def built(src: str, rnd: int, cs: int, ce: int, epoch: int = 1) -> tuple[str, int, int, str, Any]:
+        b = round_done(rnd, cs, ce)
+        return (src, 1, epoch, "round_done", Built(RoundDone(rnd, b["step"], b["param_hash"], cs, ce, b["tokens"],
+                                                             b["flops"], ())))
+
+    reports = (built("a", 1, 96, 192), ("b", 1, 1, "round_done", round_done(1, 96, 192)), built("a", 1, 96, 192, 5),
+               built("zz", 1, 96, 192), ("c", 1, 1, "round_done", Built(Heartbeat(1, 1, 1))),
+               ("c", 1, 1, "round_done", {"round": "x"}), built("c", 40, 96, 192),
+               ("c", 1, 1, "heartbeat", {"epoch": 1}), built("c", 1, 96, 192), built("a", 2, 192, 288))
+    now = c.now + 50 * MS
+    for kind, batch in (("round_done", reports), ("join", (("a", 1, 0, "join", {"pid": 1}),
+                                                          ("q", 1, 0, "join", {"pid": 2})))):
+        folded, want = c.state, []
+        for m in batch:
+            folded, out = core.step(folded, core.Received(*m), now, cfg)
+            want += out
+        got_state, got = core.step(c.state, core.Messages(kind, batch), now, cfg)
+        assert got == want and got_state == folded, kind
+    assert got_state.committed_round == 0  # (the joins' batch: nothing committed in it)
+    state, out = core.step(c.state, core.Messages("round_done", reports), now, cfg)
+    assert state.committed_round == 1 and [o.fields["commit_id"] for o in out if isinstance(o, core.Emit)
+                                           and o.event == "commit"] == ["e1r1"]
+    reasons = [o.fields["reason"].split(":")[0] for o in out
+               if isinstance(o, core.Emit) and o.event == "report_rejected"]
+    assert reasons == ["future_epoch", "epoch 1 is not current 1 or not a member", "bad_body", "bad_body",
+                       "round 40 is more than 8 rounds past the commit record (0)"], reasons
 
 
 def test_the_oracle_drains_ahead_of_the_fault_and_the_drain_is_a_field_of_the_plan_it_sends() -> None:

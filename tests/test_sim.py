@@ -261,7 +261,7 @@ def _whole_run(cfg: RunConfig, scen: Scenario, monkeypatch: pytest.MonkeyPatch) 
 
     worlds: list[object] = []
     real = sw.World
-    history: list[tuple[int, tuple[object, ...]]] = []
+    history: list[tuple[int, object]] = []
     real_apply = SimCoordinator._apply
 
     class Seen(real):  # type: ignore[misc, valid-type]
@@ -270,7 +270,7 @@ def _whole_run(cfg: RunConfig, scen: Scenario, monkeypatch: pytest.MonkeyPatch) 
             worlds.append(self)
 
     def apply(self: SimCoordinator, outputs: list[object], journal: bool = True) -> None:
-        history.append((self.w.clock.now_ns, tuple(outputs)))
+        history.extend((self.w.clock.now_ns, o) for o in outputs)
         real_apply(self, outputs, journal)  # type: ignore[arg-type]
 
     with monkeypatch.context() as m:
@@ -283,7 +283,7 @@ def _whole_run(cfg: RunConfig, scen: Scenario, monkeypatch: pytest.MonkeyPatch) 
                    for s in w.sites.values())  # type: ignore[attr-defined]
     return (r.sim_s, r.complete, r.commits, r.epochs, r.core_steps, r.events_run, r.useful_tokens, r.never_fired,
             {k: n for k, (n, _s) in r.core_by_kind.items()}, st, sites, w.decisions,  # type: ignore[attr-defined]
-            [(t, o) for t, o in history if o])
+            history)
 
 
 @pytest.mark.parametrize("scenario,policy,mode", [
@@ -320,19 +320,22 @@ def test_a_round_of_members_in_bulk_is_the_same_run_as_one_member_at_a_time(
 
 @pytest.mark.parametrize("scenario,policy,mode", [
     ("one-outage", "elastic", "local"), ("churn", "restart", "sync"), ("partition", "stall", "local")])
-def test_an_instants_heartbeats_as_one_core_input_are_the_same_run_as_one_message_each(
+def test_an_instants_messages_of_one_kind_as_one_core_input_are_the_same_run_as_one_message_each(
         scenario: str, policy: str, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without logs, the heartbeats of one instant after its first message reach the core as one
-    core.Heartbeats input (sim/coord.SimCoordinator._receive_plain). With every message a Received of
-    its own instead, the run is the same: every commit, epoch, site state and the core's whole state."""
+    """Without logs, the messages of one instant after its first, a run of one kind at a time, reach
+    the core as one core.Messages input (sim/coord.SimCoordinator._receive_plain): heartbeats and round
+    reports through their common case in one pass. With every message a Received of its own instead,
+    the run is the same: every core output at the same virtual time, every commit, epoch, site state
+    and the core's whole state."""
     from coordinator.rules import Rules
     from sim.coord import RECEIVED, SimCoordinator
 
     cfg, scen = _case_24(scenario, policy, mode)
-    batches: list[int] = []
-    real_heartbeats = Rules.heartbeats
-    monkeypatch.setattr(Rules, "heartbeats", lambda self, b, now: batches.append(len(b.messages))
-                        or real_heartbeats(self, b, now))
+    batches: dict[str, list[int]] = {"heartbeat": [], "round_done": []}
+    for name, kind in (("_heartbeats", "heartbeat"), ("_round_reports", "round_done")):
+        real = getattr(Rules, name)
+        monkeypatch.setattr(Rules, name, lambda self, msgs, now, _f=real, _k=kind: batches[_k].append(len(msgs))
+                            or _f(self, msgs, now))
     batched = _whole_run(cfg, scen, monkeypatch)
 
     def one_each(self: SimCoordinator, msgs: list[tuple[object, ...]], now: int, heard_lost: bool) -> None:
@@ -349,7 +352,8 @@ def test_an_instants_heartbeats_as_one_core_input_are_the_same_run_as_one_messag
         single = _whole_run(cfg, scen, monkeypatch)
     assert batched[1] and not batched[7]  # complete, every fault fired
     assert batched == single
-    assert max(batches) >= 12 and sum(batches) > batched[8]["heartbeat"] / 2  # most heartbeats went in batches
+    for kind, sizes in batches.items():  # most of each kind went in batches
+        assert max(sizes) >= 12 and sum(sizes) > batched[8][kind] / 2, kind  # type: ignore[index]
 
 
 @pytest.mark.parametrize("scenario,policy,mode,confirm_ms", [
