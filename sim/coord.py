@@ -39,7 +39,7 @@ class SimCoordinator:
         self.deadline_ns = -1
         self.mcfg = core.membership_config(self.cfg)
         self.log_inputs = w.write_logs
-        self.core_steps, self.core_ns = 0, 0  # the core's share of the simulator's time (the scale bench)
+        self.core_steps, self.core_ns = 0, 0  # messages and ticks it handled, and its time in ns (the scale bench)
         self.core_by_kind: dict[str, list[int]] = {}  # message kind ("tick" for ticks) -> [inputs, ns in the core]
         self.records: list[dict[str, Any]] = []  # the journal's records (what a restart recovers from)
         self.down = False  # killed (coord_crash) until it starts again
