@@ -36,6 +36,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -103,7 +104,10 @@ def measure(run_dir: Path) -> dict[str, Any]:
     t_restart = starts[-1]["mono_ns"]
     rejoin = next(c for c in commits if c["mono_ns"] > t_restart and "b" in c["members"])
     # Where the rejoin goes: the process's start-up (to its `site_started`), then join, state, one round.
-    b_events = [e for e in process_events(run_dir, "b") if e.get("mono_ns", e.get("end_mono_ns", 0)) >= t_restart]
+    # The new process's events are those of its pid, not those after `process_started`: the launcher
+    # logs that line after naming a warm standby, which logs `site_started` at once, so on a busy
+    # machine the standby's first line can carry an earlier time (then restart -> started is < 0).
+    b_events = [e for e in process_events(run_dir, "b") if e.get("pid") == starts[-1]["child_pid"]]
     booted = next(e for e in b_events if e["event"] == "site_started")
     received = next((e for e in b_events if e["event"] == "state_received"), None)
     rejoin_epoch = next((e for e in coord if e["event"] == "membership_epoch" and e["mono_ns"] > t_restart
@@ -159,7 +163,12 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 m = measure(run_dir)
             except StopIteration:  # an event the measurement needs is missing: say so, keep the others
-                print(f"run {i}: not measurable (no kill, failure, failover commit or rejoin in {run_dir})", flush=True)
+                # (and the run, out of the temporary directory, to see why: runs/ is not in git)
+                keep = run_dir if args.remeasure else Path("runs") / "bench-recovery-unmeasured" / f"{i}-{run_dir.name}"
+                if not args.remeasure:
+                    shutil.copytree(run_dir, keep, dirs_exist_ok=True)
+                print(f"run {i}: not measurable (no kill, failure, failover commit or rejoin in {run_dir}; "
+                      f"kept in {keep})", flush=True)
                 unmeasured.append(str(run_dir))
                 continue
             m["useful_tokens"] = s["useful_tokens"]

@@ -1,13 +1,15 @@
 """The coordinator on the virtual clock: the same shell as coordinator/service.py around the same core.
 
-Each message is one `core.step(Received)`; after the messages of one instant, one
-`core.step(Tick)` with the connections the WAN endpoint would have seen close. Ticks also run
-at the next instant a membership rule could fire (a heartbeat timeout, a confirmation, a
-disconnect grace), read from the core's state, instead of every 50 ms. An instant of nothing but
-heartbeats in a calm cluster gets no tick: it would decide nothing (see `_needs_tick`). The outputs are carried
-out in order, as the service does: the journal, the log line, the send (delivered after the
-link's latency), the log context. Every input is logged as `coord_input`, as the service does,
-so a simulated run replays through the core like an emulated one.
+Each message is one `core.step(Received)` (without logs, each run of one kind's messages of an
+instant after its first is one `core.Messages`, the same as a Received each); after the messages
+of one instant, one `core.step(Tick)` with the connections the WAN endpoint would have seen close.
+Ticks also run at the next instant a membership rule could fire (a heartbeat timeout, a
+confirmation, a disconnect grace), read from the core's state, instead of every 50 ms. An instant
+of nothing but heartbeats in a calm cluster gets no tick, nor does a deadline heartbeats put off:
+they would decide nothing (see `_needs_tick`). The outputs are carried out in order, as the
+service does: the journal, the log line, the send (delivered after the link's latency), the log
+context. Every input is logged as `coord_input`, as the service does, so a simulated run replays
+through the core like an emulated one.
 """
 
 from __future__ import annotations
