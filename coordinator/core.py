@@ -25,16 +25,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from coordinator.core_types import (EVENTS, KINDS, Context, CoordState, Emit, Fence, Journal, Messages, Output,
-                                    Received, Send, Tick, membership_config, policy_of)
+from coordinator.core_types import (EVENTS, KINDS, RECEIVED, Context, CoordState, Emit, Fence, Journal, Messages,
+                                    Output, Received, Send, Tick, membership_config, policy_of)
 from coordinator.recovery import ClusterView, OracleFaults, Policy
 from coordinator.rules import Rules
 from coordinator.settings import EpochSettings
 from ground.config import RunConfig
 from ground.schedule import samples_for_tokens, target_samples
 
-__all__ = ["EVENTS", "KINDS", "Context", "CoordState", "Emit", "Fence", "Input", "Journal", "Messages", "Output",
-           "Received", "Send", "Tick", "announce_current", "initial_state", "membership_config", "policy_of", "recover",
+__all__ = ["EVENTS", "KINDS", "RECEIVED", "Context", "CoordState", "Emit", "Fence", "Input", "Journal", "Messages",
+           "Output", "Received", "Send", "Tick", "announce_current", "initial_state", "membership_config", "policy_of", "recover",
            "step", "step_all", "target_samples", "view"]
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 from typing import Any
 
+from control.observations import SiteCycle
 from coordinator import membership
-from coordinator.core_types import (EVENTS, Context, CoordState, Emit, Fence, Journal, Messages, Output, Received,
-                                    Send, Tick, membership_config, policy_of)
+from coordinator.core_types import (EVENTS, RECEIVED, Context, CoordState, Emit, Fence, Journal, Messages, Output,
+                                    Received, Send, Tick, membership_config, policy_of)
 from coordinator.recovery import ClusterView, Frontier, checkpoint_before_waiting, decide_recovery
 from coordinator.replay import after_epoch, pending_checkpoints, recent_epochs
 from coordinator.settings import EpochSettings, due_change, setting_for_epoch
@@ -23,7 +24,6 @@ from ground.plans import EpochPlan, Plan, Restore
 from ground.records import Commit, EpochRecord
 from ground.schedule import samples_per_round, target_samples, tokens_of_samples
 from ground.setting import ConsistencySetting
-from ground.values import builder
 
 # Members run at most about one round ahead of the commit record; a report further ahead is absurd.
 ROUND_WINDOW = 8
@@ -34,7 +34,6 @@ HANDLERS = {"join": "_on_join", "heartbeat": "_on_heartbeat", "round_done": "_on
             "checkpoint_durable": "_on_checkpoint_durable", "peer_unreachable": "_on_peer_unreachable"}
 
 _MEMBER_SETS: dict[int, tuple[tuple[str, ...], frozenset[str]]] = {}
-RECEIVED = builder(Received)  # Received(...) with every field given: a thousand round reports an instant
 
 
 def member_set(members: tuple[str, ...]) -> frozenset[str]:
@@ -202,37 +201,62 @@ class Rules:
             self._round_reports(batch.messages, now_ns)
         else:
             for m in batch.messages:
-                self.handle(Received(*m), now_ns)
+                self.handle(RECEIVED(*m), now_ns)
 
     def _heartbeats(self, messages: tuple[tuple[str, int, int, str, Any], ...], now_ns: int) -> None:
         """The common heartbeat (a site the membership knows, a header epoch announced, a heartbeat of the
-        current epoch or of none yet, a body the simulator built) is `_on_heartbeat`'s record write,
-        nothing else (no reject, no plan to send); any other goes through `handle`, and the loop reads
-        the state again."""
+        current epoch or of none yet, a body the simulator built) is `_on_heartbeat`'s record write
+        (membership.heard, inline), nothing else (no reject, no plan to send); any other goes through
+        `handle`, and the loop reads the state again. The sites of an instant share one body: the last
+        body found good is known good by its identity."""
         epoch, sites = self.membership.epoch, self._sites_for_write()
-        heard, get = membership.heard, sites.get
+        record, get = membership.SITE_RECORD, sites.get
+        good: Any = None  # the last body found to be a built heartbeat of this epoch or of none
         for m in messages:
             src, inc, msg_epoch, kind, body = m
             known = get(src)
-            if known is not None and 0 <= msg_epoch <= epoch and kind == "heartbeat" and type(body) is Built \
-                    and type(hb := body.typed) is Heartbeat and (hb.epoch == epoch or hb.epoch == 0):
-                sites[src] = heard(known, now_ns, inc if not known.incarnation else 0)
+            if known is not None and 0 <= msg_epoch <= epoch and kind == "heartbeat" and (
+                    body is good or (type(body) is Built and type(hb := body.typed) is Heartbeat
+                                     and (hb.epoch == epoch or hb.epoch == 0))):
+                good = body
+                sites[src] = record(known.name, known.state, now_ns, known.incarnation or inc, known.disconnected_ns)
             else:
-                self.handle(Received(*m), now_ns)
+                self.handle(RECEIVED(*m), now_ns)
                 epoch, sites = self.membership.epoch, self._sites_for_write()
-                get = sites.get
+                get, good = sites.get, None
 
     def _round_reports(self, messages: tuple[tuple[str, int, int, str, Any], ...], now_ns: int) -> None:
-        """A round report in an announced epoch whose body the simulator built is `_on_round_done`'s
-        directly (what `on_message` would have found: nothing to reject, nothing to parse); any other
-        goes through `handle`."""
-        handle = self.handle
+        """Round reports of one instant, each what `handle` does with it. The common one (a report the
+        simulator built, of the current epoch with a plan, from a member, inside the round window, with
+        no cycle or a built one, that does not complete its round) is recorded here as `_on_round_done`
+        records it, with what the reports share (the epoch, its members, the round's maps of reports
+        and cycles) read once, and read again after any report that goes through `handle`: the one that
+        completes its round (the commit), and any other (checked there; a built report in an announced
+        epoch is given to its handler directly)."""
+        handle, settings = self.handle, self.settings
+        key: tuple[int, int] | None = None  # None: the shared values below are to be read (again)
         for m in messages:
-            if m[3] == "round_done" and 0 <= m[2] <= self.membership.epoch and type(body := m[4]) is Built \
-                    and type(r := body.typed) is RoundDone:
-                handle(RECEIVED(*m), now_ns, r)
-            else:
-                handle(RECEIVED(*m), now_ns)
+            src, _inc, msg_epoch, kind, body = m
+            if key is None:
+                epoch, members = self.membership.epoch, self.membership.members
+                mset, n, window = member_set(members), len(members), self.committed_round + ROUND_WINDOW
+                ready = self.plan is not None
+                key = (-1, -1)
+            built = kind == "round_done" and type(body) is Built and type(r := body.typed) is RoundDone
+            if built and ready and msg_epoch == epoch and src in mset and r.round <= window \
+                    and ((cycle := body.get("cycle")) is None or type(cycle) is SiteCycle):
+                if key[1] != r.round:
+                    key = (epoch, r.round)
+                    got, cycles = self._reports_of(key), None
+                if len(got) + (src not in got) < n:  # (a round's reports come from its members only)
+                    got[src] = r
+                    if cycle is not None:  # the controller's evidence (EpochSettings.on_cycle)
+                        if cycles is None:
+                            cycles = settings.cycles_of(key)
+                        cycles[src] = cycle
+                    continue
+            handle(RECEIVED(*m), now_ns, r if built and 0 <= msg_epoch <= self.membership.epoch else None)
+            key = None
 
     def _reject(self, msg: Received, reason: str, **extra: Any) -> None:
         self.emit("report_rejected", kind=str(msg.kind)[:64], src=msg.src, site=msg.src, msg_epoch=msg.epoch,
@@ -380,10 +404,7 @@ class Rules:
             self._reject(msg, f"epoch {msg.epoch} is not current {self.membership.epoch} or not a member", round=rnd)
             return
         key = (epoch, rnd)
-        got = self.reports.get(key)
-        if got is None or key not in self._own_reports:  # copy on write (see __init__)
-            got = self.reports[key] = dict(got) if got is not None else {}
-            self._own_reports.add(key)
+        got = self._reports_of(key)
         got[msg.src] = r
         # The site's own timings of the cycle: the controller's evidence, never a condition of the commit.
         body = msg.body
@@ -393,6 +414,14 @@ class Rules:
             return
         del self.reports[key]
         self._try_commit(epoch, rnd, members, got)
+
+    def _reports_of(self, key: tuple[int, int]) -> dict[str, RoundDone]:
+        """The reports of (epoch, round), this working copy's own to add to (made if none)."""
+        got = self.reports.get(key)
+        if got is None or key not in self._own_reports:  # copy on write (see __init__)
+            got = self.reports[key] = dict(got) if got is not None else {}
+            self._own_reports.add(key)
+        return got
 
     def _try_commit(self, epoch: int, rnd: int, members: tuple[str, ...], got: dict[str, RoundDone]) -> None:
         hashes = {s: r.param_hash for s, r in got.items()}

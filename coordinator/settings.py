@@ -167,11 +167,15 @@ class EpochSettings:
                 got = SiteCycle.from_json(cycle)
             except ValueError:
                 return  # a malformed measurement is no evidence; the commit does not depend on it
-        key = (epoch, rnd)
-        if key not in self._own_cycles or key not in self.cycles:  # copy on write: a copy shares its maps
-            self.cycles[key] = dict(self.cycles.get(key, {}))
+        self.cycles_of((epoch, rnd))[site] = got
+
+    def cycles_of(self, key: tuple[int, int]) -> dict[str, SiteCycle]:
+        """The members' cycles of (epoch, round), this object's own to add to (made if none)."""
+        got = self.cycles.get(key)
+        if got is None or key not in self._own_cycles:  # copy on write: a copy shares its maps
+            got = self.cycles[key] = dict(got) if got is not None else {}
             self._own_cycles.add(key)
-        self.cycles[key][site] = got
+        return got
 
     def after_commit(self, epoch: int, rnd: int, members: tuple[str, ...]) -> tuple[Observation | None,
                                                                                    Decision | None]:

@@ -158,6 +158,12 @@ def test_a_batch_of_heartbeats_is_one_received_heartbeat_each_in_order() -> None
     beats = (hb("a", 2, 2), hb("c", 2, 0, inc=5), hb("b", 1, 1), hb("zz", 2, 2), hb("a", 3, 2), hb("c", 2, 5),
              ("a", 1, 2, "heartbeat", {"epoch": 2, "round": 3}), ("c", 1, 2, "heartbeat", {"epoch": "x"}),
              hb("a", 2, 2, inc=4), hb("c", 2, 2, inc=5), hb("c", 2, 2, inc=6))
+    # One body shared by several sites, as the simulator's (known good by its identity after the first),
+    # around messages that go through `handle`; and a shared one of an unannounced epoch (never good).
+    good, bad = Built(Heartbeat(7, 2, 3)), Built(Heartbeat(7, 4, 3))
+    beats += (("a", 1, 2, "heartbeat", good), ("zz", 1, 2, "heartbeat", good), ("c", 5, 2, "heartbeat", good),
+              ("c", 5, 2, "heartbeat", bad), ("a", 1, 2, "heartbeat", bad), ("a", 1, 3, "heartbeat", good),
+              ("c", 5, 2, "heartbeat", good))
     now = c.now + 200 * MS
     folded, want = state, []
     for m in beats:
@@ -167,7 +173,7 @@ def test_a_batch_of_heartbeats_is_one_received_heartbeat_each_in_order() -> None
     assert got == want and got_state == folded
     assert [o.to for o in got if isinstance(o, core.Send)] == ["b"]  # the failed member told to rejoin
     rejected = [o.fields["reason"].split(":")[0] for o in got if isinstance(o, core.Emit)]
-    assert rejected == ["future_epoch", "future_epoch", "bad_body"], rejected
+    assert rejected == ["future_epoch", "future_epoch", "bad_body"] + ["future_epoch"] * 3, rejected
     sites = got_state.membership.sites
     assert sites["a"].last_heartbeat_ns == now and sites["a"].incarnation == 1 and sites["c"].incarnation == 5
 
@@ -177,22 +183,30 @@ def test_a_batch_of_round_reports_is_one_received_report_each_in_order() -> None
     case `Rules._round_reports` either hands to the report's handler directly or to `handle`: members'
     built reports (the last one commits the round), a raw report, an unannounced header epoch, a
     non-member's report, a built body of the wrong type, a bad raw body, a report too far ahead, and a
-    message of another kind in the batch; and a batch of joins goes through `handle` one by one."""
+    message of another kind in the batch; reports with a built cycle, a cycle map (good or malformed)
+    and none, a member's report again or in an older epoch, and the next round's reports after the
+    commit; and a batch of
+    joins goes through `handle` one by one."""
+    from control.observations import SiteCycle
     from ground.messages import Built, Heartbeat, RoundDone
 
     cfg = config(policy="elastic")
     c = formed(cfg)
     commit_round(c, 0, 0, 96, SITES, 1)
+    cyc = SiteCycle(0.5, 8, 0.1, 1000, 4.2, 1.0, 0.9, 0.95)
 
-    def built(src: str, rnd: int, cs: int, ce: int, epoch: int = 1) -> tuple[str, int, int, str, Any]:
+    def built(src: str, rnd: int, cs: int, ce: int, epoch: int = 1, cycle: Any = None) -> tuple[str, int, int, str, Any]:
         b = round_done(rnd, cs, ce)
         return (src, 1, epoch, "round_done", Built(RoundDone(rnd, b["step"], b["param_hash"], cs, ce, b["tokens"],
-                                                             b["flops"], ())))
+                                                             b["flops"], ()), {"cycle": cycle} if cycle else None))
 
-    reports = (built("a", 1, 96, 192), ("b", 1, 1, "round_done", round_done(1, 96, 192)), built("a", 1, 96, 192, 5),
-               built("zz", 1, 96, 192), ("c", 1, 1, "round_done", Built(Heartbeat(1, 1, 1))),
-               ("c", 1, 1, "round_done", {"round": "x"}), built("c", 40, 96, 192),
-               ("c", 1, 1, "heartbeat", {"epoch": 1}), built("c", 1, 96, 192), built("a", 2, 192, 288))
+    reports = (built("a", 1, 96, 192, cycle=cyc), ("b", 1, 1, "round_done", round_done(1, 96, 192)),
+               built("a", 1, 96, 192, 5), built("zz", 1, 96, 192), ("c", 1, 1, "round_done", Built(Heartbeat(1, 1, 1))),
+               ("c", 1, 1, "round_done", {"round": "x"}), built("c", 40, 96, 192), built("a", 1, 96, 192),
+               built("b", 1, 96, 192, 0),
+               built("b", 1, 96, 192, cycle=cyc.to_json()), built("b", 1, 96, 192, cycle={"compute_s": "x"}),
+               ("c", 1, 1, "heartbeat", {"epoch": 1}), built("c", 1, 96, 192, cycle=cyc),
+               built("a", 2, 192, 288, cycle=cyc), built("b", 2, 192, 288), built("b", 2, 192, 288, cycle=cyc))
     now = c.now + 50 * MS
     for kind, batch in (("round_done", reports), ("join", (("a", 1, 0, "join", {"pid": 1}),
                                                           ("q", 1, 0, "join", {"pid": 2})))):
@@ -209,7 +223,10 @@ def test_a_batch_of_round_reports_is_one_received_report_each_in_order() -> None
     reasons = [o.fields["reason"].split(":")[0] for o in out
                if isinstance(o, core.Emit) and o.event == "report_rejected"]
     assert reasons == ["future_epoch", "epoch 1 is not current 1 or not a member", "bad_body", "bad_body",
-                       "round 40 is more than 8 rounds past the commit record (0)"], reasons
+                       "round 40 is more than 8 rounds past the commit record (0)",
+                       "epoch 0 is not current 1 or not a member"], reasons
+    assert dict(state.reports) == {(1, 2): {"a": reports[-3][4].typed, "b": reports[-1][4].typed}}
+    assert state.settings is not None and state.settings.cycles[(1, 2)] == {"a": cyc, "b": cyc}
 
 
 def test_the_oracle_drains_ahead_of_the_fault_and_the_drain_is_a_field_of_the_plan_it_sends() -> None:
