@@ -43,9 +43,10 @@ ROUND_DONE = builder(RoundDone)  # RoundDone(...): every member's report of ever
 Step = tuple[range, int]  # one inner step: (sample positions, lr frontier in samples), as the agent's
 
 
-@dataclass
+@dataclass(slots=True)
 class Progress:
-    """The inner steps a site took in the round in flight (site_agent.carry.RoundProgress)."""
+    """The inner steps a site took in the round in flight (site_agent.carry.RoundProgress). Slots: one
+    is made per member and round (a million an hour at 1,000 sites), and slots make that cheaper."""
 
     round: int
     cursor: int
@@ -75,12 +76,11 @@ class Progress:
 
 
 def new_progress(rnd: int, cursor: int, steps_h: int, keep_of: tuple[Any, ...] | None) -> Progress:
-    """Progress(rnd, cursor, steps_h, keep_of), nothing taken yet, made by filling its __dict__: one per
+    """Progress(rnd, cursor, steps_h, keep_of), nothing taken yet, its slots filled by hand: one per
     member and round (a million an hour at 1,000 sites), where the generated __init__ with its default
-    factories costs three times as much (tests/test_sim.py checks that the two are equal)."""
+    factories costs twice as much (tests/test_sim.py checks that the two are equal)."""
     p = _NEW(Progress)
-    p.__dict__.update({"round": rnd, "cursor": cursor, "steps_h": steps_h, "keep_of": keep_of, "done": [],
-                       "epochs": [], "lazy": None})
+    p.round, p.cursor, p.steps_h, p.keep_of, p.done, p.epochs, p.lazy = rnd, cursor, steps_h, keep_of, [], [], None
     return p
 
 
@@ -311,12 +311,20 @@ class Rounds:
         key = (epoch, rnd)
         arrived = self.rendezvous.setdefault(key, {})
         compute_s = (now - t0) / 1e9
+        cfg, batch = None, 0
         for s, _g, _r, _c, _e, _t, h, _st in items:
             layout = s.cur[7]
             s.cur = None
-            self.take_whole(s, rnd, layout, 0, h)
+            prog = s.progress  # take_whole(s, rnd, layout, 0, h), inline (s.epoch is `epoch`)
+            if prog is not None and prog.round == rnd:
+                if prog.lazy is not None:
+                    prog.taken()
+                prog.lazy = (layout, 0, h, epoch)
             arrived[s.name] = now
-            s.mine, s.n_mine = (), h * layout[0].train.per_site_batch
+            if layout[0] is not cfg:
+                cfg = layout[0]
+                batch = cfg.train.per_site_batch
+            s.mine, s.n_mine = (), h * batch
             s.compute_s = compute_s
         s, _g, rnd, cs, ce, _t, h, step = items[-1]
         self._arrived(s, plan, key, arrived, rnd, cs, ce, h, step)
@@ -487,8 +495,11 @@ class Rounds:
         # immutable body for all of them, as their heartbeats share one.
         made: tuple[str, int, dict[str, Any]] | None = None
         body = None
+        applied: tuple[str | None, str] = (None, "")  # the last member's hash before and after the round
         for (s, _g, _r, _c, _e, t_arrive, _h, _st), d in zip(items, lat):
-            s.phash = phash = apply_round(s.phash, rnd, cs, ce)
+            if s.phash != applied[0]:  # (the members hold one hash: one call to apply_round a round)
+                applied = (s.phash, apply_round(s.phash, rnd, cs, ce))
+            s.phash = phash = applied[1]
             s.retained, s.next_round, s.inflight, s.progress = ce, rnd + 1, None, None
             tokens = s.n_mine * seq
             if timed is None or timed[0] != s.compute_s or timed[1] != t_arrive:

@@ -328,7 +328,8 @@ def test_an_instants_messages_of_one_kind_as_one_core_input_are_the_same_run_as_
     the run is the same: every core output at the same virtual time, every commit, epoch, site state
     and the core's whole state."""
     from coordinator.rules import Rules
-    from sim.coord import RECEIVED, SimCoordinator
+    from coordinator.core import RECEIVED
+    from sim.coord import SimCoordinator
 
     cfg, scen = _case_24(scenario, policy, mode)
     batches: dict[str, list[int]] = {"heartbeat": [], "round_done": []}
@@ -388,7 +389,7 @@ def test_ticks_left_out_after_calm_heartbeats_and_put_off_deadlines_change_nothi
 
 
 def test_a_round_progress_made_fast_is_the_constructed_one() -> None:
-    """sim/rounds.new_progress fills the record's __dict__ by hand: it must be what the constructor
+    """sim/rounds.new_progress fills the record's slots by hand: it must be what the constructor
     makes, with fresh lists each time, and must know every field (a field added later fails here)."""
     from dataclasses import fields
 
