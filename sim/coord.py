@@ -15,6 +15,8 @@ through the core like an emulated one.
 from __future__ import annotations
 
 import time
+from itertools import groupby
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from coordinator import core
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
     from sim.world import World
 
 INPUT_EVENT = "coord_input"
+KIND = itemgetter(3)  # a message's kind: (src, inc, epoch, kind, body)
 
 
 class SimCoordinator:
@@ -122,7 +125,7 @@ class SimCoordinator:
         if not self.log_inputs:
             return self._receive_plain(msgs, now, heard_lost)
         outs = self._step_all([core.RECEIVED(*m) for m in msgs], now)
-        tick = self._needs_tick(msgs, outs, now, heard_lost)
+        tick = self._needs_tick([m[3] for m in msgs], outs, now, heard_lost)
         for m, out in zip(msgs, outs):
             if out:
                 self._apply(out)
@@ -135,9 +138,8 @@ class SimCoordinator:
             if tick and not self.tick_due:  # (request_tick's own first test: a thousand reports, one tick)
                 self.request_tick()
 
-    def _needs_tick(self, msgs: list[tuple[str, int, int, str, Any]], outs: list[list[core.Output]], now: int,
-                    heard_lost: bool, kinds: list[str] | None = None) -> bool:
-        """Whether the messages of this instant need a tick after them. Not when they are all heartbeats
+    def _needs_tick(self, kinds: list[str], outs: list[list[core.Output]], now: int, heard_lost: bool) -> bool:
+        """Whether the messages of this instant (`kinds`: their kinds, in order) need a tick after them. Not when they are all heartbeats
         that asked for nothing (no output), none from a site whose connection was marked closed, and
         the last core input before them was a tick that decided nothing (or heartbeats like these),
         with no member suspect or disconnected and the next membership deadline still ahead. Such a
@@ -145,11 +147,9 @@ class SimCoordinator:
         clears nothing: nobody is suspect), no rule's deadline has passed since (the deadline tick is
         scheduled for the first), and everything else a tick reads (states, members, the commit record,
         the setting) is what the last tick read. Nor would it move the deadline (heartbeats only make
-        it later, and a later one is not rescheduled). tests/test_sim.py runs with and without this.
-        `kinds`: the messages' kinds, in order, where the caller has them."""
+        it later, and a later one is not rescheduled). tests/test_sim.py runs with and without this."""
         if self.settled and self.calm and not heard_lost and self.deadline_ns > now and not any(outs) \
-                and (kinds.count("heartbeat") == len(kinds) if kinds is not None
-                     else all(m[3] == "heartbeat" for m in msgs)):
+                and kinds.count("heartbeat") == len(kinds):
             return False
         self.settled = False
         return True
@@ -160,20 +160,9 @@ class SimCoordinator:
         out in order, a tick requested after the first message as one `receive` each would (after it the
         tick is due: the later requests did nothing)."""
         events: list[core.Input] = [core.RECEIVED(*msgs[0])]
-        kinds = [m[3] for m in msgs]
-        i, n = 1, len(msgs)
-        if n > 1 and kinds.count(kinds[1]) - (kinds[0] == kinds[1]) == n - 1:  # one run (the common case)
-            events.append(core.Messages(kinds[1], tuple(msgs[1:])))
-            i = n
-        while i < n:
-            kind = kinds[i]
-            j = i + 1
-            while j < n and kinds[j] == kind:
-                j += 1
-            events.append(core.Messages(kind, tuple(msgs[i:j])))
-            i = j
+        events += [core.Messages(kind, tuple(run)) for kind, run in groupby(msgs[1:], key=KIND)]
         outs = self._step_all(events, now)
-        tick = self._needs_tick(msgs, outs, now, heard_lost, kinds)
+        tick = self._needs_tick([m[3] for m in msgs], outs, now, heard_lost)
         for out in outs:
             if out:
                 self._apply(out)

@@ -185,8 +185,7 @@ def test_a_batch_of_round_reports_is_one_received_report_each_in_order() -> None
     non-member's report, a built body of the wrong type, a bad raw body, a report too far ahead, and a
     message of another kind in the batch; reports with a built cycle, a cycle map (good or malformed)
     and none, a member's report again or in an older epoch, and the next round's reports after the
-    commit; and a batch of
-    joins goes through `handle` one by one."""
+    commit; and a batch of joins goes through `handle` one by one."""
     from control.observations import SiteCycle
     from ground.messages import Built, Heartbeat, RoundDone
 

@@ -341,7 +341,7 @@ def test_an_instants_messages_of_one_kind_as_one_core_input_are_the_same_run_as_
 
     def one_each(self: SimCoordinator, msgs: list[tuple[object, ...]], now: int, heard_lost: bool) -> None:
         outs = self._step_all([RECEIVED(*m) for m in msgs], now)
-        tick = self._needs_tick(msgs, outs, now, heard_lost)  # type: ignore[arg-type]
+        tick = self._needs_tick([m[3] for m in msgs], outs, now, heard_lost)  # type: ignore[misc]
         for out in outs:
             if out:
                 self._apply(out)
