@@ -57,14 +57,16 @@ bench: setup
 noise-floor: setup
 	$(BIN)/xdc noise-floor --demo --seeds 5 --out bench/results/noise_floor.json
 
-# The emulator runs the simulator's validation reads (about 1 h 40 min on 2 cores), then the bench
+# The emulator runs the simulator's validation reads (about 2 h on 2 cores), then the bench
 # (bench/sim_validate.py): a fit from three fault-free runs and the four policies under
 # scenarios/preemption.yaml and under scenarios/crash-fit.yaml (a crash of c: what a SIGKILL costs), held out: the four policies under scenarios/one-outage.yaml three times
 # (the emulator's own run-to-run noise: whether elastic's restarted site joins before or after a
 # round's commit differs from run to run, and with it one round's membership), twice more over
 # site links the fit never saw (SIMVAL_SLOW), the four policies under scenarios/churn.yaml twice
 # (two preemptions at two sites: a scenario the fit never saw whose ranking the policies decide), and
-# one-outage twice at four sites (SIMVAL_4SITES: the fit sees only three).
+# one-outage twice at four sites (SIMVAL_4SITES: the fit sees only three) and twice at six
+# (SIMVAL_6SITES: twice the fit's site count; a site's ~16 ms of CPU a step, six on two cores, stays
+# under the floor).
 # Every inner step takes at least 100 ms (train.step_floor_ms, an emulated device speed above the
 # contended host's ~40 ms), so the host's speed does not set the pace.
 SIMVAL_SET = --set train.target_useful_tokens=589824 --set train.step_floor_ms=100
@@ -75,6 +77,7 @@ SIMVAL_SLOW = --set wan.site_link.up.latency_ms=60 --set wan.site_link.down.late
   --set wan.site_link.up.bandwidth_kbps=1000 --set wan.site_link.down.bandwidth_kbps=1000
 # The held-out site count: four sites on the fitted links (every inner step still paced by the floor).
 SIMVAL_4SITES = --set 'cluster.sites=["a","b","c","d"]'
+SIMVAL_6SITES = --set 'cluster.sites=["a","b","c","d","e","f"]'
 sim-validate: setup
 	rm -rf $(SIMVAL)
 	$(BIN)/xdc noise-floor --demo --seeds 3 $(SIMVAL_SET) --runs-dir $(SIMVAL)/root/noise-floor --out $(SIMVAL)/noise_floor.json
@@ -88,6 +91,8 @@ sim-validate: setup
 	  --runs-dir $(SIMVAL)/root/churn-runs$$i --out $(SIMVAL)/root/compare-churn-$$i --quiet || exit 1; done
 	for i in 1 2; do $(BIN)/xdc compare --demo scenarios/one-outage.yaml $(SIMVAL_SET) $(SIMVAL_4SITES) \
 	  --runs-dir $(SIMVAL)/root/four-runs$$i --out $(SIMVAL)/root/compare-oneoutage-4sites-$$i --quiet || exit 1; done
+	for i in 1 2; do $(BIN)/xdc compare --demo scenarios/one-outage.yaml $(SIMVAL_SET) $(SIMVAL_6SITES) \
+	  --runs-dir $(SIMVAL)/root/six-runs$$i --out $(SIMVAL)/root/compare-oneoutage-6sites-$$i --quiet || exit 1; done
 	$(BIN)/python -m bench.sim_validate --runs-root $(SIMVAL)/root --out $(SIMVAL)/sim \
 	  --calibration-extra $(SIMVAL)/fit/compare-preemption --calibration-extra $(SIMVAL)/fit/compare-crash-fit
 
