@@ -57,7 +57,7 @@ bench: setup
 noise-floor: setup
 	$(BIN)/xdc noise-floor --demo --seeds 5 --out bench/results/noise_floor.json
 
-# The emulator runs the simulator's validation reads (about 2 h on 2 cores), then the bench
+# The emulator runs the simulator's validation reads (about 1 h 45 min on 2 cores), then the bench
 # (bench/sim_validate.py): a fit from three fault-free runs and the four policies under
 # scenarios/preemption.yaml and under scenarios/crash-fit.yaml (a crash of c: what a SIGKILL costs), held out: the four policies under scenarios/one-outage.yaml three times
 # (the emulator's own run-to-run noise: whether elastic's restarted site joins before or after a
