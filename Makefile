@@ -75,7 +75,7 @@ SIMVAL = runs/sim-validation
 # slower (the collective takes about a quarter of each round), so the timing model must carry over.
 SIMVAL_SLOW = --set wan.site_link.up.latency_ms=60 --set wan.site_link.down.latency_ms=60 \
   --set wan.site_link.up.bandwidth_kbps=1000 --set wan.site_link.down.bandwidth_kbps=1000
-# The held-out site count: four sites on the fitted links (every inner step still paced by the floor).
+# The held-out site counts: four and six sites on the fitted links (every inner step still paced by the floor).
 SIMVAL_4SITES = --set 'cluster.sites=["a","b","c","d"]'
 SIMVAL_6SITES = --set 'cluster.sites=["a","b","c","d","e","f"]'
 sim-validate: setup

@@ -125,7 +125,7 @@ class SimCoordinator:
         if not self.log_inputs:
             return self._receive_plain(msgs, now, heard_lost)
         outs = self._step_all([core.RECEIVED(*m) for m in msgs], now)
-        tick = self._needs_tick([m[3] for m in msgs], outs, now, heard_lost)
+        tick = self._needs_tick(list(map(KIND, msgs)), outs, now, heard_lost)
         for m, out in zip(msgs, outs):
             if out:
                 self._apply(out)
@@ -139,8 +139,9 @@ class SimCoordinator:
                 self.request_tick()
 
     def _needs_tick(self, kinds: list[str], outs: list[list[core.Output]], now: int, heard_lost: bool) -> bool:
-        """Whether the messages of this instant (`kinds`: their kinds, in order) need a tick after them. Not when they are all heartbeats
-        that asked for nothing (no output), none from a site whose connection was marked closed, and
+        """Whether the messages of this instant (`kinds`: their kinds, in order) need a tick after them.
+        Not when they are all heartbeats that asked for nothing (no output), none from a site whose
+        connection was marked closed, and
         the last core input before them was a tick that decided nothing (or heartbeats like these),
         with no member suspect or disconnected and the next membership deadline still ahead. Such a
         tick would decide nothing either: heartbeats change only when sites were last heard (which
@@ -162,7 +163,7 @@ class SimCoordinator:
         events: list[core.Input] = [core.RECEIVED(*msgs[0])]
         events += [core.Messages(kind, tuple(run)) for kind, run in groupby(msgs[1:], key=KIND)]
         outs = self._step_all(events, now)
-        tick = self._needs_tick([m[3] for m in msgs], outs, now, heard_lost)
+        tick = self._needs_tick(list(map(KIND, msgs)), outs, now, heard_lost)
         for out in outs:
             if out:
                 self._apply(out)
