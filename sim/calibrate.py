@@ -5,8 +5,18 @@ interquartile range as its uncertainty and the runs it came from; the calibratio
 every input file with its sha256. What is fitted:
 
   compute_s_per_token   compute span / (samples x seq_len)          (site logs, every round)
-  collective_cpu_s      the fastest member's collective span per round, less the modeled link
-                        part (latency, shard bytes / bandwidth, per-part overhead)
+  collective_cpu_s, collective_per_peer_s
+                        the round's end beyond the modeled links (latency, shard bytes / bandwidth,
+                        per-part overhead): from the last member's compute end of a round to the last
+                        member's compute start of the next (the collective, the outer step, the report:
+                        the sites end a round together, on one machine's cores), per round of one
+                        epoch with every member in both; a line through the per-peer-count medians
+                        (weighted by their rounds), its uncertainty from their half interquartile
+                        ranges, when the rounds have two peer counts or more with ROUND_END_MIN rounds
+                        each (an epoch without a member gives the fit rounds of two members); else
+                        one median for the fixed part and no per-peer part
+  state_transfer_fixed_s  a joiner's state_received - its donor's restore span start - the modeled
+                        link (latency + bytes / bandwidth): packing, the chunks' framing, unpacking
   checkpoint_write_bytes_per_s   checkpoint_save bytes / duration
   checkpoint_read_bytes_per_s    checkpoint_load bytes / duration
   eval_s                eval span
@@ -57,7 +67,7 @@ from analysis.simulated import MANIFEST
 from ground.config import config_from_json
 from ground.eventlog import process_events as _events
 from sim.learning_fit import fit_learning
-from sim.model import SimModel, collective_s, n_params
+from sim.model import SimModel, collective_s, link_one_way_s, n_params
 
 VERSION = "xdc-sim-calibration-v1"
 
@@ -70,14 +80,16 @@ def samples_of(run: Path) -> dict[str, list[float]]:
     """Per-event estimates of each parameter in one emulator run."""
     cfg = config_from_json(run / "config.json")
     sites = list(cfg.cluster.sites)
-    est: dict[str, list[float]] = {k: [] for k in ("compute_s_per_token", "collective_cpu_s",
+    est: dict[str, list[Any]] = {k: [] for k in ("compute_s_per_token", "round_end", "state_transfer_fixed_s",
                                                    "checkpoint_write_bytes_per_s", "checkpoint_read_bytes_per_s",
                                                    "eval_s", "restart_s", "standby_restart_s", "standby_prepare_s",
                                                    "start_s", "preempt_exit_s", "fault_poll_s",
                                                    "crash_teardown_s", "ack_bytes",
                                                    "frame_overhead_bytes", "telemetry_message_bytes",
                                                    "control_mix", "store_message_bytes")}
-    coll: dict[tuple[int, int], list[tuple[float, list[str]]]] = {}
+    computes: dict[tuple[int, int], dict[str, tuple[int, int]]] = {}  # (epoch, round) -> site -> (start, end) ns
+    donors: dict[tuple[int, str], tuple[str, int]] = {}  # (epoch, joiner) -> (donor, its restore span's start ns)
+    received: list[tuple[int, str, dict[str, Any]]] = []
     members: dict[int, tuple[str, ...]] = {}
     standbys: dict[str, list[tuple[int, int]]] = {}  # site -> (site_started ns, standby ready ns), in order
     coord, chaos, launcher = _events(run, "coord"), _events(run, "chaos"), _events(run, "launcher")
@@ -96,8 +108,13 @@ def samples_of(run: Path) -> dict[str, list[float]]:
                 signalled = e["mono_ns"] if ev == "signal" else None
             if ev == "compute" and e.get("samples") and "error" not in e:
                 est["compute_s_per_token"].append(_dur_s(e) / (e["samples"] * cfg.model.seq_len))
-            elif ev == "collective" and "error" not in e:
-                coll.setdefault((e["epoch"], e["round"]), []).append((_dur_s(e), []))
+            if ev == "compute" and "error" not in e and isinstance(e.get("round"), int):
+                computes.setdefault((e["epoch"], e["round"]), {})[s] = (e["start_mono_ns"], e["end_mono_ns"])
+            elif ev == "restore" and e.get("sent_to") and "error" not in e:
+                for j in e["sent_to"]:
+                    donors[(e["epoch"], j)] = (s, e["start_mono_ns"])
+            elif ev == "state_received" and e.get("bytes"):
+                received.append((e["epoch"], s, e))
             elif ev == "checkpoint_save" and e.get("bytes") and "error" not in e:
                 est["checkpoint_write_bytes_per_s"].append(e["bytes"] / max(_dur_s(e), 1e-6))
             elif ev == "checkpoint_load" and e.get("bytes") and "error" not in e:
@@ -110,12 +127,18 @@ def samples_of(run: Path) -> dict[str, list[float]]:
                     standbys.setdefault(s, []).append((e["mono_ns"], w["ready_mono_ns"]))
                 if w.get("ready_mono_ns") and w.get("started_mono_ns"):
                     est["standby_prepare_s"].append((w["ready_mono_ns"] - w["started_mono_ns"]) / 1e9)
-    base = SimModel(collective_cpu_s=0.0)
-    for (epoch, _rnd), durs in coll.items():
-        m = members.get(epoch)
-        if m and len(durs) == len(m):
-            est["collective_cpu_s"].append(max(0.0, min(d for d, _ in durs)
-                                               - collective_s(cfg, base, m, n_params(cfg.model))))
+    base = SimModel(collective_cpu_s=0.0, collective_per_peer_s=0.0)
+    for (epoch, rnd), ends in computes.items():
+        m, nxt = members.get(epoch), computes.get((epoch, rnd + 1))
+        if not m or nxt is None or set(ends) != set(m) or set(nxt) != set(m):
+            continue
+        gap_s = (max(b for b, _ in nxt.values()) - max(e for _, e in ends.values())) / 1e9
+        est["round_end"].append((len(m) - 1, gap_s - collective_s(cfg, base, m, n_params(cfg.model))))
+    for epoch, joiner, e in received:
+        got = donors.get((epoch, joiner))
+        if got is not None and got[0] == e.get("donor") and e["mono_ns"] > got[1]:
+            est["state_transfer_fixed_s"].append((e["mono_ns"] - got[1]) / 1e9
+                                                 - link_one_way_s(cfg, got[0], joiner, int(e["bytes"])))
     joins = [(e["mono_ns"], e["site"]) for e in coord if e["event"] == "site_joined"]
     starts = [e for e in launcher if e["event"] == "process_started"]
     for e in chaos:
@@ -248,6 +271,45 @@ def control_sizes(mix: list[tuple[tuple[float, float, float], str]]) -> dict[str
     return {"heartbeat_message_bytes": dict(one), "control_message_bytes": dict(one)}
 
 
+# A peer count's rounds enter the line only with at least this many of them (fewer: one median).
+ROUND_END_MIN = 3
+
+
+def round_end_fit(ends: list[tuple[tuple[int, float], str]]) -> dict[str, Any]:
+    """collective_cpu_s and collective_per_peer_s from each round's (peers, seconds beyond the links)
+    (module doc): a line through the per-peer-count medians, weighted by their rounds, when two peer
+    counts or more have ROUND_END_MIN rounds; else one median for the fixed part."""
+    runs = sorted({r for _, r in ends})
+    groups: dict[int, list[float]] = {}
+    for (peers, y), _r in ends:
+        groups.setdefault(peers, []).append(y)
+    rows = []
+    for peers, ys in sorted(groups.items()):
+        q = statistics.quantiles(ys, n=4) if len(ys) >= 2 else [ys[0]] * 3
+        rows.append((peers, statistics.median(ys), (q[2] - q[0]) / 2, len(ys)))
+    counts = {p: n for p, _m, _h, n in rows}
+    used = [r for r in rows if r[3] >= ROUND_END_MIN]
+    common = {"evidence": "fitted", "n": len(ends), "source_runs": runs,
+              "by_peers": {str(p): {"median_s": m, "half_iqr_s": h, "rounds": n} for p, m, h, n in rows}}
+    if len(used) >= 2:
+        x = np.array([[1.0, p] for p, *_ in used])
+        y = np.array([m for _p, m, _h, _n in used])
+        w = np.diag([float(n) for *_, n in used])
+        xtwx_inv = np.linalg.inv(x.T @ w @ x)
+        gain = xtwx_inv @ x.T @ w  # coef = gain @ y
+        coef = gain @ y
+        se = np.sqrt(np.diag(gain @ np.diag([h * h for _p, _m, h, _n in used]) @ gain.T))
+        kind = "the per-peer-count medians' half interquartile ranges, through the weighted line"
+        return {k: {**common, "value": float(c), "uncertainty": {"kind": kind, "value": float(e)}}
+                for k, c, e in (("collective_cpu_s", coef[0], se[0]), ("collective_per_peer_s", coef[1], se[1]))}
+    ys = sorted(y for (_p, y), _r in ends)
+    q = statistics.quantiles(ys, n=4) if len(ys) >= 2 else [ys[0]] * 3
+    return {"collective_cpu_s": {**common, "value": statistics.median(ys),
+                                 "uncertainty": {"kind": f"half interquartile range (one median: rounds by peer "
+                                                         f"count {counts}, too few counts for a per-peer part)",
+                                                 "value": (q[2] - q[0]) / 2}}}
+
+
 def _standby_wait_s(standbys: list[tuple[int, int]], assigned_ns: int) -> float:
     """How long a standby named at `assigned_ns` was still preparing (0 when it was ready), from the
     site's (site_started ns, ready ns) records."""
@@ -317,6 +379,9 @@ def calibrate(runs: Iterable[str | Path], allow_simulated: bool = False) -> dict
     mix = pooled.pop("control_mix", [])
     if mix:
         params.update(control_sizes(mix))
+    ends = pooled.pop("round_end", [])
+    if ends:
+        params.update(round_end_fit(ends))
     for k, vals in sorted(pooled.items()):
         if not vals:
             continue

@@ -17,7 +17,7 @@ import math
 
 from ground.config import RunConfig
 from sim.engine import ns
-from sim.model import SimModel, collective_s, link_one_way_s, payload_bytes_per_value
+from sim.model import SimModel, collective_end_s, collective_s, link_one_way_s, payload_bytes_per_value
 
 
 class Links:
@@ -100,5 +100,5 @@ class Links:
             for a, b in pairs:
                 if a in mset and b in mset:
                     phase = self.one_way_s(a, b, shard) + parts * self.model.collective_part_overhead_s
-                    t = max(t, 2 * phase + self.model.collective_cpu_s)
+                    t = max(t, 2 * phase + collective_end_s(self.model, len(members)))
         return t

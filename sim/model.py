@@ -9,7 +9,14 @@ The collective is modeled as the emulator's collective behaves (site_agent/colle
 a direct reduce-scatter then an all-gather over the full mesh; each phase sends one shard of
 P/n values to each of the n-1 peers at once over separate links, cut into parts of at most
 `chunk_bytes`. Time = 2 phases x (one-way latency + shard bytes / per-link bandwidth + parts x
-per-part overhead), the slowest link of each phase governing it.
+per-part overhead), the slowest link of each phase governing it, plus the round's end on the sites
+(`collective_end_s`): a fixed part and a part per peer. The emulator's sites end a round together
+(the collective's framing, the outer step, the parameters' hash, the report), all n processes on one
+machine's cores, so the end takes longer with every member: fitted, 17 ± 7 ms a peer on two cores
+(sim/calibrate.py fits both parts from rounds of two and of three members). A deployment with a
+machine per site would not pay the shared cores; the prior is no per-peer part. A simulated
+`collective` span ends where the next round's compute begins: it holds what the emulator does
+between its collective span and its next compute span (20-40 ms: the outer step, the report).
 """
 
 from __future__ import annotations
@@ -42,7 +49,8 @@ class SimModel:
     # Compute: one inner step of per_site_batch x seq_len tokens (1 CPU thread, the emulator's default).
     compute_s_per_token: float = 0.5 / 1024  # seconds per trained token per inner step
     collective_part_overhead_s: float = 0.002  # per message part (framing, ack, CurveZMQ)
-    collective_cpu_s: float = 0.03  # reduce + apply on the site, per round
+    collective_cpu_s: float = 0.03  # the round's end on the sites (reduce, apply, report): its fixed part
+    collective_per_peer_s: float = 0.0  # ... and its part per other member (the emulator's shared cores)
     # Checkpoints: the leader writes model + inner optimiser + outer state to the store.
     checkpoint_write_bytes_per_s: float = 20e6
     checkpoint_read_bytes_per_s: float = 20e6
@@ -137,14 +145,19 @@ def collective_s(cfg: RunConfig, model: SimModel, members: tuple[str, ...], payl
     """Seconds of one all-reduce among `members`: reduce-scatter + all-gather (see the module doc)."""
     n = len(members)
     if n <= 1:
-        return model.collective_cpu_s
+        return collective_end_s(model, n)
     shard_bytes = math.ceil(payload_values / n) * payload_bytes_per_value(compression)
     parts = max(1, math.ceil(shard_bytes / cfg.wan.chunk_bytes))
     # The slowest directed link governs each phase; with uniform links any pair stands for all.
     pairs = [(members[0], members[1]), (members[1], members[0])] if _uniform(cfg) else \
         [(a, b) for a in members for b in members if a != b]
     phase = max(link_one_way_s(cfg, a, b, shard_bytes) for a, b in pairs) + parts * model.collective_part_overhead_s
-    return 2 * phase + model.collective_cpu_s
+    return 2 * phase + collective_end_s(model, n)
+
+
+def collective_end_s(model: SimModel, n: int) -> float:
+    """The round's end on the sites among n members, beyond the links: a fixed part and one per peer."""
+    return model.collective_cpu_s + max(0, n - 1) * model.collective_per_peer_s
 
 
 def _uniform(cfg: RunConfig) -> bool:

@@ -23,7 +23,8 @@ from ground.config import RunConfig, load_config, merge
 from ground.schedule import rounds_for_target, target_samples
 from sim.cli import main as sim_main
 from sim.faults import UnsupportedFault
-from sim.model import SimModel, collective_s, n_params, payload_bytes_sent
+from sim.calibrate import ROUND_END_MIN, calibrate, round_end_fit
+from sim.model import SimModel, collective_end_s, collective_s, n_params, payload_bytes_sent
 from sim.world import simulate
 from tests.conftest import COMPARE_CFG
 from tests.test_coordinator_core import replay
@@ -436,6 +437,31 @@ def test_calibrating_on_a_simulated_run_recovers_its_timing_model(tmp_path: Path
     fitted = SimModel.from_calibration(doc)
     assert fitted.compute_s_per_token == pytest.approx(0.0007) and fitted.evidence_of("eval_s") == "fitted"
     assert fitted.evidence_of("update_cosine") == "prior"
+
+
+def test_calibrating_an_elastic_run_separates_the_round_ends_fixed_and_per_peer_parts(tmp_path: Path) -> None:
+    """An elastic run with a crash has rounds of two members (one peer) and of three (two peers): the
+    fit recovers the round's end, fixed part and per-peer part, and the donor's state transfer's fixed
+    cost, from a simulated run with known values."""
+    truth = SimModel(collective_cpu_s=0.01, collective_per_peer_s=0.02, state_transfer_fixed_s=0.05, restart_s=2.0)
+    scen = Scenario.build("t", "").crash("b", at_useful_tokens=36_864, restart_after_s=6)
+    simulate(cfg_for("elastic"), scen, truth, out=tmp_path / "run")
+    p = calibrate([tmp_path / "run"], allow_simulated=True)["parameters"]
+    rounds = p["collective_cpu_s"]["by_peers"]
+    assert set(rounds) == {"1", "2"} and min(r["rounds"] for r in rounds.values()) >= ROUND_END_MIN
+    assert p["collective_cpu_s"]["value"] == pytest.approx(0.01, abs=1e-6)
+    assert p["collective_per_peer_s"]["value"] == pytest.approx(0.02, abs=1e-6)
+    assert p["state_transfer_fixed_s"]["value"] == pytest.approx(0.05, abs=1e-6)
+    fitted = SimModel.from_calibration({"parameters": p})
+    assert collective_end_s(fitted, 3) == pytest.approx(0.05, abs=1e-6)  # 10 ms + two peers x 20 ms
+
+
+def test_one_peer_count_gives_the_round_end_one_median_and_no_per_peer_part() -> None:
+    """Rounds of one member count only: the line is not determined, so the fixed part is their median
+    and the per-peer part stays the prior (left out of the fit), with the reason in its uncertainty."""
+    got = round_end_fit([((2, y), "r") for y in (0.030, 0.040, 0.050)] + [((1, 0.020), "r")])
+    assert set(got) == {"collective_cpu_s"} and got["collective_cpu_s"]["value"] == pytest.approx(0.035)
+    assert "too few counts" in got["collective_cpu_s"]["uncertainty"]["kind"]
 
 
 def test_calibrate_refuses_what_is_not_an_emulator_run_and_reads_a_moved_comparison(tmp_path: Path, capsys) -> None:
