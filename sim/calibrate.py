@@ -76,8 +76,9 @@ def _dur_s(e: dict[str, Any]) -> float:
     return (e["end_mono_ns"] - e["start_mono_ns"]) / 1e9
 
 
-def samples_of(run: Path) -> dict[str, list[float]]:
-    """Per-event estimates of each parameter in one emulator run."""
+def samples_of(run: Path) -> dict[str, list[Any]]:
+    """Per-event estimates of each parameter in one emulator run (`round_end`: (peers, seconds) pairs;
+    `control_mix`: (bytes, heartbeats, others) triples; the rest: numbers)."""
     cfg = config_from_json(run / "config.json")
     sites = list(cfg.cluster.sites)
     est: dict[str, list[Any]] = {k: [] for k in ("compute_s_per_token", "round_end", "state_transfer_fixed_s",
