@@ -156,8 +156,9 @@ def collective_s(cfg: RunConfig, model: SimModel, members: tuple[str, ...], payl
 
 
 def collective_end_s(model: SimModel, n: int) -> float:
-    """The round's end on the sites among n members, beyond the links: a fixed part and one per peer."""
-    return model.collective_cpu_s + max(0, n - 1) * model.collective_per_peer_s
+    """The round's end on the sites among n members, beyond the links: a fixed part and one per peer
+    (never below 0 s: a fitted line's intercept may be, inside its uncertainty)."""
+    return max(0.0, model.collective_cpu_s + max(0, n - 1) * model.collective_per_peer_s)
 
 
 def _uniform(cfg: RunConfig) -> bool:

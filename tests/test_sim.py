@@ -454,6 +454,8 @@ def test_calibrating_an_elastic_run_separates_the_round_ends_fixed_and_per_peer_
     assert p["state_transfer_fixed_s"]["value"] == pytest.approx(0.05, abs=1e-6)
     fitted = SimModel.from_calibration({"parameters": p})
     assert collective_end_s(fitted, 3) == pytest.approx(0.05, abs=1e-6)  # 10 ms + two peers x 20 ms
+    # a negative intercept (inside a fit's uncertainty) never makes a round's end negative
+    assert collective_end_s(SimModel(collective_cpu_s=-0.01, collective_per_peer_s=0.02), 1) == 0.0
 
 
 def test_one_peer_count_gives_the_round_end_one_median_and_no_per_peer_part() -> None:
