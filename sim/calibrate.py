@@ -107,10 +107,11 @@ def samples_of(run: Path) -> dict[str, list[Any]]:
                 # A SIGTERM waits for its announcement; a new incarnation (or the announcement) ends
                 # the wait (a site that was no member announces nothing).
                 signalled = e["mono_ns"] if ev == "signal" else None
-            if ev == "compute" and e.get("samples") and "error" not in e:
-                est["compute_s_per_token"].append(_dur_s(e) / (e["samples"] * cfg.model.seq_len))
-            if ev == "compute" and "error" not in e and isinstance(e.get("round"), int):
-                computes.setdefault((e["epoch"], e["round"]), {})[s] = (e["start_mono_ns"], e["end_mono_ns"])
+            if ev == "compute" and "error" not in e:
+                if e.get("samples"):
+                    est["compute_s_per_token"].append(_dur_s(e) / (e["samples"] * cfg.model.seq_len))
+                if isinstance(e.get("round"), int):
+                    computes.setdefault((e["epoch"], e["round"]), {})[s] = (e["start_mono_ns"], e["end_mono_ns"])
             elif ev == "restore" and e.get("sent_to") and "error" not in e:
                 for j in e["sent_to"]:
                     donors[(e["epoch"], j)] = (s, e["start_mono_ns"])
@@ -276,6 +277,12 @@ def control_sizes(mix: list[tuple[tuple[float, float, float], str]]) -> dict[str
 ROUND_END_MIN = 3
 
 
+def median_half_iqr(xs: list[float]) -> tuple[float, float]:
+    """(median, half the interquartile range) of xs (one value: its half-IQR is 0)."""
+    q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else [xs[0]] * 3
+    return statistics.median(xs), (q[2] - q[0]) / 2
+
+
 def round_end_fit(ends: list[tuple[tuple[int, float], str]]) -> dict[str, Any]:
     """collective_cpu_s and collective_per_peer_s from each round's (peers, seconds beyond the links)
     (module doc): a line through the per-peer-count medians, weighted by their rounds, when two peer
@@ -284,11 +291,7 @@ def round_end_fit(ends: list[tuple[tuple[int, float], str]]) -> dict[str, Any]:
     groups: dict[int, list[float]] = {}
     for (peers, y), _r in ends:
         groups.setdefault(peers, []).append(y)
-    rows = []
-    for peers, ys in sorted(groups.items()):
-        q = statistics.quantiles(ys, n=4) if len(ys) >= 2 else [ys[0]] * 3
-        rows.append((peers, statistics.median(ys), (q[2] - q[0]) / 2, len(ys)))
-    counts = {p: n for p, _m, _h, n in rows}
+    rows = [(peers, *median_half_iqr(ys), len(ys)) for peers, ys in sorted(groups.items())]
     used = [r for r in rows if r[3] >= ROUND_END_MIN]
     common = {"evidence": "fitted", "n": len(ends), "source_runs": runs,
               "by_peers": {str(p): {"median_s": m, "half_iqr_s": h, "rounds": n} for p, m, h, n in rows}}
@@ -303,12 +306,12 @@ def round_end_fit(ends: list[tuple[tuple[int, float], str]]) -> dict[str, Any]:
         kind = "the per-peer-count medians' half interquartile ranges, through the weighted line"
         return {k: {**common, "value": float(c), "uncertainty": {"kind": kind, "value": float(e)}}
                 for k, c, e in (("collective_cpu_s", coef[0], se[0]), ("collective_per_peer_s", coef[1], se[1]))}
-    ys = sorted(y for (_p, y), _r in ends)
-    q = statistics.quantiles(ys, n=4) if len(ys) >= 2 else [ys[0]] * 3
-    return {"collective_cpu_s": {**common, "value": statistics.median(ys),
+    med, half = median_half_iqr([y for (_p, y), _r in ends])
+    counts = {p: n for p, _m, _h, n in rows}
+    return {"collective_cpu_s": {**common, "value": med,
                                  "uncertainty": {"kind": f"half interquartile range (one median: rounds by peer "
                                                          f"count {counts}, too few counts for a per-peer part)",
-                                                 "value": (q[2] - q[0]) / 2}}}
+                                                 "value": half}}}
 
 
 def _standby_wait_s(standbys: list[tuple[int, int]], assigned_ns: int) -> float:
@@ -387,9 +390,9 @@ def calibrate(runs: Iterable[str | Path], allow_simulated: bool = False) -> dict
         if not vals:
             continue
         xs = sorted(v for v, _ in vals)
-        q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else [xs[0], xs[0], xs[0]]
-        params[k] = {"value": statistics.median(xs), "evidence": "fitted", "n": len(xs),
-                     "uncertainty": {"kind": "half interquartile range", "value": (q[2] - q[0]) / 2},
+        med, half = median_half_iqr(xs)
+        params[k] = {"value": med, "evidence": "fitted", "n": len(xs),
+                     "uncertainty": {"kind": "half interquartile range", "value": half},
                      "range": [xs[0], xs[-1]],  # the fewest and most seen (sim/validate.py's timing bounds)
                      "source_runs": sorted({r for _, r in vals})}
     return {"version": VERSION, "inputs": [{"run": str(r), "sha256": _hashes(r), "simulated": (r / MANIFEST).is_file()}
