@@ -9,7 +9,10 @@ It follows the run by tailing RUN/logs/coord.jsonl: the first `membership_epoch`
 scenario clock (`at_s` counts from the moment the driver saw it, so within one poll of it), and
 `commit` events carry `step` and `useful_tokens` for the progress triggers. After every commit it
 reads, it checks the progress triggers, so a fault fires at the first commit that meets its
-threshold (named in the event's `fired_by`) even when several commits are read at once.
+threshold (named in the event's `fired_by`) even when several commits are read at once. Once every
+fault at an `at_useful_tokens` value is injected it releases that value's fault gate
+(ground/gates.py: the sites of a run configured with gates wait there, so the fault lands at the
+same point of training in every run), logged `fault_gate_released`; `finish` releases them all.
 
 Within one step the order is fixed: due heals (in fault order), follow-ups (`tick`), then due
 injections (in fault order). Events, to the handle's log (RUN/logs/chaos.jsonl, process "chaos"):
@@ -36,7 +39,9 @@ from chaos.handle import ClusterHandle, EventSink
 from chaos.nemesis import Nemesis, nemesis_for
 from chaos.scenario import Fault, Scenario, Trigger
 from ground.eventlog import LogTail
+from ground import gates
 from ground.faults import takes_down
+from ground.gates import gates_of
 
 PENDING, ACTIVE, HEALED, FAILED, HEAL_FAILED = "pending", "active", "healed", "failed", "heal_failed"
 HEAL_RETRY_S = 2.0  # a heal that failed (e.g. Toxiproxy's API stalled flushing a toxic) is tried again this often
@@ -71,6 +76,7 @@ class ChaosDriver:
         self.useful_tokens = 0
         self.last_commit: dict[str, Any] | None = None
         self._down: set[str] = set()
+        self._released: set[int] = set()  # fault gates released (ground/gates.py)
         self._emitted: list[dict[str, Any]] = []
         self._finished = False
 
@@ -196,6 +202,20 @@ class ChaosDriver:
         for st in self.states:
             if st.status == PENDING and self._met(st.fault.trigger, now):
                 self._inject(st, now, commit if st.fault.trigger.by_progress else None)
+        self._release_gates()
+
+    def _release_gates(self, *, every: bool = False) -> None:
+        """Release the fault gate (ground/gates.py) of each `at_useful_tokens` value whose faults
+        are all injected (or failed): the sites waiting at it go on. `every`: all of them (the
+        driver stops; nobody may wait for it any more)."""
+        pending = {int(st.fault.trigger.value) for st in self.states
+                   if st.fault.trigger.key == "at_useful_tokens" and st.status == PENDING}
+        for tokens in gates_of(st.fault for st in self.states):
+            if (every or tokens not in pending) and tokens not in self._released:
+                self._released.add(tokens)
+                if gates.release(self.run_dir, tokens):
+                    self._emit("fault_gate_released", gate_tokens=tokens, progress=self.progress(),
+                               reason="driver_stopped" if tokens in pending else "injected")
 
     def _inject(self, st: FaultState, now: float, fired_by: dict[str, Any] | None) -> None:
         result, error, bounds = self._act(lambda: st.nemesis.inject(self.handle))
@@ -250,6 +270,7 @@ class ChaosDriver:
         if self._finished:
             return
         self._finished = True
+        self._release_gates(every=True)
         now = self.clock()
         self._emit("scenario_finished", scenario=self.scenario.name, started=self.t0 is not None,
                    t_s=round(now - self.t0, 6) if self.t0 is not None else None, progress=self.progress(),

@@ -211,6 +211,12 @@ class RecoveryConfig:
     # Oracle only (filled from the scenario by `xdc compare` / `xdc run --scenario`):
     # (site, useful tokens at which its fault fires).
     oracle_faults: tuple[tuple[str, int], ...] = ()
+    # Fault gates (ground/gates.py; filled from the scenario by the same commands): the useful tokens
+    # of every `at_useful_tokens` fault trigger. A site whose round reaches one waits before its next
+    # inner step until the chaos driver has injected that fault, so it lands at the same point of
+    # training in every run; at most fault_gate_timeout_ms (then it goes on and says so).
+    fault_gates: tuple[int, ...] = ()
+    fault_gate_timeout_ms: int = 5000
 
 
 @dataclass(frozen=True)

@@ -174,7 +174,7 @@ def _run(args: argparse.Namespace, cfg: RunConfig, topo: Topology, me: str, log:
     node = WanNode(name=me, run_id=cfg.run_id, wan=cfg.wan, log=log, routes=topo.routes_for(me),
                    bind=topo.bind_for(me), server_links=topo.server_links_for(me), members=topo.peers_of(me),
                    keys_dir=str(run_dir / "keys") if cfg.wan.curve else None)
-    site = Site(cfg, me, log, node, trainer, corpus, order, device, stopping, pool)
+    site = Site(cfg, me, log, node, trainer, corpus, order, device, stopping, pool, run_dir=run_dir)
     return site.run()
 
 
@@ -182,8 +182,10 @@ class Site(EpochAdoption, RoundLoop, Checkpointing):
     """One site's state across membership epochs (rank 0 of the site)."""
 
     def __init__(self, cfg: RunConfig, me: str, log: EventLog, node: WanNode, trainer: SiteTrainer, corpus: Any,
-                 order: np.ndarray, device: torch.device, stopping: dict[str, bool], pool: WorkerPool | None) -> None:
+                 order: np.ndarray, device: torch.device, stopping: dict[str, bool], pool: WorkerPool | None,
+                 run_dir: Path | None = None) -> None:
         self.cfg, self.me, self.log, self.node, self.trainer = cfg, me, log, node, trainer
+        self.run_dir = run_dir  # where the chaos driver releases fault gates (ground/gates.py); None: no gates
         self.corpus, self.order, self.device, self.stopping, self.pool = corpus, order, device, stopping, pool
         self.evalset = eval_set(corpus, cfg.data, cfg.model.seq_len)  # fixed windows over the held-out split
         self.hx, self.hy = self.evalset.tensors()

@@ -2,7 +2,9 @@
 
 One round is compute (sync: one backward; local: up to H inner AdamW steps, each logged as
 `work_attempted`) -> the collective over the WAN -> apply the cluster mean -> report to the
-coordinator -> evaluate and checkpoint (leader) on their schedule.
+coordinator -> evaluate and checkpoint (leader) on their schedule -> wait at a fault gate, if the
+round reached one (ground/gates.py: the chaos driver's progress-triggered fault lands before the next
+round on every site).
 
 `RoundLoop` holds methods only: `site_agent.agent.Site` owns the state they use.
 """
@@ -14,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ground import gates
 from ground.config import RunConfig
 from ground.setting import ConsistencySetting, effective_config, step_after_round
 from ground.schedule import carried_steps, ids_at, kept_steps, round_span, site_round_layout
@@ -32,7 +35,7 @@ TELEMETRY = TrafficClass.TELEMETRY.value
 
 
 class RoundLoop:
-    """Training rounds for Site (state: plan, trainer, allreduce, snapshots, retained, pool, ...)."""
+    """Training rounds for Site (state: plan, trainer, allreduce, snapshots, retained, pool, run_dir, ...)."""
 
     def train(self) -> None:
         """Train round by round from the plan's start until the target, or until interrupted."""
@@ -69,6 +72,7 @@ class RoundLoop:
             self._report_round(rnd, step, phash, cs, ce, ids_round, losses, cycle, cfg)
             if self._after_round(rnd, ce, cfg):
                 break
+            self._fault_gates(rnd, cs, ce, cfg)
             rnd += 1
         self.evaluator.wait()  # the last round's evaluation is logged before the site says it is done
         self.uploads.wait()  # and the last checkpoint is durable
@@ -156,6 +160,19 @@ class RoundLoop:
         # Every round: a process killed later loses at most one round of byte counts.
         self.log.emit("wan_counters", counters=self.node.counters.snapshot())
         return last
+
+    def _fault_gates(self, rnd: int, cs: int, ce: int, cfg: RunConfig) -> None:
+        """Round `rnd` (samples [cs, ce)) reached a fault gate: wait, before the next round's first
+        step, until the chaos driver has injected the fault its commit fires (ground/gates.py).
+        A stop signal or a newer epoch ends the wait; the next round's start acts on it."""
+        if self.run_dir is None or not self.cfg.recovery.fault_gates:
+            return
+        for g in gates.crossed(self.cfg.recovery.fault_gates, cs * cfg.model.seq_len, ce * cfg.model.seq_len):
+            t0 = time.monotonic()
+            how = gates.wait(self.run_dir, g, self.cfg.recovery.fault_gate_timeout_ms / 1000,
+                             lambda: self.newer_plan_waiting(by_round=rnd + 1))
+            self.log.emit("fault_gate", round=rnd, gate_tokens=g, outcome=how,
+                          waited_s=round(time.monotonic() - t0, 6))
 
     def compute(self, rnd: int, n: int, idx: int, cs: int, ce: int,
                 cfg: RunConfig | None = None) -> tuple[np.ndarray, list[int], list[float]]:

@@ -111,3 +111,29 @@ def test_oracle_checkpoints_and_drains_just_before_the_fault(compared):
                and e["manifest_hash"] == writes[0]["manifest_hash"]]
     assert durable, writes[0]
     assert s["lost_tokens"] == 0
+
+
+def test_the_crash_lands_at_its_fault_gate_on_every_site(compared):
+    """Every member of the triggering commit waited at the fault gate until the driver had killed b
+    (ground/gates.py): nobody took a step of the next round before the SIGKILL, under any policy, so
+    the fault lands at the same point of training whatever the driver's reaction time."""
+    for policy, (run_dir, _s) in compared.items():
+        coord, chaos = events(run_dir, "coord"), events(run_dir, "chaos")
+        fault = next(e for e in chaos if e["event"] == "fault_injected")
+        commit = next(c for c in coord if c["event"] == "commit" and c["commit_id"] == fault["fired_by"]["commit_id"])
+        assert commit["useful_tokens"] >= 36_864 > commit["useful_tokens"] - sum(commit["tokens"].values()), policy
+        released = [e for e in chaos if e["event"] == "fault_gate_released"]
+        assert [e["gate_tokens"] for e in released] == [36_864] and released[0]["mono_ns"] >= fault["end_mono_ns"]
+        # The oracle's sites leave the gate at once: the drain epoch it planned for b is waiting.
+        outcome = "left" if policy == "oracle" else "released"
+        for site in commit["members"]:
+            log = events(run_dir, site)
+            gate = [(e["round"], e["gate_tokens"], e["outcome"]) for e in log
+                    if e["event"] == "fault_gate" and e["epoch"] == commit["epoch"]]
+            if site == "b" and policy != "oracle":
+                assert gate == [], (policy, "b was killed while it waited: it never logged the wait's end")
+            else:
+                assert gate[:1] == [(commit["round"], 36_864, outcome)], (policy, site, gate)
+            early = [e for e in log if e["event"] == "work_attempted" and e["epoch"] == commit["epoch"]
+                     and e["round"] == commit["round"] + 1 and e["mono_ns"] < fault["start_mono_ns"]]
+            assert early == [], (policy, site, "stepped before the fault landed")

@@ -16,6 +16,7 @@ from chaos.reach import ScenarioBeyondRun, check_scenario_fits, run_end  # noqa:
 from ground.config import RunConfig
 from ground.eventlog import read_events
 from ground.faults import site_kinds
+from ground.gates import gates_of
 
 POLICIES = ("stall", "restart", "elastic", "oracle")
 
@@ -31,8 +32,11 @@ def oracle_faults(scenario: Any) -> list[list[Any]]:
 
 
 def with_policy(cfg: RunConfig, policy: str, scenario: Any) -> RunConfig:
+    """The run's config under `policy` for `scenario`: the oracle's foreseen faults, every policy's
+    fault gates (ground/gates.py)."""
     faults = tuple((s, t) for s, t in oracle_faults(scenario)) if (scenario is not None and policy == "oracle") else ()
-    return replace(cfg, recovery=replace(cfg.recovery, policy=policy, oracle_faults=faults))
+    gates = gates_of(scenario.faults) if scenario is not None else ()
+    return replace(cfg, recovery=replace(cfg.recovery, policy=policy, oracle_faults=faults, fault_gates=gates))
 
 
 def busy_cores(window_s: float = 0.5) -> float:

@@ -36,6 +36,8 @@ from ground.topology import COORD, STORE, Link, Topology, plan_topology
 
 _PR_SET_PDEATHSIG = 1
 SITES_FINISH_S = 30.0  # after the coordinator finished a run, how long the sites may take to exit
+WATCH_PERIOD_S = 0.25  # the launcher checks its processes and redraws progress this often
+CHAOS_POLL_S = 0.05  # and polls the chaos driver this often (its reaction to a triggering commit)
 
 
 def _die_with_parent() -> None:
@@ -376,7 +378,17 @@ class Launcher:
                     prog.note(f"run exceeded {self.timeout_s:.0f} s; stopping it")
                     self.timed_out = True
                     return
-                time.sleep(0.25)
+                self._pause(WATCH_PERIOD_S)
+
+    def _pause(self, period_s: float) -> None:
+        """Sleep one watch period, polling the chaos driver every CHAOS_POLL_S meanwhile: the sites
+        wait at a fault gate (ground/gates.py) until the driver has seen the triggering commit and
+        acted, so its reaction time is time every site spends waiting."""
+        end = time.monotonic() + period_s
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, CHAOS_POLL_S if self.chaos is not None else left))
+            if self.chaos is not None and time.monotonic() < end:
+                self.chaos.poll()
 
     def _start_all(self) -> None:
         """Start every process of the table (ground/processes.py) in its start order; a process with
