@@ -31,6 +31,7 @@ from chaos.reach import ScenarioBeyondRun, check_scenario_fits
 from chaos.scenario import Scenario, ScenarioError, load_scenario
 from ground.config import (ConfigError, RunConfig, load_config, merge, parse_override, partial_link_notes,
                            read_config_file)
+from ground.gates import gates_of
 from sim.calibrate import CalibrationError, read_calibration, write_calibration
 from sim.faults import UnsupportedFault
 from sim.model import SimModel
@@ -54,7 +55,8 @@ def oracle_faults(scenario: Scenario) -> tuple[tuple[str, int], ...]:
 
 def with_policy(cfg: RunConfig, policy: str, scenario: Scenario | None) -> RunConfig:
     faults = oracle_faults(scenario) if scenario is not None and policy == "oracle" else ()
-    return replace(cfg, recovery=replace(cfg.recovery, policy=policy, oracle_faults=faults))
+    gates = gates_of(scenario.faults) if scenario is not None else ()
+    return replace(cfg, recovery=replace(cfg.recovery, policy=policy, oracle_faults=faults, fault_gates=gates))
 
 
 LOG_NOTE_BYTES_PER_ROUND = 50_000_000  # above this, `run` says what its logs will cost

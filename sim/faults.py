@@ -2,7 +2,10 @@
 
 Triggers (injection and heal): `at_s` (seconds after the first epoch forms, when the driver
 starts), `at_useful_tokens` and `at_step` (at the first commit past them, `fault_poll_s` later:
-the driver polls the coordinator's log); or `duration_s` after the injection. Kinds modeled:
+the driver polls the coordinator's log); or `duration_s` after the injection. A run with fault
+gates (ground/gates.py) has its sites wait after the round whose commit fires an `at_useful_tokens`
+fault until every fault at those tokens is injected and its action done (sim/rounds.py `gate`),
+as the driver releases them. Kinds modeled:
 
   site_crash    SIGKILL: the site's work in flight is lost, its connection closes; with
                 `restart`, it starts again at the heal (a new incarnation that joins)
@@ -214,6 +217,26 @@ class SimChaos:
             self.w.clock.after(heal_s, self._fire, "heal", i, {})
         elif f.heal is not None:
             self._arm(f.heal, "heal", i, {})
+        if f.trigger.key == "at_useful_tokens":
+            self._release_gate(int(f.trigger.value), span, progress)
+
+    def _release_gate(self, tokens: int, span: dict[str, int], progress: dict[str, Any]) -> None:
+        """As the driver: once every fault at these tokens is injected, release their fault gate
+        (ground/gates.py), after the action (a crash's: until the process exited); the sites waiting
+        there go on."""
+        assert self.scenario is not None and self.log is not None
+        if tokens not in self.w.rounds.gates or any(
+                self.status.get(j) is None for j, g in enumerate(self.scenario.faults)
+                if g.trigger.key == "at_useful_tokens" and int(g.trigger.value) == tokens):
+            return
+        after_ns = span["end_mono_ns"] - MONO_BASE_NS - self.w.clock.now_ns if span else 0
+        self.w.clock.after(after_ns / 1e9, self._released, tokens,
+                           {"useful_tokens": progress.get("useful_tokens"), "step": progress.get("step")})
+
+    def _released(self, tokens: int, progress: dict[str, Any]) -> None:
+        assert self.log is not None
+        self.log.emit("fault_gate_released", gate_tokens=tokens, reason="injected", progress=progress)
+        self.w.rounds.release_gate(tokens)
 
     def _uncut(self, i: int) -> None:
         """A cut proxy passes data again: what waited for it is delivered, stalled collectives go on."""

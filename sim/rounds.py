@@ -13,6 +13,10 @@ them as `work_carried`, and computes only the rest. As the agent, it keeps all i
 when it took no others, else as many as its mid-round copy holds (ground.schedule.kept_steps). One
 difference in time, not in work: the agent notices a new epoch between inner steps, the simulated
 site at once, counting the step it had begun as taken (it was attempted either way).
+
+Fault gates (ground/gates.py), as the agent: a round whose samples reach a gate's tokens is
+followed by a wait, before the next round, until the chaos part releases the gate (`gate`,
+`release_gate`; sim/faults.py releases it once the fault's action is done).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from control.observations import SiteCycle
+from ground import gates
 from ground.messages import Built, RoundDone
 from ground.plans import EpochPlan, Restore
 from ground.schedule import (carried_steps, kept_steps, round_is_whole, round_span, site_round_layout,
@@ -103,6 +108,11 @@ class Rounds:
         self._computed, self._reduced = self.computed, self.reduced  # one object each: grouped by identity
         w.clock.batch(self._computed, self._computed_many)
         w.clock.batch(self._reduced, self._reduced_many)
+        # Fault gates (ground/gates.py): their tokens, those the chaos part released, and who waits at each:
+        # gate -> [(site, its generation, round, cursor start, end, the gates after this one, since ns)]
+        self.gates: tuple[int, ...] = tuple(w.cfg.recovery.fault_gates)
+        self.released: set[int] = set()
+        self.gated: dict[int, list[tuple[Any, ...]]] = {}
 
     def _recipe(self, setting: Any) -> tuple[RunConfig, int, bool, float]:
         """(the effective config, inner steps a round, local mode with one worker, s per step) of a
@@ -429,7 +439,40 @@ class Rounds:
             s.checkpoint(rnd, ce)
         if last:
             return self.finish(s)
+        if self.gates and self.gate(s, rnd, cs, ce):
+            return
         self.start(s, rnd + 1)
+
+    def gate(self, s: SimSite, rnd: int, cs: int, ce: int, todo: list[int] | None = None) -> bool:
+        """Round `rnd` reached fault gates (ground/gates.py): as the agent, wait at each not yet
+        released until the chaos part releases it (`release_gate`), before the next round's first
+        step. True while the site waits; `todo`: the gates left after one was released."""
+        w = self.w
+        if todo is None:
+            seq = w.cfg.model.seq_len
+            todo = gates.crossed(self.gates, cs * seq, ce * seq)
+        for i, g in enumerate(todo):
+            if g not in self.released:
+                s.busy, s.inflight = True, rnd + 1  # a newer epoch or a SIGTERM ends the wait (SimSite.on_control)
+                self.gated.setdefault(g, []).append((s, s.gen, rnd, cs, ce, todo[i + 1:], w.clock.now_ns))
+                return True
+            if w.write_logs:
+                s.log.emit("fault_gate", round=rnd, gate_tokens=g, outcome="open", waited_s=0.0)
+        return False
+
+    def release_gate(self, g: int) -> None:
+        """The driver injected every fault at gate `g`: the sites waiting there go on (a site killed,
+        preempted or moved to a newer epoch meanwhile is no longer waiting: its generation moved on)."""
+        w = self.w
+        self.released.add(g)
+        for s, gen, rnd, cs, ce, rest, t0 in self.gated.pop(g, []):
+            if gen != s.gen or not s.alive:
+                continue
+            if w.write_logs:
+                s.log.emit("fault_gate", round=rnd, gate_tokens=g, outcome="released",
+                           waited_s=round((w.clock.now_ns - t0) / 1e9, 6))
+            if not self.gate(s, rnd, cs, ce, rest):
+                self.start(s, rnd + 1)
 
     def _cycle_of(self, compute_s: float, h_steps: int, comm_s: float, sent: int, loss: float) -> dict[str, Any]:
         """A report's `extra`: {"cycle": the site's SiteCycle}. Every member of a plain round reports the
@@ -449,7 +492,7 @@ class Rounds:
         w = self.w
         s0, _g, rnd, cs, ce, _ta, h_steps, step = items[0]
         plan, setting = s0.plan, s0.setting
-        plain = not w.write_logs and w.wan is None
+        plain = not w.write_logs and w.wan is None and not self.gates
         if plain:
             for s, gen, r, c, e, _ta, h, st in items:
                 if gen != s.gen or s.plan is not plan or s.setting is not setting or r != rnd or c != cs \

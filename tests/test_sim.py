@@ -808,3 +808,47 @@ def test_a_killed_sites_connections_close_when_it_has_exited_not_at_the_kill(tmp
     assert (f1["start_mono_ns"], f1["end_mono_ns"]) == (f1["mono_ns"], f1["mono_ns"] + 250_000_000)
     assert failed1["mono_ns"] - failed0["mono_ns"] == 250_000_000
     assert work0 and [(e["round"], e["inner_step"]) for e in work0] == [(e["round"], e["inner_step"]) for e in work1]
+
+
+def test_a_fault_gate_holds_every_site_until_the_crash_so_lost_work_does_not_depend_on_the_drivers_delay(
+        tmp_path: Path) -> None:
+    """Fault gates in the simulator (sim/rounds.py `gate`, as site_agent/rounds.py waits): after the
+    round whose commit fires b's crash, a and c wait until the driver's action is done (the SIGKILL
+    and b's exit), b is killed while it waits, and nobody takes a step of the next round before. So
+    the lost tokens are the same whatever the driver's reaction (fault_poll_s); without gates they
+    are not: the sites go on stepping while the driver reacts."""
+    from ground.eventlog import process_events
+
+    scen = Scenario.build("t", "").crash("b", at_useful_tokens=36_864, restart_after_s=2)
+
+    def run(poll_s: float, gated: bool) -> tuple[int, list, dict]:
+        out = tmp_path / f"p{poll_s}-{gated}"
+        cfg = cfg_for("stall")
+        if gated:
+            cfg = replace(cfg, recovery=replace(cfg.recovery, fault_gates=(36_864,)))
+        simulate(cfg, scen, SimModel(fault_poll_s=poll_s, crash_teardown_s=0.07), out=out)
+        fault = next(e for e in process_events(out, "chaos") if e["event"] == "fault_injected")
+        commit = next(e for e in process_events(out, "coord") if e["event"] == "commit"
+                      and e["useful_tokens"] >= 36_864)
+        early = {s: [e["inner_step"] for e in process_events(out, s) if e["event"] == "work_attempted"
+                     and e["epoch"] == commit["epoch"] and e["round"] == commit["round"] + 1
+                     and e["mono_ns"] <= fault["end_mono_ns"]] for s in "abc"}
+        gates = {s: [(e["round"], e["gate_tokens"], e["outcome"], e["waited_s"]) for e in process_events(out, s)
+                     if e["event"] == "fault_gate"] for s in "abc"}
+        released = [e for e in process_events(out, "chaos") if e["event"] == "fault_gate_released"]
+        art = build_artifact([out])
+        assert {c["name"]: c["status"] for c in art["checks"]}["work_ledger"] == "pass"
+        return art["runs"][0]["metrics"]["lost_tokens"]["value"], [early, gates, released, fault], commit
+
+    lost_fast, (early, gates, released, fault), commit = run(0.05, True)
+    lost_slow, (early_slow, gates_slow, _r, _f), _c = run(0.3, True)
+    assert early == early_slow == {"a": [], "b": [], "c": []}
+    assert lost_fast == lost_slow
+    r = commit["round"]
+    assert gates["b"] == [] and gates_slow["b"] == []  # killed while it waited
+    assert [g[:3] for g in gates["a"]] == [g[:3] for g in gates["c"]] == [(r, 36_864, "released")]
+    assert [e["mono_ns"] for e in released] == [fault["end_mono_ns"]]
+    assert gates_slow["a"][0][3] - gates["a"][0][3] == pytest.approx(0.25, abs=1e-6)  # the longer reaction, waited
+    lost_ungated, (_e, gates_ungated, _r, _f), _c = run(0.3, False)
+    assert gates_ungated == {"a": [], "b": [], "c": []}
+    assert (lost_fast, lost_ungated) == (2048, 4096)  # b's first step of the next round, a's and c's
