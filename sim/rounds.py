@@ -492,7 +492,8 @@ class Rounds:
         w = self.w
         s0, _g, rnd, cs, ce, _ta, h_steps, step = items[0]
         plan, setting = s0.plan, s0.setting
-        plain = not w.write_logs and w.wan is None and not self.gates
+        seq = w.cfg.model.seq_len
+        plain = not w.write_logs and w.wan is None and not (self.gates and gates.crossed(self.gates, cs * seq, ce * seq))
         if plain:
             for s, gen, r, c, e, _ta, h, st in items:
                 if gen != s.gen or s.plan is not plan or s.setting is not setting or r != rnd or c != cs \
