@@ -70,7 +70,8 @@ class SimModel:
     heartbeat_period_ms: int | None = None
     # SIGTERM -> the agent notices it at its next check (an inner step at most) and announces.
     preempt_exit_s: float = 0.2
-    # Chaos driver: how long after the triggering commit a progress-triggered fault fires.
+    # Chaos driver: how long after the triggering commit a progress-triggered fault fires. With
+    # fault gates (ground/gates.py) the sites wait meanwhile: it adds to the time, not to the work.
     fault_poll_s: float = 0.5
     # SIGKILL (site_crash) -> the killed process has exited and its connections close: the compute
     # stops at the kill, the coordinator's disconnect grace starts at the exit. Prior 0: they close
