@@ -29,6 +29,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 GATES_DIR = "gates"  # under the run directory
+# A waiting site looks for the release, a stop signal and a newer epoch this often: well under the
+# sites' spread at a round's end (10-40 ms), so it adds next to nothing to the wait.
+POLL_S = 0.002
 
 
 def gate_name(tokens: int) -> str:
@@ -67,12 +70,11 @@ def is_released(run_dir: Path, tokens: int) -> bool:
 
 
 def wait(run_dir: Path, tokens: int, timeout_s: float, leave: Callable[[], bool], *,
-         poll_s: float = 0.002, clock: Callable[[], float] = time.monotonic,
+         poll_s: float = POLL_S, clock: Callable[[], float] = time.monotonic,
          sleep: Callable[[float], None] = time.sleep) -> str:
     """Wait until the gate is released. Returns how it ended: "open" (released before we came),
     "released", "left" (`leave()` said to go: a stop signal or a newer epoch, acted on by the
-    caller) or "timeout". `poll_s` bounds how late a site sees the release (2 ms: well under the
-    sites' spread at a round's end, 10-40 ms)."""
+    caller) or "timeout". `poll_s` bounds how late a site sees the release or the signal."""
     if is_released(run_dir, tokens):
         return "open"
     deadline = clock() + timeout_s

@@ -452,13 +452,37 @@ class Rounds:
             seq = w.cfg.model.seq_len
             todo = gates.crossed(self.gates, cs * seq, ce * seq)
         for i, g in enumerate(todo):
-            if g not in self.released:
+            if g in self.released:
+                outcome = "open"
+            elif s.pending and interrupts(s.pending, s.epoch, rnd + 1):
+                outcome = "left"  # a newer epoch already waits (the oracle's drain): the next round's start acts on it
+            else:
                 s.busy, s.inflight = True, rnd + 1  # a newer epoch or a SIGTERM ends the wait (SimSite.on_control)
                 self.gated.setdefault(g, []).append((s, s.gen, rnd, cs, ce, todo[i + 1:], w.clock.now_ns))
                 return True
             if w.write_logs:
-                s.log.emit("fault_gate", round=rnd, gate_tokens=g, outcome="open", waited_s=0.0)
+                s.log.emit("fault_gate", round=rnd, gate_tokens=g, outcome=outcome, waited_s=0.0)
         return False
+
+    def leave_gate(self, s: SimSite) -> None:
+        """A newer epoch arrived while the site waits at a fault gate: as the agent, it leaves the
+        wait (and every gate after it) and its next round's start acts on the epoch."""
+        w = self.w
+        for g, waiting in list(self.gated.items()):
+            for e in waiting:
+                if e[0] is s and e[1] == s.gen:
+                    waiting.remove(e)
+                    _s, _gen, rnd, _cs, _ce, rest, t0 = e
+                    if w.write_logs:
+                        for h in (g, *rest):
+                            s.log.emit("fault_gate", round=rnd, gate_tokens=h, outcome="left",
+                                       waited_s=round((w.clock.now_ns - t0) / 1e9, 6) if h == g else 0.0)
+                    self.start(s, rnd + 1)
+                    return
+
+    def waiting_at_gate(self, s: SimSite) -> bool:
+        """The site (this incarnation, this generation) waits at a fault gate now."""
+        return any(e[0] is s and e[1] == s.gen for waiting in self.gated.values() for e in waiting)
 
     def release_gate(self, g: int) -> None:
         """The driver injected every fault at gate `g`: the sites waiting there go on (a site killed,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING, Any
 
+from ground import gates
 from ground.plans import EpochPlan, Restore
 from ground.setting import base_setting
 from sim.engine import ns
@@ -99,10 +100,13 @@ class SimSite:
         if not self.alive:
             return
         self.log.emit("signal", signal="SIGTERM")
+        # Between inner steps the agent notices the signal at its next check (preempt_exit_s); waiting
+        # at a fault gate, within the wait's poll (ground/gates.py).
+        notice_s = gates.POLL_S if self.w.rounds.waiting_at_gate(self) else self.w.model.preempt_exit_s
         self.w.rounds.abandon(self)
         self.gen += 1
         self.busy, self.inflight, self.waiting_state = True, None, None  # no new plan is acted on now
-        self.w.clock.after(self.w.model.preempt_exit_s, self._announce, self.inc)
+        self.w.clock.after(notice_s, self._announce, self.inc)
 
     def _announce(self, inc: int) -> None:
         if inc != self.inc or not self.alive:
@@ -152,7 +156,10 @@ class SimSite:
             self.log.emit("restore_abandoned", epoch=self.epoch, reason="a newer epoch arrived while we restored")
             self._idle()
         elif self.inflight is not None and interrupts(self.pending, self.epoch, self.inflight):
-            self._interrupt()
+            if self.w.rounds.waiting_at_gate(self):
+                self.w.rounds.leave_gate(self)
+            else:
+                self._interrupt()
 
     def next_control(self) -> None:
         if self.upload_until_ns > self.w.clock.now_ns:

@@ -852,3 +852,43 @@ def test_a_fault_gate_holds_every_site_until_the_crash_so_lost_work_does_not_dep
     lost_ungated, (_e, gates_ungated, _r, _f), _c = run(0.3, False)
     assert gates_ungated == {"a": [], "b": [], "c": []}
     assert (lost_fast, lost_ungated) == (2048, 4096)  # b's first step of the next round, a's and c's
+
+
+def test_a_site_preempted_while_it_waits_at_a_fault_gate_announces_at_once(tmp_path: Path) -> None:
+    """Between inner steps the agent notices a SIGTERM at its next check (preempt_exit_s, a step at
+    most); waiting at a fault gate it looks for it every ground.gates.POLL_S, so it announces then."""
+    from ground import gates
+    from ground.eventlog import process_events
+
+    scen = Scenario.build("t", "").preempt("b", at_useful_tokens=36_864)
+
+    def announce_after_s(gated: bool) -> float:
+        out = tmp_path / f"g{gated}"
+        cfg = cfg_for("elastic")
+        if gated:
+            cfg = replace(cfg, recovery=replace(cfg.recovery, fault_gates=(36_864,)))
+        simulate(cfg, scen, SimModel(fault_poll_s=0.05, preempt_exit_s=0.2), out=out)
+        b = process_events(out, "b")
+        sig = next(e for e in b if e["event"] == "signal")
+        return (next(e for e in b if e["event"] == "preemption_announced")["mono_ns"] - sig["mono_ns"]) / 1e9
+
+    assert announce_after_s(True) == pytest.approx(gates.POLL_S, abs=1e-9)
+    assert announce_after_s(False) == pytest.approx(0.2, abs=1e-9)
+
+
+def test_the_oracles_sites_leave_a_fault_gate_at_once_as_its_drain_waits(tmp_path: Path) -> None:
+    """As on the emulator's sites (tests/test_recovery_policies.py): the oracle's drain of b is planned
+    for the round after the triggering commit, so a, b and c find a newer epoch waiting at the gate
+    and leave it without waiting."""
+    from ground.eventlog import process_events
+    from sim.cli import with_policy
+
+    scen = Scenario.build("t", "").crash("b", at_useful_tokens=36_864, restart_after_s=2)
+    cfg = with_policy(cfg_for("oracle"), "oracle", scen)
+    assert cfg.recovery.fault_gates == (36_864,) and cfg.recovery.oracle_faults == (("b", 36_864),)
+    out = tmp_path / "oracle"
+    simulate(cfg, scen, SimModel(fault_poll_s=0.05), out=out)
+    commit = next(e for e in process_events(out, "coord") if e["event"] == "commit" and e["useful_tokens"] >= 36_864)
+    gates = {s: [(e["round"], e["outcome"], e["waited_s"]) for e in process_events(out, s)
+                 if e["event"] == "fault_gate"] for s in "abc"}
+    assert {s: g[:1] for s, g in gates.items()} == {s: [(commit["round"], "left", 0.0)] for s in "abc"}
