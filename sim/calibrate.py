@@ -28,7 +28,8 @@ every input file with its sha256. What is fitted:
                         started -> ready)
   start_s               the launcher's process_started -> the site's first site_joined
   preempt_exit_s        a site's SIGTERM (`signal`) -> its `preemption_announced` (it notices the
-                        signal at its next check: within an inner step)
+                        signal at its next check: within an inner step; a site signalled while it
+                        waited at a fault gate, which noticed within the wait's poll, is left out)
   fault_poll_s          the triggering commit -> the fault's action began (fault_injected's
                         start_mono_ns: a crash's SIGKILL; the event itself is logged after the action)
   crash_teardown_s      a site_crash's action: SIGKILL -> the process has exited (fault_injected's
@@ -107,6 +108,10 @@ def samples_of(run: Path) -> dict[str, list[Any]]:
                 # A SIGTERM waits for its announcement; a new incarnation (or the announcement) ends
                 # the wait (a site that was no member announces nothing).
                 signalled = e["mono_ns"] if ev == "signal" else None
+            elif ev == "fault_gate" and e.get("outcome") == "left" and signalled is not None:
+                # Signalled while it waited at a fault gate: it noticed within the wait's poll, not at
+                # its next check between inner steps (the simulator models that part itself).
+                signalled = None
             if ev == "compute" and "error" not in e:
                 if e.get("samples"):
                     est["compute_s_per_token"].append(_dur_s(e) / (e["samples"] * cfg.model.seq_len))

@@ -464,9 +464,10 @@ class Rounds:
                 s.log.emit("fault_gate", round=rnd, gate_tokens=g, outcome=outcome, waited_s=0.0)
         return False
 
-    def leave_gate(self, s: SimSite) -> None:
-        """A newer epoch arrived while the site waits at a fault gate: as the agent, it leaves the
-        wait (and every gate after it) and its next round's start acts on the epoch."""
+    def leave_gate(self, s: SimSite, go_on: bool = True) -> None:
+        """A newer epoch (or a SIGTERM: `go_on` False, the site's own code acts on it) arrived while the
+        site waits at a fault gate: as the agent, it leaves the wait (and every gate after it) and its
+        next round's start acts on the epoch."""
         w = self.w
         for g, waiting in list(self.gated.items()):
             for e in waiting:
@@ -477,7 +478,8 @@ class Rounds:
                         for h in (g, *rest):
                             s.log.emit("fault_gate", round=rnd, gate_tokens=h, outcome="left",
                                        waited_s=round((w.clock.now_ns - t0) / 1e9, 6) if h == g else 0.0)
-                    self.start(s, rnd + 1)
+                    if go_on:
+                        self.start(s, rnd + 1)
                     return
 
     def waiting_at_gate(self, s: SimSite) -> bool:

@@ -102,7 +102,10 @@ class SimSite:
         self.log.emit("signal", signal="SIGTERM")
         # Between inner steps the agent notices the signal at its next check (preempt_exit_s); waiting
         # at a fault gate, within the wait's poll (ground/gates.py).
-        notice_s = gates.POLL_S if self.w.rounds.waiting_at_gate(self) else self.w.model.preempt_exit_s
+        notice_s = self.w.model.preempt_exit_s
+        if self.w.rounds.waiting_at_gate(self):
+            notice_s = gates.POLL_S
+            self.w.rounds.leave_gate(self, go_on=False)
         self.w.rounds.abandon(self)
         self.gen += 1
         self.busy, self.inflight, self.waiting_state = True, None, None  # no new plan is acted on now

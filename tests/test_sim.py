@@ -874,6 +874,12 @@ def test_a_site_preempted_while_it_waits_at_a_fault_gate_announces_at_once(tmp_p
 
     assert announce_after_s(True) == pytest.approx(gates.POLL_S, abs=1e-9)
     assert announce_after_s(False) == pytest.approx(0.2, abs=1e-9)
+    left = [e for e in process_events(tmp_path / "gTrue", "b") if e["event"] in ("signal", "fault_gate")]
+    assert [(e["event"], e.get("outcome")) for e in left] == [("signal", None), ("fault_gate", "left")]
+    # The calibration's preempt_exit_s is the notice between inner steps: a gated one is left out.
+    fit = {g: calibrate([tmp_path / f"g{g}"], allow_simulated=True)["parameters"].get("preempt_exit_s") for g in
+           (True, False)}
+    assert fit[True] is None and fit[False]["value"] == pytest.approx(0.2, abs=1e-9)
 
 
 def test_the_oracles_sites_leave_a_fault_gate_at_once_as_its_drain_waits(tmp_path: Path) -> None:
