@@ -9,6 +9,9 @@ simulated again with the fitted model but the delay set to the one that run's ow
 (their mean where it had several), measured either to the action's start (`--to start`: the SIGKILL)
 or to the logged `fault_injected` (`--to logged`: after the action). It uses the held-out runs' own
 measurements, so it is no blind test; it separates "the mechanics are off" from "the race is unknown".
+In runs with fault gates (ground/gates.py: every run `xdc compare` records since they were built) the
+sites wait at the triggering round's end until the fault has landed, so the delay moves the time and
+no longer the work: this diagnostic is for the older recordings.
 
     python -m bench.sim_lost_given_race [--runs-root runs/sim-validation/root] [--to start|logged]
         [--only SUBSTRING] [--out runs/sim-validation/lost-given-race]
