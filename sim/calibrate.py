@@ -34,6 +34,9 @@ every input file with its sha256. What is fitted:
                         start_mono_ns: a crash's SIGKILL; the event itself is logged after the action)
   crash_teardown_s      a site_crash's action: SIGKILL -> the process has exited (fault_injected's
                         start_mono_ns -> end_mono_ns; the chaos driver waits for the exit)
+  crash_close_s         a site_crash's SIGKILL -> the coordinator's `peer_disconnected` of that site,
+                        less the modeled link (its disconnect grace starts there: before the driver
+                        sees the exit)
   ack_bytes             control bytes / messages on the links between sites (only acks cross them)
   frame_overhead_bytes  per site: (collective bytes it counted on its links - its collective spans'
                         payload_bytes_sent - what it resent to sites) / (collective messages - resent ones)
@@ -86,7 +89,7 @@ def samples_of(run: Path) -> dict[str, list[Any]]:
                                                    "checkpoint_write_bytes_per_s", "checkpoint_read_bytes_per_s",
                                                    "eval_s", "restart_s", "standby_restart_s", "standby_prepare_s",
                                                    "start_s", "preempt_exit_s", "fault_poll_s",
-                                                   "crash_teardown_s", "ack_bytes",
+                                                   "crash_teardown_s", "crash_close_s", "ack_bytes",
                                                    "frame_overhead_bytes", "telemetry_message_bytes",
                                                    "control_mix", "store_message_bytes")}
     computes: dict[tuple[int, int], dict[str, tuple[int, int]]] = {}  # (epoch, round) -> site -> (start, end) ns
@@ -168,6 +171,12 @@ def samples_of(run: Path) -> dict[str, list[Any]]:
         if e["event"] == "fault_injected" and e.get("kind") in ("site_crash", "site_restart") \
                 and (e.get("result") or {}).get("exited") and e.get("end_mono_ns") and e.get("start_mono_ns"):
             est["crash_teardown_s"].append((e["end_mono_ns"] - e["start_mono_ns"]) / 1e9)
+            closed = next((c["mono_ns"] for c in coord if c["event"] == "peer_disconnected"
+                           and c.get("peer") == e.get("target") and c["mono_ns"] >= e["start_mono_ns"]), None)
+            if closed is not None and closed - e["start_mono_ns"] <= e["end_mono_ns"] - e["start_mono_ns"] + 1e9:
+                # (less the modeled link to the coordinator, which the simulated close crosses too)
+                est["crash_close_s"].append(max(0.0, (closed - e["start_mono_ns"]) / 1e9
+                                                - link_one_way_s(cfg, e["target"], "coord")))
     _byte_sizes(run, sites, coord, est)
     for e in launcher:
         if e["event"] == "process_started" and e.get("name") in sites:

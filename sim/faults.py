@@ -164,7 +164,7 @@ class SimChaos:
             site = self.w.sites[f.target]
             result = {"process": f.target, "pid": site.pid, "signal": "SIGKILL", "exited": True}
             teardown_s = self.w.model.crash_teardown_s
-            site.kill(teardown_s)
+            site.kill(teardown_s, self.w.model.crash_close_s)
             if teardown_s > 0:  # the action's span, as the emulator's driver logs it: SIGKILL -> exited
                 now = self.w.clock.now_ns
                 span = {"start_mono_ns": MONO_BASE_NS + now, "end_mono_ns": MONO_BASE_NS + now + ns(teardown_s)}

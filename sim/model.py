@@ -77,6 +77,11 @@ class SimModel:
     # stops at the kill, the coordinator's disconnect grace starts at the exit. Prior 0: they close
     # at the kill (fitted from calibration runs with a crash: the crash action's SIGKILL -> exit).
     crash_teardown_s: float = 0.0
+    # SIGKILL -> the coordinator sees the killed site's connection close (its `peer_disconnected`): its
+    # disconnect grace starts then. The driver sees the exit later (it polls for it): on this machine
+    # the close came 37-44 ms after the SIGKILL and the driver's `crash_teardown_s` 64-68 ms. None
+    # (the prior): at the teardown's end.
+    crash_close_s: float | None = None
     # After a cut link heals: ZeroMQ reconnects (RECONNECT_IVL 40 ms) and the CurveZMQ handshake
     # runs before the WAN endpoint resends what was not acknowledged.
     reconnect_s: float = 0.05

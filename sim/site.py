@@ -83,14 +83,15 @@ class SimSite:
         self.send("join", {"pid": self.pid})
         self.w.heartbeats.start(self)
 
-    def kill(self, teardown_s: float = 0.0) -> None:
-        """SIGKILL: everything in flight is lost; the coordinator sees the connection close once the
-        process has exited, `teardown_s` later (a clean exit's own kill: at once)."""
+    def kill(self, teardown_s: float = 0.0, close_s: float | None = None) -> None:
+        """SIGKILL: everything in flight is lost; the coordinator sees the connection close `close_s`
+        later (None: once the process has exited, `teardown_s` later; a clean exit's own kill: at once)."""
         self.w.rounds.abandon(self, killed=True)
         self.alive, self.busy = False, False
         self.gen += 1
-        if teardown_s > 0:
-            self.w.clock.after(teardown_s, self.w.coord.connection_lost, self.name)
+        after_s = teardown_s if close_s is None else close_s
+        if after_s > 0:
+            self.w.clock.after(after_s, self.w.coord.connection_lost, self.name)
         else:
             self.w.coord.connection_lost(self.name)
 

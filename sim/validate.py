@@ -23,7 +23,7 @@ could be simulated).
 
 Timing bounds. Three fitted parameters are set by the host's or the chaos driver's timing, not by
 progress (`TIMING_SPREAD`: a cold restart's length, the driver's poll delay, a killed process's
-exit), and a run's bytes and lost tokens can step on which side of a round boundary they land. Each
+exit and its connection's close), and a run's bytes and lost tokens can step on which side of a round boundary they land. Each
 held-out run is therefore also simulated with all of them at their fitted fewest and at their most
 (`timing_bounds`); where the
 simulator at its fitted values misses the emulator but the emulator lies inside the simulator's own
@@ -49,7 +49,7 @@ BYTE_CLASSES = ("collective", "state_transfer", "checkpoint")
 WAN_CLASSES = ("collective", "state_transfer", "checkpoint", "control")
 GOALS = {"time_to_target_s": 0.10, "bytes": 0.02, "lost_tokens": 0.0}
 # Fitted parameters paced by the host or the chaos driver, not by progress (see the module doc).
-TIMING_SPREAD = ("restart_s", "fault_poll_s", "crash_teardown_s")
+TIMING_SPREAD = ("restart_s", "fault_poll_s", "crash_teardown_s", "crash_close_s")
 
 
 def timing_spread(calibration: dict[str, Any]) -> dict[str, list[float]]:

@@ -898,3 +898,22 @@ def test_the_oracles_sites_leave_a_fault_gate_at_once_as_its_drain_waits(tmp_pat
     gates = {s: [(e["round"], e["outcome"], e["waited_s"]) for e in process_events(out, s)
                  if e["event"] == "fault_gate"] for s in "abc"}
     assert {s: g[:1] for s, g in gates.items()} == {s: [(commit["round"], "left", 0.0)] for s in "abc"}
+
+
+def test_a_killed_sites_connection_closes_before_the_driver_sees_it_exit_and_calibrate_recovers_both(
+        tmp_path: Path) -> None:
+    """crash_close_s: the coordinator sees the connection close (and starts its disconnect grace) at
+    SIGKILL + crash_close_s, while the driver's action (and a fault gate's release) ends at SIGKILL +
+    crash_teardown_s, as on the emulator (close 37-44 ms, exit seen 64-68 ms). Calibration fits both."""
+    from ground.eventlog import process_events
+
+    scen = Scenario.build("t", "").crash("b", at_useful_tokens=36_864, restart_after_s=2)
+    out = tmp_path / "run"
+    simulate(cfg_for("stall"), scen, SimModel(crash_teardown_s=0.065, crash_close_s=0.04), out=out)
+    fault = next(e for e in process_events(out, "chaos") if e["event"] == "fault_injected")
+    closed = next(e for e in process_events(out, "coord") if e["event"] == "peer_disconnected")
+    assert closed["mono_ns"] - fault["start_mono_ns"] == 45_000_000  # and the service link's 5 ms
+    assert fault["end_mono_ns"] - fault["start_mono_ns"] == 65_000_000
+    p = calibrate([out], allow_simulated=True)["parameters"]
+    assert p["crash_close_s"]["value"] == pytest.approx(0.04, abs=1e-9)
+    assert p["crash_teardown_s"]["value"] == pytest.approx(0.065, abs=1e-9)
