@@ -21,14 +21,13 @@ within the goal), falsified (one is not: named), undecided (the emulator's own r
 scenario disagree by more than the simulator does: see `claims`), or not run (no held-out run
 could be simulated).
 
-Timing bounds. Three fitted parameters are set by the host's or the chaos driver's timing, not by
+Timing bounds. Four fitted parameters are set by the host's or the chaos driver's timing, not by
 progress (`TIMING_SPREAD`: a cold restart's length, the driver's poll delay, a killed process's
-exit and its connection's close), and a run's bytes and lost tokens can step on which side of a round boundary they land. Each
-held-out run is therefore also simulated with all of them at their fitted fewest and at their most
-(`timing_bounds`); where the
-simulator at its fitted values misses the emulator but the emulator lies inside the simulator's own
-range over that spread, the byte and lost-token verdicts say undecided (the simulator cannot call
-the race), never survived.
+exit and its connection's close), and a run's bytes and lost tokens can step on which side of a
+round boundary they land. Each held-out run is therefore also simulated with all of them at their
+fitted fewest and at their most (`timing_bounds`); where the simulator at its fitted values misses
+the emulator but the emulator lies inside the simulator's own range over that spread, the byte and
+lost-token verdicts say undecided (the simulator cannot call the race), never survived.
 """
 
 from __future__ import annotations
