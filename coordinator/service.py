@@ -4,6 +4,8 @@
 ROUTER (sites reach it only through their `<site>_to_coord` proxies) and loops:
   receive a message -> core.step(Received) ; then core.step(Tick) -> apply the outputs in order
   (journal append, log line, send, fence, log context).
+It waits for a message at most 50 ms, and no later than the next membership deadline
+(coordinator/deadline.py), so a failure is decided when its timeout or grace runs out.
 
 Every rule (membership epochs, failure detection, recovery plans, the commit record, completion)
 is in the core; this module owns the sockets, the journal file, the event log and the real clock.
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator import core
+from coordinator.deadline import next_deadline_ns
 from coordinator.recovery import ClusterView
 from ground.config import RunConfig, config_from_json
 from ground.eventlog import EventLog, read_events
@@ -36,6 +39,7 @@ from wan.node import WanNode
 
 CONTROL = TrafficClass.CONTROL.value
 INPUT_EVENT = "coord_input"  # one input to the core (coordinator/core.py), logged for replay
+POLL_S = 0.05  # the longest wait for a message between ticks (s)
 
 
 class Coordinator:
@@ -133,6 +137,16 @@ class Coordinator:
         st["n"] += 1
         st["max_delay_ms"] = max(st["max_delay_ms"], delay_ms)
 
+    def _wait_s(self, now_ns: int) -> float:
+        """How long to wait for a message before the next tick: POLL_S, or less when a membership
+        deadline (coordinator/deadline.py) comes sooner, so that a failure is decided at its deadline
+        (the simulator ticks there too). A connection the WAN endpoint saw close is read at the next
+        tick, at most POLL_S later: well inside the disconnect grace its deadline counts from."""
+        deadline, _calm = next_deadline_ns(self.state, self.mcfg, now_ns)
+        if deadline is None:
+            return POLL_S
+        return min(POLL_S, max(0.0, (deadline - now_ns) / 1e9))
+
     def run(self) -> int:
         self.node.start()
         self.log.emit("coordinator_started", expected_sites=list(self.mcfg.expected_sites),
@@ -144,7 +158,7 @@ class Coordinator:
         while not self.stop:
             self.node.check()
             try:
-                msg = self.inbox.get(timeout=0.05)
+                msg = self.inbox.get(timeout=self._wait_s(time.monotonic_ns()))
                 self.handle(msg, time.monotonic_ns())
                 while True:  # drain what else is queued before deciding
                     self.handle(self.inbox.get_nowait(), time.monotonic_ns())

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from coordinator import core
 from coordinator import membership as mb
+from coordinator.deadline import next_deadline_ns, silent_since
 from ground.journal import Journal
 from ground.messages import Built
 
@@ -205,36 +206,7 @@ class SimCoordinator:
 
     def _schedule_deadline(self, now: int) -> None:
         """A tick at the next instant a membership rule could fire, from the core's state."""
-        m, c = self.state.membership, self.mcfg
-        self.calm = False
-        if m.epoch == 0 or self.state.shutdown_sent:
-            return
-        timeout, confirm, grace = (c.heartbeat_timeout_ms * 1_000_000, c.failure_confirm_ms * 1_000_000,
-                                   c.disconnect_grace_ms * 1_000_000)
-        best = self.state.settle_until_ns + 1 if self.state.settle_until_ns > now else None
-        active, suspect = mb.SiteState.ACTIVE, mb.SiteState.SUSPECT
-        recs = list(map(m.sites.__getitem__, m.members))
-        # An active member's silence deadline is last heartbeat + timeout + 1; the earliest one still
-        # ahead (> now) is the earliest heartbeat after now - timeout - 1. One pass over the members in
-        # comprehensions (a tick a heartbeat round at 1,000 sites: the per-member loop with its
-        # candidate lists was ~5 % of a simulated hour); the rare suspect or disconnected members after.
-        after = self._silent_since(now)
-        heard = [r.last_heartbeat_ns for r in recs if r.state is active and r.last_heartbeat_ns > after]
-        if heard:
-            t = min(heard) + timeout + 1
-            if best is None or t < best:
-                best = t
-        odd = [r for r in recs if r.state is suspect or (r.disconnected_ns and r.state is active)]
-        self.calm = not odd
-        for r in odd:
-            cands = []
-            if r.state is suspect:
-                cands.append(r.last_heartbeat_ns + timeout + confirm + 1)
-            if grace and r.disconnected_ns:
-                cands.append(r.disconnected_ns + grace + 1)
-            for t in cands:
-                if t > now and (best is None or t < best):
-                    best = t
+        best, self.calm = next_deadline_ns(self.state, self.mcfg, now)
         if best is not None and (self.deadline_ns <= now or best < self.deadline_ns):
             self.deadline_ns = best
             self.w.clock.at(best, self._deadline_tick, best, self.gen)
@@ -252,15 +224,10 @@ class SimCoordinator:
             return
         self.request_tick()
 
-    def _silent_since(self, now: int) -> int:
-        """A member last heard at or before this instant is past its heartbeat timeout at `now` (its
-        silence deadline, last heartbeat + timeout + 1, has come)."""
-        return now - self.mcfg.heartbeat_timeout_ms * 1_000_000 - 1
-
     def _late(self, now: int) -> bool:
         """Whether an active member's heartbeat timeout has run out by `now`."""
         m, active = self.state.membership, mb.SiteState.ACTIVE
-        after = self._silent_since(now)
+        after = silent_since(now, self.mcfg)
         return any(r.last_heartbeat_ns <= after for r in map(m.sites.__getitem__, m.members) if r.state is active)
 
     # ------------------------------------------------------------------ outputs
