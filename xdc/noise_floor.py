@@ -34,6 +34,7 @@ from typing import Any
 from analysis.noise_floor_record import learning_config, learning_config_hash
 from ground.config import RunConfig, to_dict
 from ground.eventlog import read_events
+from ground.provenance import code_revision, runtime
 
 RECORD_KIND = "xdc-noise-floor/1"
 def eval_set_of_run(run_dir: Path) -> Any:
@@ -85,6 +86,7 @@ def measure(cfg: RunConfig, seeds: list[int], out: Path, *, quiet: bool = True,
               "n_seeds": len(runs), "runs": runs, **summarise([r["final_heldout_nll"] for r in runs]),
               "method": "real cluster runs (xdc run), one per train.seed, same data, no faults; threshold = "
                         "max(2 sqrt(2) x std, spread)",
+              "code_revision": code_revision(), "runtime": runtime(),
               "produced_wall_ns": time.time_ns(), **({"source": provenance} if provenance else {})}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
