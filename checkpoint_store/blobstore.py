@@ -30,8 +30,8 @@ from typing import Any, BinaryIO
 
 REQUIRED_FIELDS = ("run_id", "ckpt_id", "round", "step", "epoch", "parent", "samples", "blobs", "created_wall_ns")
 
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_UPLOAD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_UPLOAD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _READ_BLOCK = 1 << 20
 
 
@@ -63,7 +63,7 @@ def manifest_hash(manifest: dict[str, Any]) -> str:
 
 
 def is_sha256_hex(s: Any) -> bool:
-    return isinstance(s, str) and bool(_HEX64.match(s))
+    return isinstance(s, str) and bool(_HEX64.fullmatch(s))
 
 
 def fsync_dir(path: Path) -> None:
@@ -140,7 +140,7 @@ class BlobStore:
 
     # ------------------------------------------------------------------ uploads
     def _upload_path(self, upload_id: str) -> Path:
-        if not isinstance(upload_id, str) or not _UPLOAD_ID.match(upload_id):
+        if not isinstance(upload_id, str) or not _UPLOAD_ID.fullmatch(upload_id):
             raise StoreError(f"bad upload id {upload_id!r}: expected 1-128 of [A-Za-z0-9_.-], not starting with '.'")
         return self.tmp_dir / f"upload-{upload_id}.part"
 

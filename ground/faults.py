@@ -93,7 +93,7 @@ FAULT_KINDS: dict[str, FaultKind] = {
 }
 # {key: (minimum, exclusive)} of the slicer parameter's mapping
 SLICER_KEYS = {"average_size": (1, True), "size_variation": (0, False), "delay_us": (0, False)}
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 
 
 def takes_down(kind: str, params: Mapping[str, Any]) -> bool:
@@ -155,7 +155,7 @@ def parse_link_target(spec: str, sites: Iterable[str] | None = None) -> LinkTarg
     else:
         t = LinkTarget(s)
     for n in t.ends:
-        if not NAME_RE.match(n):
+        if not NAME_RE.fullmatch(n):
             raise ValueError(f"bad link spec {spec!r}: {n!r} is not a process name; "
                              "use 'a<->b' (both directions), 'a->b' (one direction) or 'b' (all of b's links)")
     if t.dst is not None:

@@ -25,9 +25,9 @@ MAX_TEXT = 2000  # characters of free text (a reason, a detail) kept from a body
 MAX_NAME = 128
 MAX_SAMPLE_IDS = 1 << 20  # sample ids one round report may carry
 MAX_METRICS = 32  # keys of one telemetry body
-HEX = re.compile(r"^[0-9a-f]{1,128}$")
-SHA256 = re.compile(r"^[0-9a-f]{64}$")
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+HEX = re.compile(r"[0-9a-f]{1,128}")
+SHA256 = re.compile(r"[0-9a-f]{64}")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _MISSING = object()
 
 
@@ -118,7 +118,7 @@ def get_str(kind: str, body: Mapping[str, Any], name: str, *, pattern: re.Patter
         raise BadMessage(kind, f"field {name!r} must be a string, got {_typed(v)}")
     if len(v) > max_len:
         raise BadMessage(kind, f"field {name!r} is {len(v)} characters, limit {max_len}")
-    if pattern is not None and not pattern.match(v):
+    if pattern is not None and not pattern.fullmatch(v):
         raise BadMessage(kind, f"field {name!r} = {_show(v)} is not {what or pattern.pattern}")
     return v
 
@@ -224,7 +224,7 @@ class Telemetry:
             raise BadMessage(k, f"{len(b)} metrics, limit {MAX_METRICS}")
         out: list[tuple[str, Any]] = []
         for name in sorted(b):
-            if not isinstance(name, str) or not NAME.match(name):
+            if not isinstance(name, str) or not NAME.fullmatch(name):
                 raise BadMessage(k, f"metric name {_show(name)} is not a short identifier")
             v = b[name]
             if v is None or isinstance(v, bool):
