@@ -9,7 +9,8 @@ For one chosen run (the first whose settings were picked while it ran: `train.mo
   changes. Every mark has its own symbol and name, never colour alone;
 - an accessible table of the same decisions (every change and abstention, with its reason);
 - the commit ledger table (every commit; long ledgers are folded).
-Every number here is `measured` (read from the logs); a missing one is shown as unavailable.
+Every number here carries the evidence class of its run (`measured` from the logs of an emulator run,
+`modeled` for a simulated one); a missing one is shown as unavailable.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from analysis.report_cells import ev as _ev
-from analysis.report_cells import fig_html
+from analysis.report_cells import fig_html, run_evidence
 
 LEDGER_ROWS_SHOWN = 400  # a longer ledger is cut in the page (the artifact and `xdc sql` hold all of it)
 MARKS = {  # kind -> (symbol, legend name); shapes differ so no mark depends on colour
@@ -130,7 +131,7 @@ def decisions_table(run: dict[str, Any]) -> str:
         f"<td>{escape(', '.join(r.get('stress') or []) or 'none')}</td><td>{escape(str(r.get('action_reason') or ''))}</td></tr>"
         for r in decided)
     return (f"<p>{len(decided)} decisions changed the setting or abstained; {keeps} kept it (not listed). "
-            f"{_ev('measured')}</p><table data-table='controller-decisions'><thead><tr><th>After round</th>"
+            f"{_ev(run_evidence(run))}</p><table data-table='controller-decisions'><thead><tr><th>After round</th>"
             "<th>t (s)</th><th>Action</th><th>Setting the round ran in</th><th>Stress then</th><th>Reason</th>"
             f"</tr></thead><tbody>{rows}</tbody></table>")
 
@@ -157,7 +158,7 @@ def ledger_table(run: dict[str, Any]) -> str:
            f"(view <code>ledger</code>) hold all of them.</p>" if len(ledger) > LEDGER_ROWS_SHOWN else "")
     head = "".join(f"<th>{escape(c)}</th>" for c in LEDGER_COLUMNS)
     return (f"<details><summary>Optimizer-commit ledger of {escape(run['run_id'])}: {len(ledger)} commits "
-            f"{_ev('measured')}</summary>{cut}<table data-table='commit-ledger'><thead><tr>{head}</tr></thead>"
+            f"{_ev(run_evidence(run))}</summary>{cut}<table data-table='commit-ledger'><thead><tr>{head}</tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table></details>")
 
 
@@ -175,6 +176,6 @@ def controller_section_html(art: dict[str, Any]) -> str:
     words = ", then ".join(f"{iv['label']} (rounds {iv['first_round']}-{iv['last_round']})" for iv in ivs)
     return (head + f"<p data-controller='{escape(source)}'>Run <b>{escape(run['run_id'])}</b> "
             f"({escape(run.get('policy', ''))}, settings {escape(source)}) trained in {len(ivs)} setting "
-            f"interval{'s' if len(ivs) != 1 else ''}: {escape(words)}. {_ev('measured')}</p>"
+            f"interval{'s' if len(ivs) != 1 else ''}: {escape(words)}. {_ev(run_evidence(run))}</p>"
             f"<div class='chart' data-chart='controller'>{fig_html(controller_figure(run), 'chart-controller')}</div>"
             + decisions_table(run) + ledger_table(run) + "</section>")

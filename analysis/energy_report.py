@@ -54,7 +54,19 @@ def _num(v: Any, fmt: str = ".1f") -> str:
     return f"<td class='num'>{'—' if v is None else format(v, fmt)}</td>"
 
 
-def _run_block(r: dict[str, Any]) -> str:
+def _no_meter_reason(art: dict[str, Any]) -> str | None:
+    """The one reason no meter was readable in any run of the page (None when a run read one): a CPU-only
+    machine says it once per page, not once per sensor, claim and run."""
+    reasons = set()
+    for r in art["runs"]:
+        meters = (r.get("energy") or {}).get("meters") or []
+        if any(m.get("evidence") == "measured" for m in meters):
+            return None
+        reasons |= {str(m.get("reason")) for m in meters if m.get("reason")}
+    return "; ".join(sorted(reasons)) if reasons else None
+
+
+def _run_block(r: dict[str, Any], no_meter: str | None = None) -> str:
     e = r.get("energy") or {}
     key = "".join(c if c.isalnum() or c in "-_" else "_" for c in r["run_id"])
     if not e.get("sampler", {}).get("ran"):
@@ -66,7 +78,7 @@ def _run_block(r: dict[str, Any]) -> str:
     meters = "".join(
         f"<tr><td><code>{escape(m['sensor'])}</code></td><td>{escape(m['quantity'])}</td><td>{escape(m['kind'])}</td>"
         f"<td>{_ev(m['evidence'])}</td><td>{escape(m['support'])}{' — lost mid-run' if m.get('disappeared') else ''}"
-        f"</td><td>{escape(str(m.get('reason') or m.get('note') or ''))}</td>"
+        f"</td><td>{escape('no meter readable (above)' if no_meter and m.get('reason') else str(m.get('reason') or m.get('note') or ''))}</td>"
         f"{_num(m.get('effective_update_period_ms'))}<td class='num'>{m.get('changes', 0)} / {m.get('polls', 0)}</td></tr>"
         for m in e.get("meters", []))
     inv = "".join(
@@ -76,7 +88,8 @@ def _run_block(r: dict[str, Any]) -> str:
         for i in v.get("invalidators", []))
     claims = "".join(
         f"<tr data-claim='{escape(c['claim'])}'><td>{escape(c['claim'])}</td><td class='"
-        f"{'pass' if c['status'] == 'stands' else 'unknown'}'>{escape(c['status'])}</td><td>{escape(c['reason'])}</td></tr>"
+        f"{'pass' if c['status'] == 'stands' else 'unknown'}'>{escape(c['status'])}</td>"
+        f"<td>{escape('no meter readable (above)' if no_meter and no_meter in str(c['reason']) else c['reason'])}</td></tr>"
         for c in e.get("claims", []))
     diag = "" if e.get("evidence") == "measured" else " (diagnostic: no measured claim stands)"
     phases = "".join(
@@ -96,7 +109,8 @@ def _run_block(r: dict[str, Any]) -> str:
     return (
         f"<h3>{escape(r['policy'])} — {escape(r['run_id'])}</h3>"
         f"<p class='verdict' data-energy-evidence='{escape(e['evidence'])}' data-energy-gate='{escape(e['gate']['status'])}'>"
-        f"<b>Energy evidence: {escape(e['evidence'])}.</b> {escape(str(e.get('reason')))}. Energy gate: "
+        f"<b>Energy evidence: {escape(e['evidence'])}.</b> "
+        f"{escape('No meter readable (above)' if no_meter and no_meter in str(e.get('reason')) else str(e.get('reason')))}. Energy gate: "
         f"<b>{escape(e['gate']['status'])}</b> ({escape(e['gate']['reason'])}).</p>"
         "<h4>Validity before effect size</h4>"
         f"<p>Raw trace <code>{escape(tr.get('path', ''))}</code>: {tr.get('points', 0):,} points, SHA-256 "
@@ -109,11 +123,14 @@ def _run_block(r: dict[str, Any]) -> str:
         f"{poll.get('interval_median_ms') or 0:.1f} ms, p95 {poll.get('interval_p95_ms') or 0:.1f} ms, max "
         f"{poll.get('interval_max_ms') or 0:.1f} ms; {poll.get('late_polls', 0)} intervals over 1.5 periods, {tr.get('missed_polls')} scheduled polls skipped. Sampler CPU "
         f"{round(tr.get('sampler_cpu_s') or 0, 2)} s.{_ev('measured')}</p>"
-        "<table><thead><tr><th>Sensor</th><th>Quantity</th><th>Kind</th><th>Class</th><th>Support</th><th>Why / source</th>"
+        + ("<details><summary>Sensors, invalidators and claims (none measured: no meter readable)</summary>"
+           if no_meter else "")
+        + "<table><thead><tr><th>Sensor</th><th>Quantity</th><th>Kind</th><th>Class</th><th>Support</th><th>Why / source</th>"
         "<th>Effective update period (ms)</th><th>Changes / polls</th></tr></thead><tbody>" + meters + "</tbody></table>"
         "<table><thead><tr><th>Frozen invalidator</th><th>Rule</th><th>Observed</th><th>Status</th><th>Guards</th></tr>"
         "</thead><tbody>" + inv + "</tbody></table>"
         "<table><thead><tr><th>Claim</th><th>Status</th><th>Why</th></tr></thead><tbody>" + claims + "</tbody></table>"
+        + ("</details>" if no_meter else "") +
         "<h4>Run energy</h4><table><thead><tr><th>Measured</th><th>Modeled</th><th>Idle-subtracted (sensitivity)</th>"
         f"</tr></thead><tbody><tr>{_qty(re_.get('measured'))}{_qty(re_.get('modeled'))}{_qty(re_.get('idle_subtracted'))}"
         "</tr></tbody></table>"
@@ -135,12 +152,16 @@ def _run_block(r: dict[str, Any]) -> str:
 
 
 def energy_section_html(art: dict[str, Any]) -> str:
+    no_meter = _no_meter_reason(art)
     return ("<section id='energy' data-section='energy'><h2>Energy: can the meter be trusted, and where did it go?</h2>"
             "<p>One sampler per machine polls every meter at a fixed period. Validity is measured before any energy "
             "is read: a frozen invalidator that fires withdraws the claim it guards, and its numbers stay only as "
             "diagnostics. Without a readable meter only <i>modeled</i> numbers appear.</p>"
             f"<script>{ENERGY_TRACE_JS}</script>"
-            + "".join(_run_block(r) for r in art["runs"]) + "</section>")
+            + (f"<p class='verdict' data-no-meter>{_ev('unavailable')} <b>No energy meter was readable on this machine</b> "
+               f"(said once for the page): {escape(no_meter)}. Energy below is <i>modeled</i> from CPU time, with "
+               "its prior stated; the per-sensor tables are folded.</p>" if no_meter else "")
+            + "".join(_run_block(r, no_meter) for r in art["runs"]) + "</section>")
 
 
 def write_energy_traces(histories: list[RunHistory], art: dict[str, Any], out_dir: Path) -> None:

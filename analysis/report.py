@@ -30,7 +30,7 @@ from analysis import figures
 from analysis.controller_report import controller_section_html
 from analysis.energy_report import energy_section_html, write_energy_traces
 from analysis.load import RunHistory
-from analysis.report_cells import ev, fig_html, num, qcell, run_key
+from analysis.report_cells import art_evidence, ev, fig_html, num, qcell, run_key
 from analysis.report_learning import learning_section, learning_verdict
 from analysis.report_traces import MAX_TRACE_EVENTS, TRACE_JS, write_traces
 
@@ -82,7 +82,7 @@ def _lede(art: dict[str, Any]) -> str:
             + (f"All reached the same durable frontier: {fr['useful_tokens']:,} useful tokens, "
                f"matched-frontier hash <span class='hash'>{escape(str(fr['hash'])[:16])}…</span>. " if same and len(runs) > 1
                else f"Durable frontier: {fr['useful_tokens']:,} useful tokens. ")
-            + f"Lost tokens: {escape(lost)} {ev('measured')}. Idle site-seconds: {escape(idle)} {ev('measured')}. "
+            + f"Lost tokens: {escape(lost)} {ev(art_evidence(art))}. Idle site-seconds: {escape(idle)} {ev(art_evidence(art))}. "
             + escape(tail) + "</p>")
 
 
@@ -132,7 +132,7 @@ def _recovery_section(art: dict[str, Any]) -> str:
         "<p>One track per policy on one shared time axis (seconds since each run's start). Bars are the phases "
         "each site logged — compute, collective, state transfer, checkpoint, recovery, eval, waiting; marks are "
         "failure, preemption, restore, replay and rejoin events. Hover a mark for its event id and nanosecond "
-        f"bounds. {ev('measured')}</p>"
+        f"bounds. {ev(art_evidence(art))}</p>"
         f"<div class='chart' data-chart='recovery'>{fig_html(figures.timeline_figure(runs), 'chart-recovery')}</div>"
         "<details><summary>Accessible recovery timeline list</summary>"
         "<table id='timeline-list'><thead><tr><th>Policy</th><th>Mark</th><th>Site</th><th>t</th><th>Event id</th>"
@@ -168,7 +168,7 @@ def _work_section(art: dict[str, Any]) -> str:
         "<section id='work' data-section='work'><h2>Where the work went</h2>"
         "<p>Work is counted in canonical samples and FLOPs. Retained work is in the durable lineage of the final "
         "model; lost work was computed and then discarded; replayed work is lost work attempted again. "
-        f"attempted = retained + lost, exactly. {ev('measured')} FLOPs are derived, not read from a counter: "
+        f"attempted = retained + lost, exactly. {ev(art_evidence(art))} FLOPs are derived, not read from a counter: "
         f"the FLOP/token measured once by torch's FlopCounterMode times the tokens counted {ev('modeled')}.</p>"
         f"<div class='chart' data-chart='work'>{fig_html(figures.work_figure(runs), 'chart-work')}</div>"
         f"<table><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>"
@@ -197,7 +197,7 @@ def _bytes_section(art: dict[str, Any]) -> str:
         "<section id='bytes' data-section='bytes'><h2>Where the inter-site bytes went</h2>"
         "<p>Every byte between sites (and between a site and a service) is counted by its sender in exactly one "
         "of six classes. The sum reconciles with Toxiproxy's own per-proxy counters; the difference is ZMTP/CURVE "
-        f"framing that no class owns. {ev('measured')}</p>"
+        f"framing that no class owns. {ev(art_evidence(art))}</p>"
         f"<div class='chart' data-chart='bytes'>{fig_html(figures.bytes_figure(runs), 'chart-bytes')}</div>"
         "<table><thead><tr><th>Policy</th>" + "".join(f"<th>{c}</th>" for c in classes)
         + "<th>Sum of classes</th><th>Toxiproxy</th><th>Framing overhead</th><th>Overhead</th></tr></thead><tbody>"
@@ -250,7 +250,7 @@ def _completion_section(art: dict[str, Any]) -> str:
         "the samples it contains, so equal hashes mean the same useful work. The analysis does not take the "
         "writer's word for it: it recomputes the samples from the coordinator's commit lineage and the sites' own "
         "work logs, and checks them against the logged hash and the canonical prefix. "
-        f"{ev('measured')}</p>"
+        f"{ev(art_evidence(art))}</p>"
         f"{verdict}<div class='chart' data-chart='completion'>"
         f"{fig_html(figures.frontier_figure(runs), 'chart-completion')}</div>"
         "<table><thead><tr><th>Policy</th><th>Frontier round</th><th>Useful tokens</th><th>Matched-frontier hash</th>"
@@ -296,7 +296,7 @@ def _provenance_section(art: dict[str, Any]) -> str:
             f"</span></td></tr><tr><th>Policy / mode</th><td>{escape(r['policy'])} / {escape(r['mode'])}</td></tr>"
             f"<tr><th>Model</th><td>{p.get('n_params') or 0:,} parameters; "
             f"{(p['flops_per_token']['value'] or 0):,.0f} FLOP/token{ev(p['flops_per_token']['evidence'])}</td></tr>"
-            f"<tr><th>Events</th><td>{r['n_events']:,}{ev('measured')}</td></tr></table>"
+            f"<tr><th>Events</th><td>{r['n_events']:,}{ev(art_evidence(art))}</td></tr></table>"
             f"<table><thead><tr><th>Input</th><th>sha256</th></tr></thead><tbody>{hashes}</tbody></table>"
             f"<div class='trace' id='trace-{key}'><button type='button' data-src='traces/{key}.js' "
             "onclick='xdcLoadTrace(this)'>Load the raw event trace</button> <span class='trace-status'>not loaded"
@@ -308,6 +308,11 @@ def _provenance_section(art: dict[str, Any]) -> str:
             f"in {art['generated'].get('analysis_s')} s. Each run: code revision, dataset identity, runtime, "
             "scenario and the sha256 of every input the analysis read. Raw traces load on demand.</p>"
             + "".join(blocks) + "</section>")
+
+
+# What produced the numbers, from the artifact's own evidence class (a simulated run reads "modeled").
+WHO = {"measured": "measured on this machine by xdc", "modeled": "modeled by xdc's simulator (nothing measured)",
+       "mixed": "measured and modeled runs side by side (each number says which)"}
 
 
 # ----------------------------------------------------------------------------------------- writing
@@ -325,7 +330,8 @@ def render_report(art: dict[str, Any]) -> str:
             f"<title>{escape(title)}</title><style>{CSS}</style>"
             f"<script>{get_plotlyjs()}</script><script>{TRACE_JS}</script></head><body>"
             f"<header><h1>Can a training run survive across flaky datacenters?</h1>"
-            f"<p>{escape(title)} · measured on this machine by xdc, from the runs' structured logs.</p>"
+            f"<p>{escape(title)} · {escape(WHO[art_evidence(art)] if art_evidence(art) in WHO else art_evidence(art))}, "
+            "from the runs' structured logs.</p>"
             f"{_lede(art)}<nav>{nav}</nav></header>{body}</body></html>")
 
 

@@ -1,5 +1,5 @@
 """HTML building blocks shared by the report's sections: an evidence badge, a number cell that
-carries its evidence class, a run's key (for element ids and trace file names), a Plotly figure
+carries its evidence class, the evidence class of a run's numbers (read from the artifact), a run's key (for element ids and trace file names), a Plotly figure
 as an inline div."""
 
 from __future__ import annotations
@@ -33,6 +33,22 @@ def energy_cell(energy: dict[str, Any]) -> str:
     why = (f"claim {energy.get('claim')}: a frozen invalidator fired" if energy.get("value") is not None
            else str(energy.get("reason") or "no readable meter"))
     return f"<td class='num' title='{escape(why)}'>—{ev('unavailable')}</td>"
+
+
+def run_evidence(run: dict[str, Any]) -> str:
+    """The evidence class of a run's numbers, from its artifact (a simulated run's are `modeled`), never a
+    literal: the class its work counts carry."""
+    return ((run.get("metrics") or {}).get("useful_tokens") or {}).get("evidence") or "unavailable"
+
+
+def runs_evidence(runs: list[dict[str, Any]]) -> str:
+    """One class for several runs: theirs when they agree, else `mixed`."""
+    classes = {run_evidence(r) for r in runs}
+    return classes.pop() if len(classes) == 1 else "mixed"
+
+
+def art_evidence(art: dict[str, Any]) -> str:
+    return runs_evidence(art.get("runs") or [])
 
 
 def run_key(run: dict[str, Any]) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 from analysis import figures
 from analysis.learning import verdict
-from analysis.report_cells import energy_cell, ev, fig_html, num, qcell
+from analysis.report_cells import art_evidence, energy_cell, ev, fig_html, num, qcell, runs_evidence
 
 
 def _se_text(se: Any) -> str:
@@ -35,7 +35,7 @@ def _eval_set_words(runs: list[dict[str, Any]]) -> str:
     same = "every run" if len(ids) == 1 and all(x.get("evidence") == "measured" for x in es) else "NOT every run"
     return (f"<p>Held-out NLL is the mean over a fixed evaluation set of {e['tokens']['value']:,} tokens (windows spread "
             f"evenly over the whole held-out split), <span class='hash'>{escape(str(e['id'])[:16])}</span>, the same "
-            f"for {same}. ± is the standard error of that mean over the windows. {ev('measured')}</p>")
+            f"for {same}. ± is the standard error of that mean over the windows. {ev(runs_evidence(runs))}</p>")
 
 
 def _baselines_table(runs: list[dict[str, Any]]) -> str:
@@ -78,7 +78,7 @@ def learning_section(art: dict[str, Any]) -> str:
     return (
         "<section id='learning' data-section='learning'><h2>Did the model still learn as well?</h2>"
         "<p>Lower held-out loss means the model predicts unseen text better. The lines show what each policy "
-        f"learned over the same failure clock; the cards show how much training each attempted. {ev('measured')}</p>"
+        f"learned over the same failure clock; the cards show how much training each attempted. {ev(art_evidence(art))}</p>"
         f"<p class='verdict' data-learning-verdict='{escape(v['status'])}'><b>{escape(v['text'])}</b></p>"
         f"{_eval_set_words(runs)}"
         f"<div class='cards'>{''.join(cards)}</div>"
