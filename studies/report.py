@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from studies.metrics import steady_logs
+from studies.stats import passed_as_written
 
 CSS = """
 body{font-family:system-ui,sans-serif;max-width:1180px;margin:2em auto;padding:0 1em;color:#1b1b1b;line-height:1.45}
@@ -184,9 +185,8 @@ def _decision_section(art: dict[str, Any]) -> list[str]:
         rows.append([_e(g["name"]), _e(g["metric"]), _e(f"{g['kind']} ({g['direction']} is better)"),
                      fmt(g["margin"]), fmt(g["alpha"]), str(g["n"]), fmt(g.get("p")),
                      f"<td class='{cls} gate-status'>{_e(g['status'])}</td>", _e(g["reason"]), _e(flags)])
-    npass = sum(1 for g in art["gates"] if g["status"] == "pass" and not g["vacuous"])
-    out.append(f"<section id='decision'><h2>The decision rule, set in advance</h2><p>{npass} of {len(art['gates'])} "
-               "gates passed as written (exact sign-flip permutation test over all 2<sup>n</sup> sign patterns; "
+    out.append(f"<section id='decision'><h2>The decision rule, set in advance</h2><p>{passed_as_written(art['gates'])} "
+               "(exact sign-flip permutation test over all 2<sup>n</sup> sign patterns; "
                f"registered protocol sha256 <span class='mono'>{_e(st['sha256'])}</span>).</p>"
                + _table(["Gate", "Metric", "Kind", "Margin", "Alpha", "Pairs", "p", "Status", "Reason", "Flags"],
                         rows, "gates"))

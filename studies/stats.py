@@ -139,14 +139,20 @@ def conclusion(gates: list[dict[str, Any]], claim: str, invalid: list[str]) -> d
     vac = [g for g in gates if g["vacuous"]]
     if not failed and not unknown and not vac:
         return {"status": "claim", "claim_stated": True, "text": f"All {len(gates)} gates passed: {claim}"}
-    parts = []
+    parts = [passed_as_written(gates)]
     if failed:
         parts.append(f"{len(failed)} failed ({', '.join(g['name'] for g in failed)})")
     if unknown:
         parts.append(f"{len(unknown)} unknown ({', '.join(g['name'] for g in unknown)})")
     if vac:
         parts.append(f"{len(vac)} vacuous ({', '.join(g['name'] for g in vac)})")
-    passed = sum(1 for g in gates if g["status"] == "pass" and not g["vacuous"])
-    return {"status": "no_claim", "claim_stated": False,
-            "text": f"The claim is not stated: {passed} of {len(gates)} gates passed as written; " + "; ".join(parts)
-                    + "."}
+    return {"status": "no_claim", "claim_stated": False, "text": "The claim is not stated: " + "; ".join(parts) + "."}
+
+
+def passed_as_written(gates: list[dict[str, Any]]) -> str:
+    """One wording for every page and note: gates that passed as written count whether or not they are
+    vacuous, and how many of them are is said beside it ("2 of 2 gates passed as written, 2 of them vacuous")."""
+    passed = [g for g in gates if g["status"] == "pass"]
+    vac = sum(1 for g in passed if g["vacuous"])
+    return (f"{len(passed)} of {len(gates)} gates passed as written"
+            + (f", {vac} of them vacuous" if vac else ""))
