@@ -8,8 +8,10 @@ the timeline each have an accessible list beside the drawing.
 
 from __future__ import annotations
 
+import json
 import math
 from html import escape
+from pathlib import Path
 from typing import Any
 
 from analysis.figures import timeline_figure
@@ -18,21 +20,13 @@ from analysis.report_cells import ev, fig_html
 
 LN256 = math.log(256)
 
-# Published observations the simulator's sweeps may be screened against (never fitted to): value as
-# published, the interval its rounding allows (half a unit of the last reported digit, or the
-# reported range), kept apart from run-to-run variance, which none of them reports.
-PUBLISHED = [
-    {"observation": "DiLoCo: communication reduction vs fully synchronous data parallel, 8 workers, H = 500",
-     "value": "500x", "rounding": "reported as a round 500: [450, 550] if read to one significant digit",
-     "variance": "not reported", "source": "Douillard et al. 2023, arXiv:2311.08105"},
-    {"observation": "INTELLECT-1: communication reduction with int8 pseudo-gradients and H = 100",
-     "value": "400x", "rounding": "reported as ~400: [350, 450]", "variance": "not reported",
-     "source": "Prime Intellect, INTELLECT-1 technical report 2024, arXiv:2412.01152"},
-    {"observation": "INTELLECT-1: compute utilisation (training time over wall time)",
-     "value": "83-96 %", "rounding": "a reported range (across continents 83 %, within one country 96 %), each "
-                                     "rounded to 1 %: [82.5, 96.5] %", "variance": "not reported",
-     "source": "Prime Intellect, INTELLECT-1 technical report 2024, arXiv:2412.01152"},
-]
+# Published observations the simulator's sweeps may be screened against (never fitted to), read from
+# a data file (sim/published_observations.json) that the page and the published record both cite.
+PUBLISHED_PATH = Path(__file__).with_name("published_observations.json")
+
+
+def published_observations() -> dict[str, Any]:
+    return json.loads(PUBLISHED_PATH.read_text())
 
 
 def _v(run: dict[str, Any] | None, key: str) -> tuple[Any, str]:
@@ -163,11 +157,11 @@ def _results(emu_art: dict[str, Any], sim_art: dict[str, Any], doc: dict[str, An
             inter = sum(by_class.values()) if by_class else None
             if side == "simulator" and not inter:
                 inter = None  # a simulated run without byte counters (made before they were modeled), not zero bytes
-            energy = run.get("energy") or {}
+            energy = (run.get("metrics") or {}).get("energy") or {}  # analysis/artifact.py: metrics.energy
             dur, dur_e = _v(run, "duration")
             rows.append(f"<tr><td>{escape(pol)}</td><td>{side}</td>{_cell(h, 'prior', 'd')}{_cell(ppf, ppf_e, '.3e', 'nats/FLOP')}"
                         f"{_cell(inter, (run.get('bytes') or {}).get('evidence', 'unavailable') if inter is not None else 'unavailable', ',.0f', 'B')}"
-                        f"{_cell(dur, dur_e, ',.1f', 's')}{_cell(energy.get('value'), energy.get('evidence', 'unavailable'))}"
+                        f"{_cell(dur, dur_e, ',.1f', 's')}{_cell(energy.get('value'), energy.get('evidence', 'unavailable'), ',.0f', 'J')}"
                         f"<td>{badge if side == 'simulator' else ''}</td></tr>")
     return ("<section id='results'><h2>Simulator result: the methods side by side</h2>"
             "<table><tr><th>policy</th><th>side</th><th>local steps / decision</th><th>progress per FLOP</th>"
@@ -206,11 +200,13 @@ def _learning(emu_art: dict[str, Any], doc: dict[str, Any]) -> str:
 
 
 def _published() -> str:
+    doc = published_observations()
     rows = "".join(f"<tr><td>{escape(p['observation'])}</td><td class='num'>{escape(p['value'])}{ev('prior')}</td>"
                    f"<td>{escape(p['rounding'])}</td><td>{escape(p['variance'])}</td><td>{escape(p['source'])}</td>"
-                   "<td>screening prior for sweeps; never fitted to</td></tr>" for p in PUBLISHED)
+                   "<td>screening prior for sweeps; never fitted to</td></tr>" for p in doc["observations"])
     return ("<section id='published'><h2>Published observations</h2><p>Uncertainty from the papers' rounding is "
-            "kept apart from run-to-run variation (which they do not report).</p><table><tr><th>observation</th>"
+            "kept apart from run-to-run variation (which they do not report). Read from "
+            f"<code>sim/{PUBLISHED_PATH.name}</code>.</p><table><tr><th>observation</th>"
             "<th>value</th><th>rounding uncertainty</th><th>run-to-run variance</th><th>source</th><th>action</th>"
             f"</tr>{rows}</table></section>")
 

@@ -34,6 +34,7 @@ from analysis.analyze import analyze
 from analysis.load import expand_inputs
 from chaos.scenario import Scenario
 from ground.config import load_config, merge
+from ground.provenance import code_revision
 from sim import validate
 from sim.calibrate import read_calibration
 from sim.model import SimModel
@@ -154,6 +155,8 @@ def build(emu_dir: Path, out: Path, calibration: Path | None = None) -> dict[str
     manifest = json.loads((sim_root / sim_art["runs"][0]["policy"] / MANIFEST).read_text())
     doc = {"kind": "xdc-sim-side-by-side/1", "emulator_dir": str(emu_dir), "simulated_dir": str(sim_root),
            "calibration": str(calibration) if calibration else None,
+           "calibration_sha256": hashlib.sha256(calibration.read_bytes()).hexdigest() if calibration else None,
+           "code_revision": code_revision(),
            "artifacts_sha256": {"emulator": hashlib.sha256(emu_path.read_bytes()).hexdigest(),
                                 "simulator": hashlib.sha256(sim_path.read_bytes()).hexdigest()},
            "claims": claims(compare_pairs(pairs)), "manifest": manifest}
