@@ -48,10 +48,13 @@ def earlier_versions(name: str, version: int, registry: Path) -> list[dict[str, 
 def record_result(name: str, sha: str, artifact_path: Path, art: dict[str, Any], registry: Path) -> None:
     """Keep the conclusion of a complete study with its registry entry (for later versions' pages)."""
     data = read_registry(registry)
+    here = artifact_path.resolve()
+    # Relative to the repository where it lies inside it: the registry is committed, machines differ.
+    path = str(here.relative_to(ROOT)) if here.is_relative_to(ROOT) else str(artifact_path)
     for e in data["studies"].get(name, []):
         if e["sha256"] == sha:
-            res = [r for r in e.get("results", []) if r["artifact_path"] != str(artifact_path)]
-            res.append({"artifact_path": str(artifact_path), "conclusion": art["conclusion"]["text"],
+            res = [r for r in e.get("results", []) if r["artifact_path"] != path]
+            res.append({"artifact_path": path, "conclusion": art["conclusion"]["text"],
                         "status": art["conclusion"]["status"],
                         "artifact_sha256": hashlib.sha256(artifact_path.read_bytes()).hexdigest()})
             e["results"] = res
@@ -83,6 +86,19 @@ def make_report(study_dir: Path, registry: Path, notes: list[str] | None = None)
     return {"artifact": art, "artifact_path": path, "report_path": report}
 
 
+def refuse_dirty_registration(rev: dict[str, Any], registry: Path) -> None:
+    """The committed registry (studies/registry.json) takes a registration only from a clean tree at a
+    recorded commit: otherwise "frozen before the runs" cannot be proven from the history. A registry
+    elsewhere (a scratch one) records the tree as it was, dirty or not."""
+    if registry.resolve() != REGISTRY.resolve():
+        return
+    if not rev.get("commit") or rev.get("dirty") is not False:
+        why = "uncommitted changes in tracked files" if rev.get("dirty") else rev.get("reason", "no git revision")
+        raise RegistrationError(f"refusing to register in {registry} from a dirty tree ({why}) at "
+                                f"{str(rev.get('commit'))[:12]}: commit first, so the registration names a "
+                                "revision that holds exactly this protocol and code")
+
+
 def cmd_register(a: argparse.Namespace) -> int:
     from ground.provenance import code_revision
 
@@ -93,6 +109,7 @@ def cmd_register(a: argparse.Namespace) -> int:
         print(f"warning: {e}\n  (registered anyway: the design is frozen; `xdc study run` refuses it until the "
               "config loader accepts it)", file=sys.stderr)
     rev = code_revision()
+    refuse_dirty_registration(rev, Path(a.registry))
     entry = register(p, a.file, rev, Path(a.registry))
     if entry.get("already"):
         print(f"{p.name}: already registered as version {entry['version']} (sha256 {entry['sha256']})")
