@@ -7,7 +7,7 @@ TOXIPROXY_VERSION := v2.12.0
 # Stamp depends on pyproject so a dependency change reinstalls; otherwise setup is a no-op.
 STAMP := $(VENV)/.setup-stamp
 
-.PHONY: setup browser demo test test-fast bench soak noise-floor sim-validate clean compose-generate compose-setup compose-smoke
+.PHONY: setup browser demo test test-fast bench soak noise-floor sim-validate clean compose-generate compose-setup compose-smoke report
 
 setup: $(STAMP) $(BIN)/toxiproxy-server
 
@@ -42,6 +42,11 @@ browser:
 
 demo: setup
 	$(BIN)/xdc demo
+
+# The published page, results/site/index.html, and the README's answers block, from the committed
+# results/ alone: the standard library only (no venv, no training, no network), seconds.
+report:
+	$(PY) -m xdc.results_page --readme README.md
 
 # The import layers first (pyproject's [tool.importlinter]; no exceptions), then the suite.
 # The suite includes the compose smoke (tests/test_compose_smoke.py), so it needs the engine too.

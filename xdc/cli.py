@@ -436,6 +436,14 @@ def _main(argv: list[str] | None = None) -> int:
         from studies.cli import main as study_main
 
         return study_main(argv[1:])
+    if argv and argv[0] == "publish":  # xdc/publish.py: a finished result -> results/ (its own parser)
+        from xdc.publish import main as publish_main
+
+        return publish_main(argv[1:])
+    if argv and argv[0] == "report":  # xdc/results_page.py: results/ -> results/site/index.html
+        from xdc.results_page import main as report_main
+
+        return report_main(argv[1:])
     if argv and argv[0] == "sim":  # sim/cli.py: run | calibrate (its own parser)
         from sim.cli import main as sim_main
 

@@ -55,6 +55,10 @@ def _cluster_commands(sub: argparse._SubParsersAction, policies: tuple[str, ...]
                                        "this parser: see xdc noise-floor --help)")
     sub.add_parser("sim", help="the discrete-event simulator: run | calibrate (handled before this parser: "
                                "see xdc sim --help)")
+    sub.add_parser("publish", help="copy a finished comparison, study or simulator report into results/ "
+                                   "(handled before this parser: see xdc publish --help)")
+    sub.add_parser("report", help="the published page results/site/index.html from results/ alone (handled "
+                                  "before this parser: see xdc report --help)")
     p_cfg = sub.add_parser("config", help="print the resolved config")
     common(p_cfg)
 
