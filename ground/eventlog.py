@@ -53,7 +53,8 @@ class EventLog:
         self._file = open(self.path, "a", buffering=1, encoding="utf-8")
         self._logger = structlog.wrap_logger(
             structlog.WriteLogger(self._file),
-            processors=[self._stamp, structlog.processors.JSONRenderer(sort_keys=False, default=_json_default)],
+            processors=[self._stamp, structlog.processors.JSONRenderer(serializer=_dumps, sort_keys=False,
+                                                                        default=_json_default)],
         )
 
     def _stamp(self, _logger: Any, _method: str, ev: dict[str, Any]) -> dict[str, Any]:
@@ -148,6 +149,35 @@ def _next_seq(path: Path) -> int:
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
             continue
     return last + 1
+
+
+def _dumps(obj: Any, **kw: Any) -> str:
+    """JSON that every reader parses: a non-finite float (a peer's `{"x": inf}` logged as received) is written
+    as the string "inf", "-inf" or "nan", never as the bare `Infinity`/`NaN` that strict parsers (orjson,
+    the analysis) refuse, which would fail a whole run's log_integrity."""
+    try:
+        return json.dumps(obj, allow_nan=False, **kw)
+    except ValueError:
+        return json.dumps(_finite(obj, 0), allow_nan=False, **kw)
+
+
+def _finite(o: Any, depth: int) -> Any:
+    if depth > 64:  # deeper than any event: a cycle; json.dumps then names it
+        return repr(o)
+    if hasattr(o, "item") and not isinstance(o, (dict, list, tuple)):
+        try:
+            o = o.item()
+        except (TypeError, ValueError):
+            return o
+    if isinstance(o, float) and o != o:
+        return "nan"
+    if isinstance(o, float) and o in (float("inf"), float("-inf")):
+        return "inf" if o > 0 else "-inf"
+    if isinstance(o, dict):
+        return {k: _finite(v, depth + 1) for k, v in o.items()}
+    if isinstance(o, (list, tuple, set, frozenset)):
+        return [_finite(v, depth + 1) for v in o]
+    return o
 
 
 def _json_default(o: Any) -> Any:
