@@ -67,8 +67,18 @@ def summary_numbers(n: RunNumbers) -> dict[str, Any]:
     }
 
 
+def clean_exit(sites: list[str], exit_codes: dict[str, int | None],
+               earlier_exit_codes: dict[str, list[int | None]] | None, interrupted: bool) -> bool:
+    """Every WAN process of the last incarnations exited 0, and no incarnation a chaos restart replaced
+    exited with an error of its own (a positive status: a kill by a signal, negative, is the fault)."""
+    earlier = earlier_exit_codes or {}
+    return (all(exit_codes.get(p) == 0 for p in wan_processes(sites)) and not interrupted
+            and not any(c is not None and c > 0 for codes in earlier.values() for c in codes))
+
+
 def summarize(run_dir: Path, *, proxy_bytes: dict[str, Any], exit_codes: dict[str, int | None],
-              interrupted: bool = False) -> dict[str, Any]:
+              interrupted: bool = False, earlier_exit_codes: dict[str, list[int | None]] | None = None
+              ) -> dict[str, Any]:
     h = load_run(Path(run_dir))
     cfg, sites = h.config, h.sites
     return {
@@ -79,7 +89,8 @@ def summarize(run_dir: Path, *, proxy_bytes: dict[str, Any], exit_codes: dict[st
         "target_useful_tokens": cfg["train"]["target_useful_tokens"],
         **summary_numbers(run_numbers(h, proxy_bytes)),
         "exit_codes": exit_codes,
-        "clean_exit": all(exit_codes.get(p) == 0 for p in wan_processes(sites)) and not interrupted,
+        "earlier_exit_codes": earlier_exit_codes or {},
+        "clean_exit": clean_exit(sites, exit_codes, earlier_exit_codes, interrupted),
         "interrupted": interrupted,
         "energy": _energy(h.run_dir),
         "config": cfg,

@@ -100,6 +100,9 @@ class Launcher:
         self.timeout_s = timeout_s
         self.procs: dict[str, subprocess.Popen] = {}
         self.exit_codes: dict[str, int | None] = {}
+        # Exit statuses of the incarnations a chaos restart replaced (the last one is in exit_codes): an
+        # earlier incarnation's own error exit (70: a dead I/O thread) must not vanish behind its successor's 0.
+        self.earlier_exit_codes: dict[str, list[int | None]] = {}
         self.toxi: ToxiproxyServer | None = None
         self.interrupted = False
         self.timed_out = False  # the launcher stopped the run after timeout_s: not a clean end
@@ -178,6 +181,13 @@ class Launcher:
     def respawn(self, name: str) -> subprocess.Popen:
         """Start a process again (a chaos restart); the launcher owns it like the first one. A site is
         handed to the warm standby when there is one (recovery.warm_standby)."""
+        old = self.procs.get(name)
+        if old is not None:
+            try:
+                old.wait(2.0)  # a killed incarnation has exited (or is about to); never block a restart long
+            except subprocess.TimeoutExpired:
+                pass
+            self.earlier_exit_codes.setdefault(name, []).append(old.poll())
         if name in self.cfg.cluster.sites and self._take_standby(name):
             return self.procs[name]
         module, extra = self.modules[name]
@@ -319,11 +329,11 @@ class Launcher:
                 self.log.emit("proxy_counters", proxies=proxy_bytes, source="toxiproxy /metrics "
                               "toxiproxy_proxy_received_bytes_total")
                 self.log.emit("run_finished", exit_codes=self.exit_codes, interrupted=self.interrupted,
-                              timed_out=self.timed_out)
+                              timed_out=self.timed_out, earlier_exit_codes=self.earlier_exit_codes)
                 self.log.close()
             if (self.run_dir / "config.json").exists():
                 summary = summarize(self.run_dir, proxy_bytes=proxy_bytes, exit_codes=self.exit_codes,
-                                    interrupted=self.interrupted)
+                                    interrupted=self.interrupted, earlier_exit_codes=self.earlier_exit_codes)
                 summary["timed_out"] = self.timed_out
                 if self.timed_out:  # every process may exit 0 on SIGTERM, but the run did not end by itself
                     summary["clean_exit"] = False
