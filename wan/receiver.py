@@ -24,6 +24,10 @@ from wan.zmq_text import describe_error, peer_text, src_fd
 ROUTING_ID_SEP = "#"  # a DEALER's routing id is f"{name}#{random hex}"
 
 
+# The peer of a CURVE connection whose message carries no ZAP User-Id: not a process name (names match
+# ground.messages.NAME), so it is never a member and every message from it is rejected.
+NO_USER_ID = "<no User-Id>"
+
 class ReceivingMixin:
     """Receiving and delivery for WanNode (state: _router, _dealer_peer, _queues, _seen, _fence, ...)."""
 
@@ -91,14 +95,15 @@ class ReceivingMixin:
                         rid=rid if sock is self._router else None, fd=fd)
 
     def _router_peer(self, rid: bytes, frame: zmq.Frame | None) -> str:
-        """The member a ROUTER connection belongs to: its key's User-Id under CURVE, else the name in its id."""
-        if self.wan.curve and frame is not None:
+        """The member a ROUTER connection belongs to: its key's User-Id under CURVE, else the name in its id.
+        Under CURVE a message without a User-Id belongs to nobody (NO_USER_ID, which names no member, so the
+        identity check rejects it): falling back to the routing id would let a connection name itself."""
+        if self.wan.curve:
             try:
-                user = frame.get("User-Id")
+                user = frame.get("User-Id") if frame is not None else None
             except zmq.ZMQError:
                 user = None
-            if user:
-                return str(user)
+            return str(user) if user else NO_USER_ID
         return rid.decode("utf-8", "replace").rsplit(ROUTING_ID_SEP, 1)[0]
 
     def _rx_link(self, peer: str, from_router: bool) -> tuple[str, str]:
@@ -117,6 +122,8 @@ class ReceivingMixin:
 
     def _identity_error(self, msg: Message, peer: str, rid: bytes | None) -> str | None:
         """Why msg may not come from this connection, or None (see the module docstring)."""
+        if peer == NO_USER_ID:
+            return f"identity_mismatch: a CURVE connection without a User-Id delivered a message from {safe_repr(msg.src)}"
         if rid is None:  # a DEALER: the server proved its key in the handshake
             if msg.src != peer:
                 return f"identity_mismatch: the connection to {peer!r} delivered a message from {safe_repr(msg.src)}"
