@@ -224,6 +224,8 @@ def _simulator(src: Path, doc: dict[str, Any]) -> dict[str, Any]:
             "artifact": {"side_by_side": doc, "published_observations": published_observations(), "emulator": {**emu, "runs": [compact_run(r) for r in emu["runs"]]},
                          "simulator": {**sim_art, "runs": [compact_run(r) for r in sim_art["runs"]]}},
             "raw_traces": [], "code_commit": commit, "simulator_commit": sim_rev["commit"],
+            "extra_files": ({"calibration.json": Path(doc["calibration"])}
+                            if doc.get("calibration") and Path(doc["calibration"]).is_file() else {}),
             "dataset_id": prov.get("dataset_id"), "runtime": _runtime(prov.get("runtime")), "run_dirs": []}
 
 
@@ -269,6 +271,9 @@ def publish(src: Path, name: str, results: Path = RESULTS, registry: Path | None
         shutil.rmtree(out)
     out.mkdir(parents=True)
     files = {"artifact.json": _write_json(out / "artifact.json", got["artifact"])}
+    for rel, path in got.get("extra_files", {}).items():  # e.g. the simulator's calibration
+        shutil.copyfile(path, out / rel)
+        files[rel] = sha256_file(out / rel)
     files.update(_write_traces(got, out))
     result = {"kind": KIND, "name": name, "sections": got["sections"], "state": got["state"],
               "source_kind": got["source_kind"], "source": src.name, "source_artifact_sha256": sha256_file(art_path),
