@@ -223,7 +223,8 @@ def _simulator(src: Path, doc: dict[str, Any]) -> dict[str, Any]:
     return {"source_kind": "simulator", "sections": ["simulator"], "state": state,
             "artifact": {"side_by_side": doc, "published_observations": published_observations(), "emulator": {**emu, "runs": [compact_run(r) for r in emu["runs"]]},
                          "simulator": {**sim_art, "runs": [compact_run(r) for r in sim_art["runs"]]}},
-            "raw_traces": [], "code_commit": commit, "simulator_commit": sim_rev["commit"],
+            "raw_traces": [t for r in emu["runs"] if Path(r["run_dir"]).is_dir() for t in _log_hashes(Path(r["run_dir"]))],
+            "code_commit": commit, "simulator_commit": sim_rev["commit"],
             "extra_files": ({"calibration.json": Path(doc["calibration"])}
                             if doc.get("calibration") and Path(doc["calibration"]).is_file() else {}),
             "dataset_id": prov.get("dataset_id"), "runtime": _runtime(prov.get("runtime")), "run_dirs": []}
