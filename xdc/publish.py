@@ -2,6 +2,7 @@
 
     xdc publish SOURCE --name NAME [--results DIR] [--registry FILE]
     xdc publish --not-run NAME --section SECTION --state not-run|unavailable --reason TEXT --regenerate CMD
+                [--detail TEXT ...]
 
 SOURCE is a comparison directory (`xdc demo` / `xdc compare`, analysed), a study directory
 (`xdc study run`) or a simulator report directory (`xdc sim report`). Publishing writes
@@ -355,12 +356,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--section", choices=SECTIONS)
     ap.add_argument("--state", choices=("not-run", "unavailable"), default="not-run")
     ap.add_argument("--reason", default="")
+    ap.add_argument("--detail", action="append", default=[], help="with --not-run: a paragraph the page shows "
+                                                                  "under the reason (repeatable)")
     a = ap.parse_args(argv)
     try:
         if a.not_run:
             if not a.section:
                 ap.error("--not-run needs --section")
-            res = not_run(a.not_run, a.section, a.state, a.reason, a.regenerate, Path(a.results))
+            res = not_run(a.not_run, a.section, a.state, a.reason, a.regenerate, Path(a.results),
+                          {"paragraphs": a.detail} if a.detail else None)
         else:
             if not a.source:
                 ap.error("name a source directory (or --not-run NAME)")
