@@ -322,11 +322,12 @@ def demo_learning(res: dict[str, Any]) -> str:
     rows = []
     base_names: list[str] = []
     for r in art["runs"]:
-        b = (r.get("learning") or {}).get("baselines") or {}
-        base_names = base_names or sorted(b)
-        rows.append([e(r["policy"]), qty(r["metrics"].get("final_heldout_nll"), ".4f")]
-                    + [cell((b.get(k) or {}).get("value") if isinstance(b.get(k), dict) else b.get(k), "measured", ".4f")
-                       for k in base_names])
+        b = ((r.get("learning") or {}).get("baselines") or {}).get("models") or {}
+        base_names = base_names or list(b)
+        gap = (ref.get("gap_by_policy") or {}).get(r["policy"])
+        rows.append([e(r["policy"]), qty(r["metrics"].get("final_heldout_nll"), ".4f"),
+                     cell(gap, ref.get("evidence"), "+.4f")]
+                    + [cell((b.get(k) or {}).get("value"), (b.get(k) or {}).get("evidence"), ".4f") for k in base_names])
     ftxt = (f"Noise floor of this recipe: a difference under {floor['threshold_nats']:.4f} nats is not measurable "
             f"({floor.get('n_seeds')} seeds, std {floor.get('std_nll', float('nan')):.4f}){ev('measured')}."
             if floor.get("evidence") == "measured" and floor.get("threshold_nats") is not None
@@ -338,7 +339,8 @@ def demo_learning(res: dict[str, Any]) -> str:
              for d in refs.get("differences") or []]
     return ("<h3>The demo's four policies: did the model still learn?</h3>"
             + table("Final held-out NLL per policy against the n-gram baselines of the same evaluation set (nats/token)",
-                    ["Policy", "Final NLL", *map(e, base_names)], rows, "demo-learning")
+                    ["Policy", "Final NLL", "Minus the single-process reference",
+                     *[f"{e(k)} baseline" for k in base_names]], rows, "demo-learning")
             + f"<p>{rtxt} {ftxt}</p>"
             + (table("Every pair of policies against the noise floor", ["Policy", "Policy", "Difference", "Verdict"],
                      diffs) if diffs else ""))
@@ -591,14 +593,16 @@ def energy_note(results: dict[str, dict[str, Any]]) -> str:
     reasons = sorted({str(((r.get("metrics") or {}).get("energy") or {}).get("reason") or "") for r in runs} - {""})
     rows = []
     for r in runs:
-        en = r.get("energy") or {}
-        mod = en.get("modeled") or {}
+        run_energy = (r.get("energy") or {}).get("run_energy") or {}
         rows.append([e(r["policy"]), qty((r.get("metrics") or {}).get("energy"), ",.0f"),
-                     cell(mod.get("value") if isinstance(mod, dict) else None, "modeled", ",.0f", "J")])
-    why = f" The meters' reason, once for this page: {e(reasons[0])}" if reasons else ""
+                     qty(run_energy.get("modeled"), ",.0f")])
+    why = f" The meters' reason, once for this page: {e(reasons[0])}." if reasons else ""
+    derived = next((((r.get("energy") or {}).get("run_energy") or {}).get("modeled") or {}).get("derived")
+                   for r in runs)
     return (f"<p class='note'>On the machine that ran the published demo, no energy meter was readable, so its energy "
             f"is <b>unavailable</b>, never an estimate dressed as a measurement.{why}</p>"
             + "<details><summary>The demo's energy per policy</summary>"
+            + (f"<p class='note'>Modeled: {e(derived)}.</p>" if derived else "")
             + table("Energy per policy (measured where a meter was readable; the CPU-time model beside it)",
                     ["Policy", "Measured device energy", "Modeled CPU energy"], rows) + "</details>")
 
