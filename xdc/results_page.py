@@ -284,9 +284,12 @@ def recovery_body(res: dict[str, Any]) -> tuple[str, str]:
     classes = sorted({c for r in runs for c in ((r.get("bytes") or {}).get("by_class") or {})})
     brows = [[e(r["policy"])] + [cell(((r.get("bytes") or {}).get("by_class") or {}).get(c),
                                       (r.get("bytes") or {}).get("evidence"), ",") for c in classes]
-             + [cell((r.get("reconciliation") or {}).get("ok"), "measured", "")] for r in runs]
-    nbytes = table("Where the inter-site bytes went: six traffic classes that never overlap (bytes)",
-                   ["Policy", *map(e, classes), "Reconciles with Toxiproxy"], brows, "bytes")
+             + [cell((r.get("reconciliation") or {}).get("proxy_total"), (r.get("reconciliation") or {}).get("evidence"), ","),
+                cell(100 * (r.get("reconciliation") or {}).get("overhead_fraction", float("nan")),
+                     (r.get("reconciliation") or {}).get("evidence"), ".3f", "%")] for r in runs]
+    nbytes = table("Where the inter-site bytes went: six traffic classes that never overlap (bytes), against "
+                   "Toxiproxy's own counters (the difference is ZMTP/CURVE framing no class owns)",
+                   ["Policy", *map(e, classes), "Toxiproxy counted", "Framing overhead"], brows, "bytes")
     marks = [[e(r["policy"]), e(mk.get("kind")), e(mk.get("site", "")), cell(round(mk["t_s"], 3), "measured", ",.3f", "s"),
               f"<td class='mono'>{e(mk.get('event_id', ''))}</td>"] for r in runs for mk in _marks(r)]
     marks_t = table("Accessible recovery timeline list", ["Policy", "Mark", "Site", "Time from run start", "Event id"],
@@ -533,10 +536,15 @@ def simulator_body(res: dict[str, Any]) -> tuple[str, str]:
     doc, emu, sim = art["side_by_side"], art["emulator"], art["simulator"]
     claims = doc.get("claims", [])
     n = {k: sum(c["status"] == k for c in claims) for k in ("survived", "falsified", "not run")}
+    cal_path = res["_dir"] / "calibration.json"
+    cal = json.loads(cal_path.read_text()) if cal_path.is_file() else None
+    timing = (f"timing model fitted on {len(cal.get('inputs') or [])} separate emulator runs, with "
+              f"{len(cal.get('not_fitted') or [])} parameters left at their priors" if cal else
+              "timing model: the prior, not fitted")
     sentence = (f"{STATE_WORD[res['state']]}: the simulator ran the emulator's own coordinator rules on a virtual "
                 f"clock for the same scenario and policies; of its {len(claims)} claims about the emulator's runs "
-                f"{n['survived']} survived, {n['falsified']} were falsified and {n['not run']} could not be tested"
-                f" (timing model: {'calibrated on separate emulator runs' if doc.get('calibration') else 'the prior'}).")
+                f"{n['survived']} survived, {n['falsified']} were falsified and {n['not run']} could not be tested "
+                f"({timing}).")
     emu_by = {r["policy"]: r for r in emu["runs"]}
     rows = []
     for s in sim["runs"]:
@@ -565,7 +573,15 @@ def simulator_body(res: dict[str, Any]) -> tuple[str, str]:
     pub_t = table("Published observations (screening priors, never fitted to; read from the artifact)",
                   ["Observation", "Value", "Rounding uncertainty", "Run-to-run variance", "Source"], prow)
     nm = (doc.get("manifest") or {}).get("not_modeled") or []
-    body = (methods + claims_t + "<h3>Facility / grid lane</h3><p>Not modeled: the simulator has no facility, "
+    fit = ""
+    if cal:
+        prow = [[e(k), cell(v.get("value"), "measured" if v.get("n") else "prior", ".4g"),
+                 cell((v.get("uncertainty") or {}).get("value"), "measured", ".2g"), cell(v.get("n"), "measured", ",")]
+                for k, v in sorted((cal.get("parameters") or {}).items())]
+        fit = ("<details><summary>The timing model's fit (results/" + e(res["name"]) + "/calibration.json)</summary>"
+               + table("Fitted parameters", ["Parameter", "Value", "Uncertainty", "Samples"], prow)
+               + f"<p>Not fitted (priors): {e(', '.join(cal.get('not_fitted') or []))}.</p></details>")
+    body = (methods + claims_t + fit + "<h3>Facility / grid lane</h3><p>Not modeled: the simulator has no facility, "
             "cooling or grid model; that lane is empty by design, not zero.</p>" + pub_t
             + "<h3>Transfer boundary</h3><p>Not modeled: " + e("; ".join(nm) or "nothing listed") + ".</p>")
     return sentence, body

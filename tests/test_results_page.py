@@ -1,0 +1,103 @@
+"""The published page (`make report`): built from the committed results/ alone, on a fresh clone, in seconds.
+
+- unit: every section is there in the seed's order, with its data-state and an opening sentence, whatever
+  results/ holds (an empty folder gives seven `not-run` sections that say so);
+- the committed page and the README's answers block are what `make report` builds from the committed
+  results (so a fresh clone shows the same answers without running anything);
+- a fresh clone (git clone of this repository's HEAD) builds the page with the standard library only: no
+  torch, no training process, under 60 s;
+- the committed results name commits in this history, made from a clean tree, and stay under 25 MB.
+The browser test of the same page is tests/test_results_page_browser.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from xdc.publish import SECTIONS, STATES, commit_in_history, not_run
+from xdc.results_page import README_END, README_START, load_results, readme_block, render
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "results"
+
+
+def sections_of(html: str) -> list[tuple[str, str, str]]:
+    """(data-section, data-state, opening sentence) of every section, in page order."""
+    out = []
+    for m in re.finditer(r"<section id='[^']+' data-section='([^']+)' data-state='([^']+)'><h2>.*?</h2>"
+                         r"<p class='answer state-sentence'>(.*?)</p>", html, re.S):
+        out.append((m.group(1), m.group(2), re.sub(r"<[^>]+>", "", m.group(3)).strip()))
+    return out
+
+
+def test_an_empty_results_folder_gives_seven_sections_that_say_not_run(tmp_path):
+    html = render(load_results(tmp_path))
+    got = sections_of(html)
+    assert [s for s, _, _ in got] == list(SECTIONS)
+    assert all(state == "not-run" and sentence.startswith("not-run Not run: nothing is published") for _, state, sentence
+               in got), got
+    assert "loading" not in html.lower()
+
+
+def test_a_section_without_a_result_states_why_and_how_to_make_one(tmp_path):
+    not_run("energy-gpu", "energy-counter", "not-run", "the full-size study needs a GPU; none was available",
+            "make study-cadence", tmp_path)
+    got = dict((s, (state, sentence)) for s, state, sentence in sections_of(render(load_results(tmp_path))))
+    assert got["energy-counter"] == ("not-run", "not-run Not run: the full-size study needs a GPU; none was available")
+
+
+def test_the_committed_page_and_readme_block_are_what_make_report_builds():
+    results = load_results(RESULTS)
+    page = (RESULTS / "site" / "index.html").read_text(encoding="utf-8")
+    assert page == render(results), "results/site/index.html is stale: run `make report` and commit it"
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split(README_START, 1)[1].split(README_END, 1)[0]
+    assert block.strip() == readme_block(results).strip(), "README's answers block is stale: run `make report`"
+
+
+def test_every_committed_result_names_a_clean_commit_in_this_history_and_results_fit_their_budget():
+    results = load_results(RESULTS)
+    assert {s for r in results.values() for s in r["sections"]} == set(SECTIONS)
+    for name, res in results.items():
+        assert res["state"] in STATES, name
+        if res.get("_artifact") is None:
+            assert res["state"] in ("not-run", "unavailable") and res["reason"], name
+            continue
+        prov = res["provenance"]
+        assert prov["clean_tree"] is True and commit_in_history(prov["code_commit"]), name
+        if prov.get("simulator_commit"):
+            assert commit_in_history(prov["simulator_commit"]), name
+        assert prov["dataset_id"] and prov["runtime"]["python"], name
+        assert res["raw_traces"] and all(len(t["sha256"]) == 64 for t in res["raw_traces"]) or \
+            res["source_kind"] == "simulator", name
+        import hashlib
+
+        for rel, sha in res["files"].items():  # the published files are the ones result.json names
+            assert hashlib.sha256((RESULTS / name / rel).read_bytes()).hexdigest() == sha, (name, rel)
+    size = sum(p.stat().st_size for p in RESULTS.rglob("*") if p.is_file())
+    assert size < 25e6, f"results/ is {size / 1e6:.1f} MB (budget 25 MB)"
+
+
+def test_a_fresh_clone_builds_the_page_from_the_committed_results_without_torch_in_seconds(tmp_path):
+    clone = tmp_path / "xdc"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    assert not (clone / "runs").exists()
+    (clone / "results" / "site" / "index.html").unlink()
+    probe = ("import sys; import xdc.results_page as r; r.main([]); "
+             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'zmq', 'duckdb')); "
+             "assert not heavy, heavy")
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", probe], cwd=clone, capture_output=True, text=True, timeout=120,
+                       env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(clone)})
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    assert took < 60, f"the page took {took:.1f} s"
+    page = (clone / "results" / "site" / "index.html").read_text(encoding="utf-8")
+    assert [s for s, _, _ in sections_of(page)] == list(SECTIONS)
+    assert all(state in STATES and len(sentence) > 20 for _, state, sentence in sections_of(page))
+    assert json.loads((clone / "results" / "demo" / "result.json").read_text())["state"] in STATES
