@@ -130,7 +130,7 @@ class _Validator:
             if t in SERVICES:
                 raise self.err(tpath, f"{kind} acts on a site, not the {t!r} service "
                                       f"(use {'store_outage' if t == STORE else 'coord_crash'})")
-            if not _NAME_RE.match(t):
+            if not _NAME_RE.fullmatch(t):
                 raise self.err(tpath, f"{t!r} is not a site name (a link spec? {kind} acts on one process)")
             if self.sites is not None and t not in self.sites:
                 raise self.err(tpath, f"unknown site {t!r}; known sites: {list(self.sites)}")
