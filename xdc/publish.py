@@ -232,7 +232,9 @@ def _simulator(src: Path, doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def _registry_update(registry: Path, protocol: dict[str, Any], art_path: Path, art: dict[str, Any],
-                     commit: str, root: Path) -> None:
+                     commit: str, root: Path, source_sha: str) -> None:
+    """The published copy replaces the source's own record (same artifact, a path outside the repository);
+    earlier records of this version (other runs) stay beside it."""
     from studies.registry import read_registry, write_registry
 
     data = read_registry(registry)
@@ -240,7 +242,8 @@ def _registry_update(registry: Path, protocol: dict[str, Any], art_path: Path, a
         else str(art_path)
     for e in data["studies"].get(protocol["name"], []):
         if e["sha256"] == protocol["sha256"]:
-            res = [r for r in e.get("results", []) if r.get("artifact_path") != rel]
+            res = [r for r in e.get("results", [])
+                   if r.get("artifact_path") != rel and r.get("artifact_sha256") != source_sha]
             res.append({"artifact_path": rel, "artifact_sha256": sha256_file(art_path),
                         "conclusion": art["conclusion"]["text"], "status": art["conclusion"]["status"],
                         "code_commit": commit, "published": True})
@@ -290,7 +293,8 @@ def publish(src: Path, name: str, results: Path = RESULTS, registry: Path | None
               "files": files, "regenerate": regenerate}
     _write_json(out / "result.json", result)
     if "protocol" in got:
-        _registry_update(registry, got["protocol"], out / "artifact.json", got["artifact"], got["code_commit"], root)
+        _registry_update(registry, got["protocol"], out / "artifact.json", got["artifact"], got["code_commit"], root,
+                         result["source_artifact_sha256"])
     return result
 
 
