@@ -144,8 +144,9 @@ def conclusion(gates: list[dict[str, Any]], claim: str, invalid: list[str]) -> d
         parts.append(f"{len(failed)} failed ({', '.join(g['name'] for g in failed)})")
     if unknown:
         parts.append(f"{len(unknown)} unknown ({', '.join(g['name'] for g in unknown)})")
-    if vac:
-        parts.append(f"{len(vac)} vacuous ({', '.join(g['name'] for g in vac)})")
+    vac_failed = [g for g in vac if g["status"] != "pass"]  # a vacuous gate that did not pass (rare)
+    if vac_failed:
+        parts.append(f"{len(vac_failed)} vacuous ({', '.join(g['name'] for g in vac_failed)})")
     return {"status": "no_claim", "claim_stated": False, "text": "The claim is not stated: " + "; ".join(parts) + "."}
 
 
@@ -153,6 +154,6 @@ def passed_as_written(gates: list[dict[str, Any]]) -> str:
     """One wording for every page and note: gates that passed as written count whether or not they are
     vacuous, and how many of them are is said beside it ("2 of 2 gates passed as written, 2 of them vacuous")."""
     passed = [g for g in gates if g["status"] == "pass"]
-    vac = sum(1 for g in passed if g["vacuous"])
+    vac = [g["name"] for g in passed if g["vacuous"]]
     return (f"{len(passed)} of {len(gates)} gates passed as written"
-            + (f", {vac} of them vacuous" if vac else ""))
+            + (f", {len(vac)} of them vacuous ({', '.join(vac)})" if vac else ""))
