@@ -8,6 +8,7 @@ Modules, one concept each:
   runner     one real run per (stratum, arm) and the no-failure controls
   metrics    per-run metrics with their evidence class (opportunity ticks defined there)
   stats      paired differences, exact sign-flip tests, bootstrap intervals, gates
+  wording    how a decision is worded on every page ("N of M gates passed as written, ...")
   families   stress families: the untouched-family ledger and ranking regions (controller-heldout)
   artifact   the study artifact (JSON, schema-validated)
   report     the study's HTML page

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from studies.metrics import steady_logs
-from studies.stats import passed_as_written
+from studies.wording import passed_as_written
 
 CSS = """
 body{font-family:system-ui,sans-serif;max-width:1180px;margin:2em auto;padding:0 1em;color:#1b1b1b;line-height:1.45}

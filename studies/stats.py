@@ -33,6 +33,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from studies.wording import passed_as_written
+
 BOOTSTRAP_LEVEL = 0.90
 BOOTSTRAP_RESAMPLES = 9999
 BOOTSTRAP_SEED = 20261201
@@ -148,12 +150,3 @@ def conclusion(gates: list[dict[str, Any]], claim: str, invalid: list[str]) -> d
     if vac_failed:
         parts.append(f"{len(vac_failed)} vacuous ({', '.join(g['name'] for g in vac_failed)})")
     return {"status": "no_claim", "claim_stated": False, "text": "The claim is not stated: " + "; ".join(parts) + "."}
-
-
-def passed_as_written(gates: list[dict[str, Any]]) -> str:
-    """One wording for every page and note: gates that passed as written count whether or not they are
-    vacuous, and how many of them are is said beside it ("2 of 2 gates passed as written, 2 of them vacuous")."""
-    passed = [g for g in gates if g["status"] == "pass"]
-    vac = [g["name"] for g in passed if g["vacuous"]]
-    return (f"{len(passed)} of {len(gates)} gates passed as written"
-            + (f", {len(vac)} of them vacuous ({', '.join(vac)})" if vac else ""))

@@ -367,7 +367,7 @@ def gates_table(art: dict[str, Any]) -> str:
 
 
 def gate_summary(art: dict[str, Any]) -> str:
-    from studies.stats import passed_as_written
+    from studies.wording import passed_as_written
 
     gates = art.get("gates", [])
     return (f"{passed_as_written(gates)}; {sum(g['status'] == 'fail' for g in gates)} failed, "
