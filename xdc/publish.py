@@ -92,6 +92,24 @@ def _runtime(runtime: dict[str, Any] | None) -> dict[str, Any]:
             "device": r.get("device"), "platform": r.get("platform")}
 
 
+def run_runtime(run_dir: Path) -> dict[str, Any]:
+    """Python, torch, device and platform of a run, from its launcher's run_started event and its summary."""
+    rt: dict[str, Any] = {}
+    log = run_dir / "logs" / "launcher.jsonl"
+    if log.is_file():
+        with log.open() as f:
+            for line in f:
+                e = json.loads(line)
+                if e.get("event") == "run_started":
+                    rt = dict(e.get("runtime") or {})
+                    break
+    summary = run_dir / "summary.json"
+    if summary.is_file():
+        sm = json.loads(summary.read_text())
+        rt.update({"device": sm.get("device"), "torch_in_site": sm.get("torch")})
+    return _runtime(rt)
+
+
 def _log_hashes(run_dir: Path) -> list[dict[str, Any]]:
     """The SHA-256 and size of every raw log of a run (the full traces, which are not copied)."""
     logs = run_dir / "logs"
@@ -188,20 +206,21 @@ def _study(src: Path, art: dict[str, Any], registry: Path) -> dict[str, Any]:
     commit = one_clean_commit([(r["key"], r.get("code_revision")) for r in art["runs"]])
     first = art["runs"][0]["record"] if art["runs"] else {}
     reg_rev = entry.get("code_revision") or {}
-    traces = []
-    for r in art["runs"]:
-        run_dir = Path(r["run_dir"])
-        if not run_dir.is_dir():
-            run_dir = src / "runs" / run_dir.name
-        traces += _log_hashes(run_dir)
+    traces = [t for r in art["runs"] for t in _log_hashes(_run_dir(src, r["run_dir"]))]
     return {"source_kind": "study", "sections": [STUDY_SECTION.get(p.name, p.name)], "state": state,
             "artifact": art, "raw_traces": traces, "code_commit": commit, "dataset_id": first.get("dataset_id"),
-            "runtime": _runtime(first.get("runtime") or {"device": first.get("device"), "torch": first.get("torch")}),
+            "runtime": run_runtime(_run_dir(src, art["runs"][0]["run_dir"])) if art["runs"] else _runtime(None),
             "protocol": {"name": p.name, "version": entry["version"], "sha256": h, "file": entry.get("file"),
                          "registered_utc": entry.get("registered_utc"),
                          "registration_commit": reg_rev.get("commit"),
                          "registration_clean": reg_rev.get("dirty") is False},
-            "run_dirs": [Path(r["run_dir"]) for r in art["runs"]]}
+            "run_dirs": [_run_dir(src, r["run_dir"]) for r in art["runs"]]}
+
+
+def _run_dir(src: Path, recorded: str) -> Path:
+    """A study's run directory: where the ledger recorded it, else under the study directory (moved)."""
+    p = Path(recorded)
+    return p if p.is_dir() else src / "runs" / p.name
 
 
 def _simulator(src: Path, doc: dict[str, Any]) -> dict[str, Any]:
