@@ -422,7 +422,7 @@ def learning_body(res: dict[str, Any]) -> tuple[str, str]:
     strata = table(f"Exact paired evaluations: progress per FLOP (nats/FLOP), {e(t)} − {e(c)}",
                    ["Stratum", "Split", f"{e(c)} progress/FLOP", f"{e(t)} progress/FLOP", f"{e(t)} − {e(c)}",
                     "NLL difference vs noise floor"], rows, "strata")
-    sentence = f"{STATE_WORD[res['state']]}: {e(art['conclusion']['text'])}"
+    sentence = study_sentence(res)
     body = (f"<p>{e(st.get('question'))} Same {fmt(st.get('target_useful_tokens'))} useful tokens per run; paired by "
             f"stratum; difference = <b>{e(t)}</b> − <b>{e(c)}</b>. Progress per FLOP is modeled (a measured NLL drop "
             f"over FLOPs counted as a measured rate times tokens). Learning check: {e(art.get('learning', {}).get('text'))}"
@@ -430,6 +430,15 @@ def learning_body(res: dict[str, Any]) -> tuple[str, str]:
             + _svg_trajectory(art) + study_runs_table(res, "Run-level measurements") + _versions(art)
             + study_traces(res))
     return sentence, body
+
+
+def study_sentence(res: dict[str, Any]) -> str:
+    """The state word, then the study's own conclusion (without its opening words where they repeat the state)."""
+    text = str(res["_artifact"]["conclusion"]["text"])
+    for prefix in ("The claim is not stated: ", "No claim: "):
+        if text.startswith(prefix):
+            text = text[len(prefix):]
+    return f"{STATE_WORD[res['state']]}: {e(text)}"
 
 
 STATE_WORD = {"claim": "Claim", "no-claim": "No claim", "invalid": "Invalid", "not-run": "Not run",
@@ -502,7 +511,7 @@ def equal_work_body(res: dict[str, Any]) -> tuple[str, str]:
                 "FLOP.</li><li>Logical: opportunity ticks (inner-step slots + synchronisations + membership changes "
                 "counted from the logs), not seconds.</li><li>Energy: measured only with a readable meter; on this "
                 "machine none, so the energy gate is unknown.</li></ul>")
-    sentence = f"{STATE_WORD[res['state']]}: {e(art['conclusion']['text'])}"
+    sentence = study_sentence(res)
     body = (f"<p>Same {fmt(st.get('target_useful_tokens'))} useful tokens for every run; {len(art.get('pairs', []))} "
             f"paired strata.</p>" + _noise_floor_p(art) + gates_table(art) + invalidators_table(art) + pairs
             + _svg_trajectory(art) + study_runs_table(res, f"All {len(art['runs'])} run records")
@@ -512,7 +521,7 @@ def equal_work_body(res: dict[str, Any]) -> tuple[str, str]:
 
 def controller_body(res: dict[str, Any]) -> tuple[str, str]:
     art = res["_artifact"]
-    sentence = f"{STATE_WORD[res['state']]}: {e(art['conclusion']['text'])}"
+    sentence = study_sentence(res)
     fam = art.get("families") or {}
     ledger = [[e(f["family"]), e(f["split"]), cell(f.get("learning_delta"), "measured", "+.4f"),
                cell(f.get("completion_ratio"), "logical", ".3f"), cell(f.get("wan_ratio"), "measured", ".3f"),
