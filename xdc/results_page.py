@@ -409,6 +409,58 @@ def study_traces(res: dict[str, Any], limit: int = 2) -> str:
             if boxes else "")
 
 
+def evidence_block(res: dict[str, Any]) -> str:
+    """Assumptions, uncertainty and missing evidence, generated from the study's artifact and its record."""
+    art = res["_artifact"]
+    st = art["study"]
+    n_pairs = len(art.get("pairs", []))
+    strata = art.get("protocol", {}).get("strata") or []
+    assumptions = [
+        f"Paired by stratum ({len(strata)} strata): each pair shares its seed, data order, fault schedule and link "
+        "profile, so a difference is the arms' and not the draw's.",
+        "The WAN is emulated on one machine (real sockets through Toxiproxy-shaped links), not measured on a real "
+        "wide-area network; the sites share the machine's cores.",
+        "FLOPs are modeled (a per-token rate measured once by FlopCounterMode times counted tokens); opportunity "
+        "ticks are a logical clock counted from the logs, not seconds.",
+        f"Every run trains {fmt(st.get('target_useful_tokens'))} useful tokens of the same data set "
+        f"({e(str((res.get('provenance') or {}).get('dataset_id'))[:16])}…).",
+    ]
+    floor = art.get("noise_floor") or {}
+    uncertainty = [
+        (f"Seed-to-seed noise floor of the control arm: std {floor.get('std_nll', float('nan')):.4f} nats over "
+         f"{floor.get('n_seeds')} seeds; a difference under {floor.get('threshold_nats', float('nan')):.4f} nats is "
+         "not measurable." if floor.get("evidence") == "measured" else
+         f"No noise floor: {e(floor.get('reason') or 'not measured')}."),
+        f"Gates use exact sign-flip tests over {n_pairs} pairs: the smallest attainable p is 2^-{n_pairs} = "
+        f"{2.0 ** -n_pairs:.4g}." if n_pairs else "No pairs: no gate could be decided.",
+    ]
+    for metric, iv in sorted((art.get("intervals") or {}).items()):
+        if iv.get("low") is not None:
+            uncertainty.append(f"{e(metric)}: paired {int(100 * iv.get('level', 0.9))} % bootstrap interval of the "
+                               f"mean difference [{iv['low']:.4g}, {iv['high']:.4g}] (description only).")
+    missing = []
+    for metric in art.get("protocol", {}).get("metrics", []):
+        have = [r for r in art["runs"] if ((r.get("metrics") or {}).get(metric) or {}).get("value") is not None]
+        if not have:
+            why = next((((r.get("metrics") or {}).get(metric) or {}).get("reason") for r in art["runs"]
+                        if ((r.get("metrics") or {}).get(metric) or {}).get("reason")), "no run has a value")
+            missing.append(f"{e(metric)}: unavailable in every run ({e(str(why).split(':', 1)[0])}).")
+    missing += [f"Gate {e(g['name'])} is unknown: {e(g.get('reason'))}." for g in art.get("gates", [])
+                if g["status"] == "unknown"]
+    missing += [f"Gate {e(g['name'])} is vacuous: these data could not have failed it." for g in art.get("gates", [])
+                if g.get("vacuous")]
+    missing += [f"Invalidator {e(i['name'])} fired: {e('; '.join(map(str, i.get('evidence', []))))}."
+                for i in art.get("invalidators", []) if i.get("fired")]
+    proto = (res.get("provenance") or {}).get("protocol") or {}
+    if proto and not proto.get("registration_clean"):
+        missing.append("The protocol was registered from a dirty tree: that it was frozen before the runs is not "
+                       "provable from the history.")
+    lists = "".join(f"<h4>{title}</h4><ul>" + "".join(f"<li>{x}</li>" for x in items or ["None recorded."]) + "</ul>"
+                    for title, items in (("Assumptions", assumptions), ("Uncertainty", uncertainty),
+                                         ("Missing evidence", missing)))
+    return f"<h3>Assumptions, uncertainty, and missing evidence</h3>{lists}"
+
+
 def learning_body(res: dict[str, Any]) -> tuple[str, str]:
     art = res["_artifact"]
     st = art["study"]
@@ -427,8 +479,8 @@ def learning_body(res: dict[str, Any]) -> tuple[str, str]:
             f"stratum; difference = <b>{e(t)}</b> − <b>{e(c)}</b>. Progress per FLOP is modeled (a measured NLL drop "
             f"over FLOPs counted as a measured rate times tokens). Learning check: {e(art.get('learning', {}).get('text'))}"
             "</p>" + _noise_floor_p(art) + gates_table(art) + invalidators_table(art) + strata
-            + _svg_trajectory(art) + study_runs_table(res, "Run-level measurements") + _versions(art)
-            + study_traces(res))
+            + _svg_trajectory(art) + evidence_block(res) + study_runs_table(res, "Run-level measurements")
+            + _versions(art) + study_traces(res))
     return sentence, body
 
 
@@ -514,7 +566,7 @@ def equal_work_body(res: dict[str, Any]) -> tuple[str, str]:
     sentence = study_sentence(res)
     body = (f"<p>Same {fmt(st.get('target_useful_tokens'))} useful tokens for every run; {len(art.get('pairs', []))} "
             f"paired strata.</p>" + _noise_floor_p(art) + gates_table(art) + invalidators_table(art) + pairs
-            + _svg_trajectory(art) + study_runs_table(res, f"All {len(art['runs'])} run records")
+            + _svg_trajectory(art) + evidence_block(res) + study_runs_table(res, f"All {len(art['runs'])} run records")
             + _versions(art) + boundary + study_traces(res))
     return sentence, body
 
@@ -534,7 +586,7 @@ def controller_body(res: dict[str, Any]) -> tuple[str, str]:
                                                "WAN ratio", "Work replayed", "Energy ratio", "Ranking / abstention"],
                     ledger)
             + table("Ranking under uncertainty", ["Family", "Region", "Ranking", "Best in hindsight", "Reason"], regions)
-            + study_runs_table(res, "Run records") + _versions(art) + study_traces(res))
+            + evidence_block(res) + study_runs_table(res, "Run records") + _versions(art) + study_traces(res))
     return sentence, body
 
 
