@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from studies.protocol import Protocol, ProtocolError, arm_configs, load_protocol, parse_protocol
+from studies.protocol import Protocol, ProtocolError, arm_configs, load_protocol, parse_protocol, run_config_dict
 from studies.registry import REGISTRY, RegistrationError, check, protocol_hash, read_registry, register, versions
 from studies.registry import write_registry
 
@@ -99,6 +99,54 @@ def refuse_dirty_registration(rev: dict[str, Any], registry: Path) -> None:
                                 "revision that holds exactly this protocol and code")
 
 
+def control_noise_floor(p: Protocol) -> dict[str, Any]:
+    """The noise-floor record measured for this protocol's control arm at its recipe (`xdc noise-floor --study
+    FILE --arm ARM`, bench/results/): a record of this study and a candidate control arm whose learning config,
+    recomputed from this protocol at the record's stratum, hashes as the record's. With several candidates (a
+    comparator rule), the largest threshold (the one that asks most of a margin). Else why none applies."""
+    from analysis.learning_refs import noise_floor_records
+    from analysis.noise_floor_record import learning_config_hash
+    from ground.config import ConfigError, load_config, to_dict
+
+    arms = list(p.comparator.choose_from) if p.comparator is not None else [p.control]
+    found: list[dict[str, Any]] = []
+    for path in noise_floor_records():
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        src = rec.get("source") or {}
+        if src.get("study") != p.name or src.get("arm") not in arms:
+            continue
+        stratum = next((s for s in p.strata if s.name == src.get("stratum")), None)
+        if stratum is None:
+            continue
+        try:
+            cfg = to_dict(load_config(run_config_dict(p, stratum, p.arm(src["arm"]))))
+        except ConfigError:
+            continue
+        if learning_config_hash(cfg) == rec.get("config_hash"):
+            found.append({"evidence": "measured", "record_file": path.name, "arm": src["arm"],
+                          **{k: rec.get(k) for k in ("threshold_nats", "mean_nll", "std_nll", "n_seeds")}})
+    if not found:
+        return {"evidence": "unavailable",
+                "reason": f"no noise-floor record in bench/results for {p.name}'s control arm ({', '.join(arms)}) at "
+                          f"this recipe; measure it first: xdc noise-floor --study {p.source} --arm {arms[0]}"}
+    return max(found, key=lambda r: r["threshold_nats"] or 0.0)
+
+
+def pre_run_checks(p: Protocol) -> dict[str, Any]:
+    """Whether each gate can pass and can fail with this protocol's pairs, alpha and margin, against the
+    control arm's noise floor (studies/decidability.py)."""
+    from studies.decidability import check_protocol
+
+    floor = control_noise_floor(p)
+    n_pairs = sum(1 for s in p.strata if s.split == p.evaluation_split)
+    gates = [{"name": g.name, "metric": g.metric, "kind": g.kind, "margin": g.margin, "alpha": g.alpha,
+              "relative": g.relative} for g in p.gates]
+    return {"noise_floor": floor, "n_pairs": n_pairs, "gates": check_protocol(gates, n_pairs, floor)}
+
+
 def cmd_register(a: argparse.Namespace) -> int:
     from ground.provenance import code_revision
 
@@ -110,7 +158,18 @@ def cmd_register(a: argparse.Namespace) -> int:
               "config loader accepts it)", file=sys.stderr)
     rev = code_revision()
     refuse_dirty_registration(rev, Path(a.registry))
-    entry = register(p, a.file, rev, Path(a.registry))
+    checks = None
+    if not any(e["sha256"] == protocol_hash(p) for e in versions(p.name, Path(a.registry))):
+        from studies.decidability import refusal
+
+        checks = pre_run_checks(p)
+        for c in checks["gates"]:
+            print(f"  gate {c['gate']:<30} {c['status']:<13} {c['reason']}")
+        why = refusal(checks["gates"])
+        if why:
+            raise RegistrationError(f"refusing to register {p.name}: a gate cannot decide with {checks['n_pairs']} "
+                                    f"pairs: {why}. Change the margin, alpha or the number of pairs")
+    entry = register(p, a.file, rev, Path(a.registry), decidability=checks)
     if entry.get("already"):
         print(f"{p.name}: already registered as version {entry['version']} (sha256 {entry['sha256']})")
     else:

@@ -56,7 +56,8 @@ def versions(name: str, path: Path = REGISTRY) -> list[dict[str, Any]]:
     return list(read_registry(path)["studies"].get(name, []))
 
 
-def register(p: Protocol, protocol_file: str, revision: dict[str, Any], path: Path = REGISTRY) -> dict[str, Any]:
+def register(p: Protocol, protocol_file: str, revision: dict[str, Any], path: Path = REGISTRY,
+             decidability: dict[str, Any] | None = None) -> dict[str, Any]:
     """Record the protocol's hash (a no-op when this exact hash is already registered); returns
     the entry. A protocol that changed gets the next version number, whatever its file says,
     and the earlier entries stay."""
@@ -69,7 +70,9 @@ def register(p: Protocol, protocol_file: str, revision: dict[str, Any], path: Pa
     entry = {"version": (max((e["version"] for e in entries), default=0) + 1), "sha256": h,
              "declared_version": p.version, "file": protocol_file, "code_revision": revision,
              "registered_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-             "canonical": p.to_dict()}
+             "canonical": p.to_dict(),
+             # Whether each gate could pass and fail, checked before the first run (studies/decidability.py).
+             **({"decidability": decidability} if decidability is not None else {})}
     entries.append(entry)
     write_registry(data, path)
     return entry

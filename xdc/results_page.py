@@ -356,14 +356,23 @@ def _m(run: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def gates_table(art: dict[str, Any]) -> str:
+    from studies.decidability import check_gate
+
     rows = []
     for g in art.get("gates", []):
         flags = ("vacuous: " + str(g.get("vacuous_reason"))) if g.get("vacuous") else ""
+        pre = check_gate(g, int(g.get("n") or 0), art.get("noise_floor"))
         rows.append([e(g["name"]), e(g["metric"]), e(f"{g['kind']} ({g['direction']} is better)"), fmt(g.get("margin")),
-                     fmt(g.get("alpha")), fmt(g.get("n")), fmt(g.get("p"), ".4g"),
-                     f"<td class='{e(g['status'])} gate-status'>{e(g['status'])}</td>", e(g.get("reason")), e(flags)])
-    return table(f"The frozen decision: {gate_summary(art)}",
-                 ["Gate", "Metric", "Kind", "Margin", "Alpha", "Pairs", "p", "Status", "Reason", "Flags"], rows, "gates")
+                     fmt(g.get("alpha")), fmt(g.get("n")),
+                     f"<td class='{ {'decides': 'pass', 'cannot decide': 'fail'}.get(pre['status'], 'unknown')} "
+                     f"precheck'><b>{e(pre['status'])}</b>: {e(pre['reason'])}</td>",
+                     fmt(g.get("p"), ".4g"), f"<td class='{e(g['status'])} gate-status'>{e(g['status'])}</td>",
+                     e(g.get("reason")), e(flags)])
+    return table(f"The frozen decision: {gate_summary(art)}. Beside each verdict, whether the gate could decide at "
+                 "all (can pass and can fail with these pairs, alpha and margin, against the control arm's noise "
+                 "floor; studies/decidability.py, computed from the artifact)",
+                 ["Gate", "Metric", "Kind", "Margin", "Alpha", "Pairs", "Pre-run check", "p", "Status", "Reason",
+                  "Flags"], rows, "gates")
 
 
 def gate_summary(art: dict[str, Any]) -> str:
