@@ -223,12 +223,28 @@ def write_result(name: str, *, ratio: float, goal: str, passed: bool, raw: dict[
     if reference not in REFERENCES:
         raise ValueError(f"reference {reference!r} is not one of {sorted(REFERENCES)}")
     RESULTS.mkdir(parents=True, exist_ok=True)
+    env = {**env, **tree_state(measures)}
     out = {"name": name, "ratio": float(ratio), "goal": goal, "passed": bool(passed), "reference": reference,
            "measures": list(measures), "raw": raw, "env": env, "notes": notes}
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(out, indent=2, sort_keys=False, default=_default) + "\n")
     print(f"[{name}] ratio={ratio:.4f} goal {goal} -> {'PASS' if passed else 'FAIL'}  ({path})", flush=True)
     return out
+
+
+def tree_state(measures: Sequence[str]) -> dict[str, Any]:
+    """The tree a result was measured from, recorded when it is written: whether it had uncommitted changes
+    (`git_dirty`), and which of the measured paths they touch (`dirty_measured`: the number then describes no
+    commit, and the table marks it stale)."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *measures], cwd=ROOT,
+                             capture_output=True, text=True, timeout=5)
+        anything = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                                  capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return {"git_dirty": None, "dirty_measured": None}
+    return {"git_dirty": bool(anything.stdout.strip()),
+            "dirty_measured": sorted(line[3:] for line in out.stdout.splitlines() if line.strip())}
 
 
 def _default(o: Any) -> Any:

@@ -44,6 +44,9 @@ def staleness(result: dict) -> str | None:
     measures = result.get("measures")
     if not commit:
         return "no commit recorded"
+    dirty = (result.get("env") or {}).get("dirty_measured")
+    if dirty:
+        return f"measured with uncommitted changes to {', '.join(dirty[:4])}"
     if not measures:
         return "the code it measures is not recorded (an older result format)"
     if _git("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:

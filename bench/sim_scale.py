@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     write_result("sim_scale", ratio=ratio, goal=goal, passed=ratio <= 1.0, raw=raw,
                  env=env_info("not used (no network in a simulation)"), notes=notes, reference="fixed_goal",
                  measures=["sim", "coordinator", "ground", "control", "chaos/scenario.py"])
-    return 0
+    return 0 if ratio <= 1.0 else 1
 
 
 if __name__ == "__main__":

@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     write_result("sim_validate", ratio=ratio, goal="<= 1 (time to target within 10 % on every held-out run), and every claim survived",
                  passed=passed, raw=raw, env=env_info("not used (reads run directories)"), notes=notes,
                  reference="fixed_goal", measures=["sim", "coordinator", "analysis", "ground", "control"])
-    return 0
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":
