@@ -10,6 +10,9 @@
 config the config loader refuses (e.g. `train.mode: adaptive` before the adaptive controller lands).
 The study directory (default runs/studies/<name>-v<version>) holds ledger.jsonl, study.json (which
 protocol, which hash), protocol.yaml (a copy of the file as run), runs/, artifact.json, report/.
+`register` checks first that every gate can decide (studies/decidability.py) and refuses one that cannot.
+A finished study's conclusion reaches the committed registry through `xdc publish` only, so `make
+studies` from a clean clone leaves the tree clean (every study's runs at one clean commit).
 """
 
 from __future__ import annotations
@@ -81,7 +84,10 @@ def make_report(study_dir: Path, registry: Path, notes: list[str] | None = None)
     path = study_dir / "artifact.json"
     path.write_text(json.dumps(art, indent=1, sort_keys=True))
     report = write_report(art, study_dir / "report")
-    if art["study"]["complete"]:
+    # The committed registry records published results only (`xdc publish`): writing it here would make the
+    # tree dirty, and the next study run from the same clean clone would be recorded as dirty. A scratch
+    # registry keeps every finished study's conclusion.
+    if art["study"]["complete"] and registry.resolve() != REGISTRY.resolve():
         record_result(p.name, meta["sha256"], path, art, registry)
     return {"artifact": art, "artifact_path": path, "report_path": report}
 
@@ -217,6 +223,8 @@ def cmd_run(a: argparse.Namespace) -> int:
     for g in art["gates"]:
         print(f"  gate {g['name']:<22} {g['status']:<7}{' VACUOUS' if g['vacuous'] else ''}  {g['reason']}")
     print(f"artifact: {rep['artifact_path']}\nreport:   {rep['report_path']}")
+    if res["done"]:
+        print(f"publish:  xdc publish {out} --name {p.name}  (into results/, the committed record)")
     return 0 if res["done"] else 3
 
 
