@@ -45,6 +45,11 @@ from ground.eventlog import EventLog
 CLS = "checkpoint"
 
 
+# The largest blob a reply may announce before the client allocates room for it (a reply's `total` is
+# the store's word; an insider's reply could name any size). A site's model and optimizer state is a few
+# MB here; 4 GiB leaves room for far larger models.
+MAX_BLOB_BYTES = 1 << 32
+
 class StoreClient:
     KINDS = ("ckpt_blob_ok", "ckpt_durable", "ckpt_frontier", "ckpt_blob_part", "ckpt_error")
 
@@ -58,6 +63,7 @@ class StoreClient:
         dest: str = "store",
         window: int = 8,
         probe_interval_s: float = 2.0,
+        max_blob_bytes: int = MAX_BLOB_BYTES,
     ) -> None:
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
@@ -73,6 +79,8 @@ class StoreClient:
         self._waiting: set[str] = set()
         self._replies: dict[str, Message] = {}
         self.stale_replies = 0
+        self.foreign_replies = 0  # replies from a process other than the store (rejected, logged)
+        self.max_blob_bytes = int(max_blob_bytes)
         self.probe_interval_s = float(probe_interval_s)
         self._seq_of: dict[str, int] = {}  # request id -> the WAN seq of its latest message
         self._probe: str | None = None  # the request id of the frontier probe in flight
@@ -111,7 +119,13 @@ class StoreClient:
         except queue.Empty:
             return
         rid = msg.body.get("req")
-        if isinstance(rid, str) and rid in self._waiting:
+        if msg.src != self.dest:
+            # Only the store answers store requests: a member that learned a request id (or guessed one)
+            # must not be able to answer it, with a manifest or a blob of its own.
+            self.foreign_replies += 1
+            self.log.emit("store_reply_rejected", reason="not from the store", src=msg.src, kind=msg.kind,
+                          req=rid if isinstance(rid, str) else None)
+        elif isinstance(rid, str) and rid in self._waiting:
             self._replies[rid] = msg
         else:
             self.stale_replies += 1
@@ -274,7 +288,10 @@ class StoreClient:
         self._done(first)
         if part.kind != "ckpt_blob_part" or part.body.get("sha256") != sha or part.body.get("offset") != 0:
             raise StoreError(f"unexpected reply {part.kind} {part.body} to a request for blob {sha}")
-        total = int(part.body["total"])
+        total = part.body.get("total")
+        if isinstance(total, bool) or not isinstance(total, int) or not 0 <= total <= self.max_blob_bytes:
+            raise StoreError(f"the store's reply for blob {sha} gives its size as {total!r}: not a size in "
+                             f"[0, {self.max_blob_bytes:,}] bytes (max_blob_bytes); nothing was allocated")
         buf = bytearray(total)
         got = part.array(0)
         buf[: len(got)] = got.tobytes()
