@@ -140,7 +140,7 @@ def cmd_run(args: argparse.Namespace, base: dict | None = None) -> int:
 # The embedded default of `xdc demo`: three sites, DiLoCo (H=8), a 20 ms / 40 Mbit/s WAN per link,
 # 1,179,648 useful tokens (48 rounds of 3 sites x 8 samples x 8 steps x 128 tokens), inner AdamW
 # 3e-3 with a 65,536-token warm-up and a cosine to 10 % at the target (bench/results/recipe_sweep.json).
-# The demo's recipe (issue 10; bench/results/recipe_sweep.json, README "Learning"): learning here is
+# The demo's recipe (issue 10; bench/results/recipe_sweep.json, docs/guide.md "Learning"): learning here is
 # limited by optimizer steps, not samples, so each site takes many small steps (2 samples x H = 32 per
 # round, the same 24,576 tokens per round as 8 x 8) on a 2-layer model that costs about 0.7x the
 # 4-layer default's CPU per token, so four policies and the reference fit the 10-minute budget.

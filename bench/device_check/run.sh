@@ -1,5 +1,5 @@
 #!/bin/bash
-# The GPU check in one command (README "Energy telemetry"): a 16 s NVML probe (idle, then under a bf16
+# The GPU check in one command (docs/guide.md "Energy telemetry"): a 16 s NVML probe (idle, then under a bf16
 # matmul loop), a fault-free cluster run on CUDA, and the same with one outage under `elastic`.
 # Results under $OUT (default /tmp/xdc-device-check): nvml_probe.json, run1.log, run2.log, runs.tgz.
 # Where the host lacks some of xdc's wheels, put them in .whl/ (they are installed into /tmp/site);
