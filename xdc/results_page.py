@@ -534,7 +534,7 @@ def _svg_trajectory(art: dict[str, Any]) -> str:
     sx = (lambda x: pad + (w - 2 * pad) * ((x - x0) / ((x1 - x0) or 1)))
     sy = (lambda y: h - pad + (2 * pad - h) * ((y - y0) / ((y1 - y0) or 1)))
     colors = ["#3182bd", "#e6550d", "#31a354", "#756bb1"]
-    out = [f"<figure><svg role='img' aria-label='Median held-out NLL over opportunity ticks per arm' width='{w}' "
+    out = [f"<figure><svg role='img' aria-label='Median held-out NLL over opportunity ticks per arm' width='{w + 110}' "
            f"height='{h}'><line x1='{pad}' y1='{h - pad}' x2='{w - pad}' y2='{h - pad}' stroke='#999'/>"
            f"<text x='{pad}' y='{h - 10}'>{x0:,.0f} ticks</text><text x='{w - pad}' y='{h - 10}' text-anchor='end'>"
            f"{x1:,.0f} ticks</text><text x='4' y='{pad}'>{y1:.3f}</text><text x='4' y='{h - pad}'>{y0:.3f}</text>"]
