@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -224,9 +225,8 @@ def _run_dir(src: Path, recorded: str) -> Path:
 
 
 def _simulator(src: Path, doc: dict[str, Any]) -> dict[str, Any]:
-    emu = json.loads(next(src.glob("emulator-analysis/**/artifact.json")).read_text()) \
-        if any(src.glob("emulator-analysis/**/artifact.json")) else json.loads(
-            (Path(doc["emulator_dir"]) / "artifact.json").read_text())
+    emu_path = next(src.glob("emulator-analysis/**/artifact.json"), Path(doc["emulator_dir"]) / "artifact.json")
+    emu = json.loads(emu_path.read_text())
     commit = one_clean_commit([(r["run_id"], (r.get("provenance") or {}).get("code_revision")) for r in emu["runs"]])
     sim_rev = doc.get("code_revision") or {}
     if not sim_rev.get("commit") or sim_rev.get("dirty"):
@@ -344,8 +344,7 @@ def _write_traces(got: dict[str, Any], out: Path) -> dict[str, str]:
 
 
 def trace_key(kind: str, run_name: str) -> str:
-    import re
-
+    """The file name (and element id) of a run's compact trace: one rule for publish and the page."""
     return re.sub(r"[^A-Za-z0-9_-]", "_", f"{kind}-{run_name}")
 
 

@@ -16,14 +16,16 @@ generated from the same records.
 from __future__ import annotations
 
 import argparse
+import html
 import json
 import math
+import re
 import sys
 from html import escape
 from pathlib import Path
 from typing import Any
 
-from xdc.publish import RESULTS, SECTIONS, STATES
+from xdc.publish import RESULTS, SECTIONS, STATES, trace_key
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = RESULTS / "site" / "index.html"
@@ -302,18 +304,12 @@ def recovery_body(res: dict[str, Any]) -> tuple[str, str]:
               for f in sc.get("faults") or []]
     scen = (f"<p>Scenario <b>{e(sc.get('name'))}</b>: {e(sc.get('description'))}</p>"
             + table("Scheduled faults", ["Kind", "Target", "When"], faults)) if sc else "<p>No scenario.</p>"
-    traces = "".join(trace_box(res, f"comparison-{_safe(Path(r['run_dir']).name)}", f"{r['policy']} ({r['run_id']})")
+    traces = "".join(trace_box(res, trace_key("comparison", Path(r["run_dir"]).name), f"{r['policy']} ({r['run_id']})")
                      for r in runs)
     body = (scen + "<h3>The same failure, four ways to recover</h3>" + _timeline_svg(runs) + marks_t
             + "<h3>Where the work and the data went</h3>" + work + nbytes + checks_t
             + "<h3>Raw traces, loaded on demand</h3>" + traces)
     return sentence, body
-
-
-def _safe(name: str) -> str:
-    import re
-
-    return re.sub(r"[^A-Za-z0-9_-]", "_", name)
 
 
 def demo_learning(res: dict[str, Any]) -> str:
@@ -409,7 +405,7 @@ def study_traces(res: dict[str, Any], limit: int = 2) -> str:
     art = res["_artifact"]
     boxes = []
     for r in art["runs"][:limit]:
-        key = f"study-{_safe(Path(r['run_dir']).name)}"
+        key = trace_key("study", Path(r["run_dir"]).name)
         if (res["_dir"] / "traces" / f"{key}.js").is_file():
             boxes.append(trace_box(res, key, f"{r['key']}"))
     more = len(art["runs"]) - len(boxes)
@@ -718,7 +714,7 @@ def render(results: dict[str, dict[str, Any]]) -> str:
             demo = fill.get("recovery")
             if demo is not None and demo.get("_artifact") is not None:
                 body += demo_learning(demo)
-        if section in ("energy-meter", "energy-counter") and section == "energy-meter":
+        if section == "energy-meter":  # the demo's energy, said once for the page
             body += energy_note(results)
         nav.append(f"<li>{state_badge(state)} <a href='#{section}'>{e(SHORT[section])}</a>: {sentence}</li>")
         secs.append(f"<section id='{section}' data-section='{section}' data-state='{state}'>"
@@ -739,10 +735,7 @@ def readme_block(results: dict[str, dict[str, Any]], page_rel: str = "results/si
     lines = ["| Question | Published answer |", "|---|---|"]
     for section in SECTIONS:
         state, sentence, _ = section_parts(section, fill[section])
-        import html as _html
-        import re
-
-        text = _html.unescape(re.sub(r"<[^>]+>", "", sentence))
+        text = html.unescape(re.sub(r"<[^>]+>", "", sentence))
         text = text if len(text) <= 300 else text[:297].rstrip() + "…"
         lines.append(f"| [{QUESTIONS[section]}]({page_rel}#{section}) | **{state}** — {text.replace('|', '/')} |")
     return "\n".join(lines) + "\n"
