@@ -43,7 +43,7 @@ def spread_heldout(cfg: RunConfig, n_windows: int) -> tuple[torch.Tensor, torch.
 
 
 def simulate_diloco(cfg: RunConfig, n_workers: int, evaluate, eval_every_tokens: int, emit) -> list[tuple[int, float]]:
-    from site_agent.collective import reduce_in_order
+    from site_agent.collective import reduce_in_order, roundtrip
     from site_agent.data import batch_for, load_corpus, sample_order
     from site_agent.lr_schedule import step_frontier_tokens
     from ground.schedule import ids_at, round_span, site_positions, steps_per_round, target_samples
@@ -70,7 +70,11 @@ def simulate_diloco(cfg: RunConfig, n_workers: int, evaluate, eval_every_tokens:
                     w.inner_step(*batch_for(corpus, ids, seq),
                                  frontier_tokens=step_frontier_tokens(cfg, n_workers, cs, h, ce))
             pseudo.append(w.pseudo_gradient())
-        avg = reduce_in_order(pseudo)
+        # train.compression: what the collective's reduce-scatter and all-gather do to the values (each
+        # contribution, then the mean, through compress/decompress in chunk-sized parts; the cluster's
+        # parts start at shard boundaries, here at the vector's start: the same rounding per part size).
+        comp, part = cfg.train.compression, max(1, cfg.wan.chunk_bytes // 4)
+        avg = roundtrip(reduce_in_order([roundtrip(p, comp, part) for p in pseudo]), comp, part)
         for w in workers:
             w.apply_outer(avg, frontier_tokens=cs * seq)
         if ce * seq >= next_eval or ce >= target:
