@@ -18,14 +18,37 @@ NOT_LEARNING = frozenset({"seed", "threads_per_site", "device", "checkpoint_ever
 
 def learning_config(cfg: dict[str, Any]) -> dict[str, Any]:
     """The learning-relevant part of a resolved config dict (config.json): model, data, train
-    minus NOT_LEARNING, and the number of sites (the global batch)."""
-    return {"model": cfg["model"], "data": cfg["data"],
-            "train": {k: v for k, v in sorted(cfg["train"].items()) if k not in NOT_LEARNING},
-            "n_sites": len(cfg["cluster"]["sites"])}
+    minus NOT_LEARNING and minus the settings of a mode the run does not train in, and the number of
+    sites (the global batch)."""
+    return _normal({"model": cfg["model"], "data": cfg["data"],
+                    "train": {k: v for k, v in sorted(cfg["train"].items()) if k not in NOT_LEARNING},
+                    "n_sites": len(cfg["cluster"]["sites"])})
+
+
+def _normal(lc: dict[str, Any]) -> dict[str, Any]:
+    """The controller's thresholds (`train.adaptive`) shape only an adaptive run and the schedule only a
+    scripted one: dropped otherwise, so a new controller field leaves a fixed recipe's hash as it was."""
+    train = dict(lc.get("train") or {})
+    if train.get("mode") != "adaptive":
+        train.pop("adaptive", None)
+    if train.get("mode") != "scripted":
+        train.pop("settings_schedule", None)
+    return {**lc, "train": train}
 
 
 def learning_config_hash(cfg: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(learning_config(cfg), sort_keys=True).encode()).hexdigest()
+    return _hash(learning_config(cfg))
+
+
+def _hash(lc: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(lc, sort_keys=True).encode()).hexdigest()
+
+
+def record_config_hash(record: dict[str, Any]) -> str | None:
+    """A record's learning-config hash under today's rule: recomputed from the learning config it keeps
+    (records written before a rule change hash as they would now), else the hash it was written with."""
+    lc = record.get("learning_config")
+    return _hash(_normal(lc)) if isinstance(lc, dict) else record.get("config_hash")
 
 
 def missing_sections(cfg: dict[str, Any]) -> list[str]:
@@ -52,13 +75,13 @@ def match(record: dict[str, Any] | None, dataset_id: str | None, cfg: dict[str, 
                 "reason": f"the runs' config.json has no {', '.join(repr(m) for m in missing)}: its learning config "
                           f"is unknown, so no noise-floor record can be matched to it"}
     h = learning_config_hash(cfg)
-    same = (("dataset id", record.get("dataset_id") == dataset_id), ("learning config", record.get("config_hash") == h),
+    same = (("dataset id", record.get("dataset_id") == dataset_id), ("learning config", record_config_hash(record) == h),
             ("evaluation set", record.get("eval_set") == eval_set))
     if not all(ok for _, ok in same):
         what = [w for w, ok in same if not ok]
         return {"evidence": "unavailable",
                 "reason": f"the noise floor is not measured for this config: the record's {', '.join(what)} "
                           f"differ{'s' if len(what) == 1 else ''} from this comparison's",
-                "record_config_hash": record.get("config_hash"), "config_hash": h}
+                "record_config_hash": record_config_hash(record), "config_hash": h}
     return {"evidence": "measured", **{k: record[k] for k in ("dataset_id", "config_hash", "n_seeds", "mean_nll",
                                                               "std_nll", "spread_nll", "threshold_nats", "runs")}}

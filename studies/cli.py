@@ -111,7 +111,7 @@ def control_noise_floor(p: Protocol) -> dict[str, Any]:
     recomputed from this protocol at the record's stratum, hashes as the record's. With several candidates (a
     comparator rule), the largest threshold (the one that asks most of a margin). Else why none applies."""
     from analysis.learning_refs import noise_floor_records
-    from analysis.noise_floor_record import learning_config_hash
+    from analysis.noise_floor_record import learning_config_hash, record_config_hash
     from ground.config import ConfigError, load_config, to_dict
 
     arms = list(p.comparator.choose_from) if p.comparator is not None else [p.control]
@@ -131,7 +131,7 @@ def control_noise_floor(p: Protocol) -> dict[str, Any]:
             cfg = to_dict(load_config(run_config_dict(p, stratum, p.arm(src["arm"]))))
         except ConfigError:
             continue
-        if learning_config_hash(cfg) == rec.get("config_hash"):
+        if learning_config_hash(cfg) == record_config_hash(rec):
             found.append({"evidence": "measured", "record_file": path.name, "arm": src["arm"],
                           **{k: rec.get(k) for k in ("threshold_nats", "mean_nll", "std_nll", "n_seeds")}})
     if not found:
