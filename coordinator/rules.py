@@ -413,7 +413,7 @@ class Rules:
         if len(got) != len(members) or set(got) != set(members):
             return
         del self.reports[key]
-        self._try_commit(epoch, rnd, members, got)
+        self._try_commit(epoch, rnd, members, got, _now_ns)
 
     def _reports_of(self, key: tuple[int, int]) -> dict[str, RoundDone]:
         """The reports of (epoch, round), this working copy's own to add to (made if none)."""
@@ -423,7 +423,8 @@ class Rules:
             self._own_reports.add(key)
         return got
 
-    def _try_commit(self, epoch: int, rnd: int, members: tuple[str, ...], got: dict[str, RoundDone]) -> None:
+    def _try_commit(self, epoch: int, rnd: int, members: tuple[str, ...], got: dict[str, RoundDone],
+                    now_ns: int) -> None:
         hashes = {s: r.param_hash for s, r in got.items()}
         if len(set(hashes.values())) != 1:
             self.emit("commit_refused", round=rnd, reason="parameter hashes differ", hashes=hashes)
@@ -452,13 +453,17 @@ class Rules:
         pending = self.pending_frontiers.pop((rnd, commit.cursor_end), None)
         if pending is not None:  # its checkpoint was durable before the round committed
             self._set_frontier(Frontier(rnd, commit.cursor_end, pending, commit.commit_id))
-        obs, decision = self.settings.after_commit(epoch, rnd, members)
+        obs, decision = self.settings.after_commit(epoch, rnd, members, now_ns)
         if obs is not None:
             self.emit("cycle_observed", **obs.to_json())
         if decision is not None:
-            self.emit("controller_decision", round=rnd, commit_epoch=epoch, action=decision.action,
-                      setting=decision.setting.to_json(), current=self.settings.current.to_json(),
-                      reason=decision.reason, evidence=decision.evidence)
+            self._emit_decision(rnd, epoch, decision)
+
+    def _emit_decision(self, rnd: int, epoch: int, decision: Any) -> None:
+        """The controller's decision on round `rnd` (after it committed, or while in flight: evidence.in_cycle)."""
+        self.emit("controller_decision", round=rnd, commit_epoch=epoch, action=decision.action,
+                  setting=decision.setting.to_json(), current=self.settings.current.to_json(),
+                  reason=decision.reason, evidence=decision.evidence)
 
     def send_plan(self, to: list[str]) -> None:
         if self.plan is None:
@@ -509,7 +514,7 @@ class Rules:
             return ()
         return self.membership.members
 
-    def new_epoch(self, plan: Plan, reason: str, setting: ConsistencySetting | None = None) -> None:
+    def new_epoch(self, plan: Plan, reason: str, now_ns: int, setting: ConsistencySetting | None = None) -> None:
         old_members = set(self.membership.members)
         before, first_epoch = self.settings.current, not self.settings.order
         epoch = self.membership.epoch + 1
@@ -539,6 +544,8 @@ class Rules:
         if setting is None:
             setting = setting_for_epoch(self.cfg, before, plan.start_round, plan.start_cursor)
         es = self.settings.plan_epoch(epoch, plan.start_round, self.committed_round, setting)
+        if plan.start_round <= self.committed_round + 1:  # not a change at a later boundary: a round restarts
+            self.settings.on_recovery_epoch(now_ns)
         # Keep the partial reports of every epoch still remembered: the round in flight under an
         # older epoch commits when its last report comes (dropping them lost that round for good).
         self.reports = {k: v for k, v in self.reports.items() if k[0] == epoch or k[0] in self.epoch_members}
@@ -574,7 +581,7 @@ class Rules:
             self.emit("membership_decision", action=d.action.value, reason=reason, site=d.site or None)
             self.last_reason = reason
         if d.action == membership.Action.FORM_EPOCH:
-            self.new_epoch(Plan(d.members, False, 0, 0, Restore.NONE), reason)
+            self.new_epoch(Plan(d.members, False, 0, 0, Restore.NONE), reason, now_ns)
             return
         if d.action != membership.Action.NONE:
             self.membership = membership.apply(self.membership, d)
@@ -597,7 +604,8 @@ class Rules:
             if members:
                 self.new_epoch(Plan(members, bool(self.plan and self.plan.paused), self.committed_round + 1,
                                     self.committed_cursor, Restore.NONE),
-                               f"resync: every member resumes from the commit record at round {self.committed_round + 1}")
+                               f"resync: every member resumes from the commit record at round {self.committed_round + 1}",
+                               now_ns)
                 return
         v = self.view()
         plan, why = decide_recovery(v, self.policy)
@@ -605,11 +613,11 @@ class Rules:
             self.emit("recovery_decision", policy=self.policy.value, reason=why, new_epoch=plan is not None)
             self.last_recovery_reason = why
         if plan is not None:
-            self.new_epoch(plan, why)
+            self.new_epoch(plan, why, now_ns)
             return
-        self.step_setting(v)
+        self.step_setting(v, now_ns)
 
-    def step_setting(self, v: ClusterView) -> None:
+    def step_setting(self, v: ClusterView, now_ns: int) -> None:
         """A due change of the consistency setting (coordinator/settings.py), when nothing else is
         happening: same members, from their own snapshots, at the boundary after the round in flight.
         `v`: the view the recovery decision just read (nothing changed since; one O(N) view per tick)."""
@@ -619,9 +627,12 @@ class Rules:
         cursor = v.committed_cursor + v.round_samples
         if cursor >= self.target:
             return
+        d = self.settings.in_cycle(v.committed_round + 1, now_ns)
+        if d is not None:
+            self._emit_decision(v.committed_round + 1, self.membership.epoch, d)
         change = due_change(self.cfg, self.settings.current, (v.committed_round + 2, cursor), self.settings.decision)
         if change is not None:
-            self.new_epoch(Plan(v.members, False, v.committed_round + 2, cursor, Restore.NONE), change[1],
+            self.new_epoch(Plan(v.members, False, v.committed_round + 2, cursor, Restore.NONE), change[1], now_ns,
                            setting=change[0])
 
     def _check_complete(self) -> None:

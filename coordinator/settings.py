@@ -13,7 +13,7 @@ Rules (the decisions are pure functions; `EpochSettings` only keeps what they ne
   from their own snapshots (Restore.NONE) at the next round boundary (after the round in flight),
   so nothing in flight is thrown away. Scripted: when the next boundary's setting differs from
   the current one. Adaptive: when the controller's last decision (on the last committed round's
-  observation) is a change.
+  observation, or, under controller v2, on the round in flight: `in_cycle`) is a change.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from control.controller import Decision, decide
+from control.progress_rate import decide_after_cycle, decide_in_cycle
 from control.observations import Observation, SiteCycle, observe
 from control.scripted import setting_at
 from ground.setting import ConsistencySetting, base_setting, effective_config, steps_before
@@ -77,6 +78,10 @@ class EpochSettings:
         self.decision: Decision | None = None
         self.cycles: dict[tuple[int, int], dict[str, SiteCycle]] = {}  # (epoch, round) -> member -> cycle
         self._own_cycles: set[tuple[int, int]] = set()  # keys whose map this object may change in place
+        # When the round in flight started (the last commit, or a recovery epoch's formation; ns on the
+        # core's clock) and the round an in-cycle decision was last taken for (one per round).
+        self.round_started_ns: int | None = None
+        self.in_cycle_round = -1
 
     def copy(self) -> EpochSettings:
         """A working copy for one step of the pure core (coordinator/core.py): containers copied, their
@@ -88,11 +93,12 @@ class EpochSettings:
         c.cycles = dict(self.cycles)  # a round's map is copied when the copy first adds to it (on_cycle)
         c._last_members = self._last_members
         c._effective = self._effective
+        c.round_started_ns, c.in_cycle_round = self.round_started_ns, self.in_cycle_round
         return c
 
     def _key(self) -> tuple[Any, ...]:
         return (self.epochs, self.order, self.committed_step, self.steps_by_commit, self.observations, self.decision,
-                self.cycles, self._last_members)
+                self.cycles, self._last_members, self.round_started_ns, self.in_cycle_round)
 
     def __eq__(self, other: object) -> bool:  # the core's states compare by value (its purity tests)
         return isinstance(other, EpochSettings) and self.cfg == other.cfg and self._key() == other._key()
@@ -177,9 +183,10 @@ class EpochSettings:
             self._own_cycles.add(key)
         return got
 
-    def after_commit(self, epoch: int, rnd: int, members: tuple[str, ...]) -> tuple[Observation | None,
-                                                                                   Decision | None]:
+    def after_commit(self, epoch: int, rnd: int, members: tuple[str, ...],
+                     now_ns: int = 0) -> tuple[Observation | None, Decision | None]:
         """The observation of a committed round and, in adaptive mode, the controller's decision."""
+        self.round_started_ns = now_ns  # the next round is in flight from now
         cycles = self.cycles.pop((epoch, rnd), {})
         self.cycles = {k: v for k, v in self.cycles.items() if k[1] > rnd}
         if set(cycles) != set(members):
@@ -191,8 +198,26 @@ class EpochSettings:
         self.observations = (self.observations + [obs])[-64:]
         if self.cfg.train.mode != "adaptive":
             return obs, None
-        self.decision = decide(self.observations, self.current, self.cfg.train.adaptive)
+        acfg = self.cfg.train.adaptive
+        rule = decide_after_cycle if acfg.rule == "progress_rate" else decide
+        self.decision = rule(self.observations, self.current, acfg)
         return obs, self.decision
+
+    def on_recovery_epoch(self, now_ns: int) -> None:
+        """A recovery epoch restarts the round in flight from now."""
+        self.round_started_ns = now_ns
+
+    def in_cycle(self, rnd: int, now_ns: int) -> Decision | None:
+        """Controller v2's decision on round `rnd`, in flight since `round_started_ns` (at most one per
+        round; None when the round is within its prediction or the rule is not v2)."""
+        acfg = self.cfg.train.adaptive
+        if self.cfg.train.mode != "adaptive" or acfg.rule != "progress_rate" or self.round_started_ns is None \
+                or self.in_cycle_round >= rnd:
+            return None
+        d = decide_in_cycle(self.observations, self.current, now_ns - self.round_started_ns, acfg)
+        if d is not None:
+            self.in_cycle_round, self.decision = rnd, d
+        return d
 
     _last_members: tuple[str, ...] | None = None
     _effective: tuple[ConsistencySetting, RunConfig] | None = None  # a cache: never compared

@@ -80,6 +80,46 @@ class AdaptiveConfig:
     disagreement_cos_min: float = 0.2  # mean pseudo-gradient cosine below this: prefer a smaller H
     allow_sync: bool = True  # H = 1 means mode sync
     compression_when_h_max: Literal["none", "fp16", "int8"] = "int8"  # at the largest H and still comm-bound
+    # Which rule decides: `comm_fraction` (issue 12's: keep the collective's share of a round inside
+    # [comm_fraction_shrink, comm_fraction_max]; control/controller.py) or `progress_rate` (controller v2:
+    # the setting with the most predicted learning per second; control/progress_rate.py). The fields
+    # below are v2's.
+    rule: Literal["comm_fraction", "progress_rate"] = "comm_fraction"
+    # Prior learning per token of H local steps relative to sync: H ** -exponent. Measured on the
+    # controller-heldout recipe (2 layers, 2 samples per site per step, 524,288 tokens) from the
+    # calibration families' fixed H = 8 and H = 32 runs: see bench/results/token_efficiency.json.
+    # (bench/results/token_efficiency.json: exponent 0.164; fp16 0.998; int8 1.0007, capped at 1. One seed:
+    # priors, each a recipe property measured once.)
+    token_efficiency_exponent: float = 0.164
+    fp16_token_efficiency: float = 0.998
+    int8_token_efficiency: float = 1.0
+    # A learning floor (0 = none): only settings whose prior learning per token is at least
+    # (1 - max_token_efficiency_loss) x that of local H = learning_reference_h, uncompressed, are chosen,
+    # so the controller saves time and bytes without learning less per token than that reference.
+    learning_reference_h: int = 0
+    max_token_efficiency_loss: float = 0.0
+    min_cycles_progress: int = 2  # cycles in the current setting before an after-cycle decision
+    min_gain: float = 0.1  # predicted learning-per-second gain needed to change (hysteresis in level)
+    overrun_factor: float = 4.0  # a round in flight this many times its prediction is acted on in the cycle
+    min_overrun_s: float = 2.0  # ... and at least this many seconds over it (short rounds jitter)
+
+    def __post_init__(self) -> None:
+        checks = {"train.adaptive.h_choices": bool(self.h_choices) and all(h >= 1 for h in self.h_choices),
+                  "train.adaptive.token_efficiency_exponent": 0.0 <= self.token_efficiency_exponent <= 2.0,
+                  "train.adaptive.fp16_token_efficiency": 0.0 < self.fp16_token_efficiency <= 1.0,
+                  "train.adaptive.int8_token_efficiency": 0.0 < self.int8_token_efficiency <= 1.0,
+                  "train.adaptive.min_cycles_progress": self.min_cycles_progress >= 1,
+                  "train.adaptive.min_gain": self.min_gain >= 0.0,
+                  "train.adaptive.overrun_factor": self.overrun_factor > 1.0,
+                  "train.adaptive.min_overrun_s": self.min_overrun_s >= 0.0,
+                  "train.adaptive.learning_reference_h": self.learning_reference_h >= 0,
+                  "train.adaptive.max_token_efficiency_loss": 0.0 <= self.max_token_efficiency_loss < 1.0}
+        bad = [k for k, ok in checks.items() if not ok]
+        if bad:
+            raise ConfigError(f"{bad[0]} = {getattr(self, bad[0].rsplit('.', 1)[1])!r} is out of range "
+                              f"(h_choices >= 1; exponent in [0, 2]; efficiencies in (0, 1]; min_cycles_progress "
+                              f">= 1; min_gain >= 0; overrun_factor > 1; min_overrun_s >= 0; learning_reference_h >= 0; "
+                              f"max_token_efficiency_loss in [0, 1))")
 
 
 @dataclass(frozen=True)
