@@ -139,12 +139,13 @@ def decide_after_cycle(observations: Sequence[Observation], current: Consistency
         return progress_rate(s, t_step, payload, current.compression, g, cfg)
 
     cands = admissible(cfg)
+    below_floor = current not in cands  # a start setting (or the first rule's) the floor does not allow
     cos = [o.cos_to_mean for o in window if o.cos_to_mean is not None]
     if cos:
         ev["cos_to_mean"] = round(sum(cos) / len(cos), 3)
         if ev["cos_to_mean"] < cfg.disagreement_cos_min:  # no more local drift than now
             cands = [s for s in cands if s.steps_per_round <= current.steps_per_round]
-    if current not in cands:
+    if current not in cands and (not below_floor or not cands):
         cands.append(current)
     best = _best(cands, rate)
     gain = rate(best) / rate(current) - 1.0
@@ -153,6 +154,10 @@ def decide_after_cycle(observations: Sequence[Observation], current: Consistency
               round_s=round(round_time_s(current, t_step, payload, current.compression, g_med), 4),
               best=best.label(), predicted_gain=round(gain, 4),
               rates={s.label(): round(rate(s) / rate(current), 4) for s in cands})
+    if below_floor and best != current:
+        return Decision("change", best, f"{current.label()} learns less per token than the learning floor allows "
+                                        f"({cfg.max_token_efficiency_loss:.0%} under H={cfg.learning_reference_h}): "
+                                        f"{best.label()}, the best allowed, predicts {gain:+.0%} learning per second", ev)
     if best == current or gain < cfg.min_gain:
         why = (f"{current.label()} is predicted best ({rate(current):.4g} per s)" if best == current else
                f"{best.label()} predicts {gain:+.0%} learning per second, under the {cfg.min_gain:.0%} needed to move")

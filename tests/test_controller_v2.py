@@ -188,3 +188,51 @@ def test_a_learning_floor_keeps_the_choice_at_or_under_the_reference_h():
     hist = [obs(r, L(8), 20e6) for r in range(3)]
     d = decide_in_cycle(hist, L(8), 30 * 10**9, floor)
     assert d is not None and d.setting == L(8, "int8"), d
+
+
+def _trace(name: str) -> list[Observation]:
+    import json
+    from pathlib import Path
+
+    from control.replay import observation_of
+
+    lines = (Path(__file__).parent / "traces" / name).read_text().splitlines()
+    return [observation_of(json.loads(line)) for line in lines[1:]]  # line 1 says where the trace is from
+
+
+def _setting_of(label: str) -> ConsistencySetting:
+    parts = label.split()
+    return ConsistencySetting("local", int(parts[1].split("=")[1]), parts[2] if len(parts) > 2 else "none")
+
+
+def test_on_a_recorded_v5_trace_where_fixed_h8_won_v2_leaves_h32():
+    """controller-heldout v5, bw-collapse-mild (re-run at 8deb087): the first rule kept H = 32 on the good
+    link (NLL 2.350 against fixed H = 8's 2.245). v2, fed the same observations, leaves H = 32 for
+    H <= 8 int8 on the good link; on the collapsed link (0.55 MB/s) the learning floor keeps it at
+    H = 8 int8 where the unconstrained rule takes H = 32 int8."""
+    obs_ = _trace("controller_v5_bw_collapse_mild.jsonl")
+    floor = AdaptiveConfig(rule="progress_rate", learning_reference_h=8, max_token_efficiency_loss=0.02)
+    pure = AdaptiveConfig(rule="progress_rate")
+    good = [i for i in range(2, 8)]  # rounds 1-7 on the good link (7.3-8.0 MB/s), in H = 32
+    collapsed = [9, 10, 11]  # three cycles at 0.55 MB/s, still in H = 32
+    for cfg in (floor, pure):
+        for i in good:
+            d = decide_after_cycle(obs_[:i + 1], _setting_of(obs_[i].setting), cfg)
+            assert d.action == "change" and d.setting.steps_per_round <= 8 and d.setting.compression == "int8", (i, d)
+    for i in collapsed:
+        cur = _setting_of(obs_[i].setting)
+        assert decide_after_cycle(obs_[:i + 1], cur, floor).setting == L(8, "int8")
+        assert decide_after_cycle(obs_[:i + 1], cur, pure).setting == L(32, "int8")
+    # Where the first rule had put it (H = 32 int8 on a 5 MB/s link), the floor moves it at once; the
+    # unconstrained rule keeps it (H = 8 int8 predicts +9 %, under min_gain)
+    i = 15
+    assert obs_[i].setting == "local H=32 int8"
+    assert decide_after_cycle(obs_[:i + 1], L(32, "int8"), floor).setting == L(8, "int8")
+    assert decide_after_cycle(obs_[:i + 1], L(32, "int8"), pure).action == "keep"
+
+
+def test_a_setting_under_the_floor_is_left_even_when_it_is_predicted_fastest():
+    floor = replace(CFG, learning_reference_h=8, max_token_efficiency_loss=0.02)
+    d = decide_after_cycle([obs(r, L(32, "int8"), 0.15e6) for r in range(3)], L(32, "int8"), floor)
+    assert d.action == "change" and d.setting.steps_per_round <= 8, d
+    assert "learning floor" in d.reason and d.evidence["predicted_gain"] < 0  # slower, but it learns per token
