@@ -48,8 +48,8 @@ def test_a_gate_the_noise_floor_says_nothing_about_is_unknown_not_refused():
 def variant(tmp: Path, *, learning_margin: float, ppf_margin: float, strata: int = 6) -> Path:
     """The learning-efficiency protocol with other margins, or its first `strata` strata only."""
     text = PROTO.read_text().replace("faults: scenarios/none.yaml", f"faults: {ROOT / 'scenarios' / 'none.yaml'}")
-    text = text.replace("margin: 0.05,\n     alpha: 0.05", f"margin: {learning_margin},\n     alpha: 0.05")
-    text = text.replace("margin: 0.02, relative: true", f"margin: {ppf_margin}, relative: true")
+    text = text.replace("margin: 0.08,\n     alpha: 0.05", f"margin: {learning_margin},\n     alpha: 0.05")
+    text = text.replace("margin: 0.03, relative: true", f"margin: {ppf_margin}, relative: true")
     lines = text.splitlines()
     if strata < 6:
         start = next(i for i, ln in enumerate(lines) if ln.startswith("  - {name: m1,"))
