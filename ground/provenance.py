@@ -16,12 +16,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def code_revision(root: Path = ROOT) -> dict[str, Any]:
-    """{"commit": sha, "dirty": bool} of the source tree, or {"evidence": "unavailable", ...}."""
+def code_revision(root: Path = ROOT, *, ignoring: tuple[str, ...] = ()) -> dict[str, Any]:
+    """{"commit": sha, "dirty": bool} of the source tree, or {"evidence": "unavailable", ...}. `ignoring`:
+    paths (relative to the root) whose changes do not make it dirty (a registration's own registry file)."""
     try:
         sha = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
                              timeout=5, check=True).stdout.strip()
-        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                 *(f":(exclude){p}" for p in ignoring)],
                                 capture_output=True, text=True, timeout=5, check=True).stdout
         return {"commit": sha, "dirty": bool(status.strip()), "evidence": "measured"}
     except (OSError, subprocess.SubprocessError) as e:

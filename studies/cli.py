@@ -162,7 +162,11 @@ def cmd_register(a: argparse.Namespace) -> int:
     except ProtocolError as e:
         print(f"warning: {e}\n  (registered anyway: the design is frozen; `xdc study run` refuses it until the "
               "config loader accepts it)", file=sys.stderr)
-    rev = code_revision()
+    # The registry's own earlier registrations of this commit do not make the tree dirty: several
+    # protocols are registered at one commit, then the registry is committed.
+    reg = Path(a.registry).resolve()
+    own = (str(reg.relative_to(ROOT)),) if reg.is_relative_to(ROOT) else ()
+    rev = code_revision(ignoring=own)
     refuse_dirty_registration(rev, Path(a.registry))
     checks = None
     if not any(e["sha256"] == protocol_hash(p) for e in versions(p.name, Path(a.registry))):
