@@ -101,3 +101,20 @@ def test_a_fresh_clone_builds_the_page_from_the_committed_results_without_torch_
     assert [s for s, _, _ in sections_of(page)] == list(SECTIONS)
     assert all(state in STATES and len(sentence) > 20 for _, state, sentence in sections_of(page))
     assert json.loads((clone / "results" / "demo" / "result.json").read_text())["state"] in STATES
+
+
+def test_a_section_is_filled_by_a_run_result_over_a_placeholder_and_by_the_latest_version():
+    from xdc.results_page import by_section
+
+    def res(name: str, state: str, version: int | None) -> dict:
+        prov = {"protocol": {"version": version}} if version is not None else {}
+        return {"name": name, "state": state, "sections": ["controller"], "provenance": prov}
+
+    got = by_section({"controller-heldout": res("controller-heldout", "unavailable", None),
+                      "controller-heldout-v5": res("controller-heldout-v5", "no-claim", 5),
+                      "controller-heldout-v6": res("controller-heldout-v6", "claim", 6)})
+    assert got["controller"]["name"] == "controller-heldout-v6"
+    got = by_section({"a": res("a", "not-run", None), "b": res("b", "invalid", 5)})
+    assert got["controller"]["name"] == "b"
+    got = by_section({"a": res("a", "no-claim", 5), "b": res("b", "claim", 5)})
+    assert got["controller"]["name"] == "a"  # a tie keeps the first by name

@@ -149,11 +149,18 @@ def load_results(results: Path = RESULTS) -> dict[str, dict[str, Any]]:
 
 
 def by_section(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any] | None]:
-    """The result that fills each section (the first by name where several claim it), or None."""
+    """The result that fills each section, or None. Where several claim one: a result that ran before a
+    `not-run`/`unavailable` record, then the latest protocol version, then the first by name (the others
+    stay in results/ and in its README; a study's page lists its earlier versions)."""
     out: dict[str, dict[str, Any] | None] = {s: None for s in SECTIONS}
-    for res in results.values():
+
+    def rank(res: dict[str, Any]) -> tuple[int, int]:
+        version = ((res.get("provenance") or {}).get("protocol") or {}).get("version") or 0
+        return (0 if res.get("state") in ("not-run", "unavailable") else 1, int(version))
+
+    for res in results.values():  # name order: a tie keeps the first
         for s in res.get("sections", []):
-            if s in out and out[s] is None:
+            if s in out and (out[s] is None or rank(res) > rank(out[s])):  # type: ignore[arg-type]
                 out[s] = res
     return out
 
