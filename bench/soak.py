@@ -177,7 +177,8 @@ def random_schedule(seed: int, sites: tuple[str, ...] = ("a", "b", "c"), th: Thr
 def soak_one(seed: int, policy: str, root: Path, n_faults: int = N_FAULTS) -> dict[str, Any]:
     """One schedule under one policy: run it, judge it, list what fired and what it caused."""
     from bench.soak_check import judge_run, recoveries
-    from xdc.compare import run_end, with_policy
+    from chaos.policy_config import config_for_policy as with_policy
+    from chaos.reach import run_end
     from xdc.launcher import launch
 
     base = soak_config(root)

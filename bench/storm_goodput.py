@@ -32,13 +32,12 @@ from typing import Any, Callable
 
 from bench.common import env_info, write_result
 from chaos.scenario import Scenario
-from ground.config import load_config, merge
+from ground.config import POLICIES, load_config, merge
 from ground.eventlog import read_events
 from xdc.launcher import launch
 
 NAME = "storm_goodput"
 GOAL = 0.92
-POLICIES = ("stall", "restart", "elastic", "oracle")
 # Arms under the storm: each policy with the default config, and elastic once more with the
 # launcher's warm standby (`recovery.warm_standby`: a restarted site is a process that has already
 # imported torch and built the model). The goal is decided on plain elastic; the standby arm says

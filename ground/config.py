@@ -21,6 +21,11 @@ class ConfigError(ValueError):
     """A config value is missing, unknown or of the wrong type; the message names the field."""
 
 
+# The recovery policies (coordinator/recovery.py `Policy` has one member per name; a test checks).
+PolicyName = Literal["stall", "restart", "elastic", "oracle"]
+POLICIES: tuple[str, ...] = typing.get_args(PolicyName)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """A small byte-level decoder-only transformer (about 0.85M parameters by default)."""
@@ -239,7 +244,7 @@ STANDBY_NEXT_AFTER_S = 10.0
 class RecoveryConfig:
     """How the cluster copes with a failed site (see coordinator/recovery.py)."""
 
-    policy: Literal["stall", "restart", "elastic", "oracle"] = "elastic"
+    policy: PolicyName = "elastic"
     failure_confirm_ms: int = 0  # extra silence after the heartbeat timeout before a site is failed
     # A member whose connection to the coordinator closed and who sent nothing since is failed after
     # this long (a killed process closes its connections at once); 0 leaves only the heartbeat timeout.

@@ -22,41 +22,25 @@ import math
 import os
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from analysis.load import AnalysisInputError
+from chaos.policy_config import config_for_policy
 from chaos.reach import ScenarioBeyondRun, check_scenario_fits
-from chaos.scenario import Scenario, ScenarioError, load_scenario
-from ground.config import (ConfigError, RunConfig, load_config, merge, parse_override, partial_link_notes,
+from chaos.scenario import ScenarioError, load_scenario
+from ground.config import (POLICIES, ConfigError, load_config, merge, parse_override, partial_link_notes,
                            read_config_file)
-from ground.gates import gates_of
 from sim.calibrate import CalibrationError, read_calibration, write_calibration
 from sim.faults import UnsupportedFault
 from sim.model import SimModel
 from sim.runs import NotEmulated, index_entry, simulate_run, write_index
 
-POLICIES = ("stall", "restart", "elastic", "oracle")
 
 
 def site_names(n: int) -> list[str]:
     letters = [chr(ord("a") + i) for i in range(min(n, 26))]
     return letters + [f"s{i:04d}" for i in range(26, n)]
-
-
-def oracle_faults(scenario: Scenario) -> tuple[tuple[str, int], ...]:
-    """The site faults the oracle sees coming (progress triggers), as xdc/compare.py derives them for
-    the emulator; the roof cannot be imported from here (a candidate to move below both)."""
-    return tuple((f.target, int(f.trigger.value)) for f in scenario.faults
-                 if f.kind in ("site_crash", "site_preempt", "site_hang", "site_restart")
-                 and f.trigger.key == "at_useful_tokens")
-
-
-def with_policy(cfg: RunConfig, policy: str, scenario: Scenario | None) -> RunConfig:
-    faults = oracle_faults(scenario) if scenario is not None and policy == "oracle" else ()
-    gates = gates_of(scenario.faults) if scenario is not None else ()
-    return replace(cfg, recovery=replace(cfg.recovery, policy=policy, oracle_faults=faults, fault_gates=gates))
 
 
 LOG_NOTE_BYTES_PER_ROUND = 50_000_000  # above this, `run` says what its logs will cost
@@ -111,7 +95,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     for pol in policies:
         run_dir = out / pol if args.policy == "all" else out
         run_id = f"sim-{pol}-{time.strftime('%Y%m%d-%H%M%S')}"
-        cfg = with_policy(load_config(merge(data, {"run_id": run_id, "runs_dir": str(out)})), pol, scenario)
+        cfg = config_for_policy(load_config(merge(data, {"run_id": run_id, "runs_dir": str(out)})), pol, scenario)
         t0 = time.perf_counter()
         res = simulate_run(cfg, scenario, model, None if args.no_logs else run_dir, max_sim_s=args.max_sim_s)
         wall = time.perf_counter() - t0

@@ -241,7 +241,7 @@ def cmd_report(a: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from chaos.scenario import ScenarioError
-    from xdc.compare import ScenarioBeyondRun
+    from chaos.reach import ScenarioBeyondRun
 
     ap = argparse.ArgumentParser(prog="xdc study", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

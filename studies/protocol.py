@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from chaos.scenario import FieldPath, _Validator, _dotted, _tname
+from ground.config import POLICIES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,7 +72,6 @@ METRICS = ("final_heldout_nll", "progress_per_flop", "attempted_flops", "opportu
 ENERGY_METRICS = ("energy_j", "energy_checkpoint_j", "energy_replay_j")
 INVALIDATORS = ("unclean_exit", "target_not_reached", "unequal_work", "work_unbalanced", "faults_never_fired",
                 "mixed_code_revisions", "eval_set_mismatch", "energy_meter_invalid", "start_state_mismatch")
-POLICIES = ("stall", "restart", "elastic", "oracle")
 SPLITS = ("heldout", "calibration")
 GATE_KINDS = ("noninferiority", "superiority")
 TESTS = ("sign_flip_exact",)

@@ -45,7 +45,8 @@ def _scenario(s: Stratum) -> Any:
 def run_study(p: Protocol, entry: dict[str, Any], out: Path, *, timeout_s: float = 1800, quiet: bool = True,
               max_runs: int | None = None, say: Callable[[str], None] = print) -> dict[str, Any]:
     """Run what the ledger has not finished. Returns {"done", "ran", "skipped", "stopped", "notes"}."""
-    from xdc.compare import check_scenario_fits, with_policy
+    from chaos.policy_config import config_for_policy
+    from chaos.reach import check_scenario_fits
     from ground.config import load_config, merge
     from xdc.launcher import launch
     from ground.provenance import code_revision
@@ -111,7 +112,7 @@ def run_study(p: Protocol, entry: dict[str, Any], out: Path, *, timeout_s: float
                                                              "run_id": run_id}))
         if scenario is not None:
             check_scenario_fits(cfg, scenario)
-        cfg = with_policy(cfg, arm.policy, scenario)
+        cfg = config_for_policy(cfg, arm.policy, scenario)
         run_dir = out / "runs" / run_id
         ledger.append({"type": "run_started", "key": key, "run_dir": str(run_dir), "code_revision": rev})
         n_done = len([k for k in (*finished, *ran) if k != START_KEY])

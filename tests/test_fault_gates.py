@@ -11,7 +11,7 @@ from chaos.scenario import Scenario
 from ground import gates
 from ground.config import RunConfig
 from tests.test_chaos_driver import rig  # noqa: F401  (the driver's fixture)
-from xdc.compare import with_policy
+from chaos.policy_config import config_for_policy as with_policy
 
 
 def test_a_round_reaches_the_gates_its_commit_fires() -> None:
@@ -88,3 +88,16 @@ def test_the_driver_releases_a_gate_once_every_fault_at_its_tokens_is_injected(
     assert gates.is_released(tmp_path, 9000)
     rel = [e for e in handle.log.named("fault_gate_released") if e["gate_tokens"] == 9000]
     assert len(rel) == 1 and rel[0]["reason"] == "driver_stopped"
+
+
+def test_the_policy_names_are_the_coordinators_policies_and_the_oracle_foresees_site_faults_only():
+    from chaos.policy_config import oracle_faults
+    from coordinator.recovery import Policy
+    from ground.config import POLICIES
+
+    assert POLICIES == tuple(p.value for p in Policy)
+    sc = (Scenario.build("mixed").crash("b", at_useful_tokens=4000).degrade("a<->b", at_useful_tokens=5000, latency_ms=50)
+          .crash("c", at_s=3.0))
+    assert oracle_faults(sc) == (("b", 4000),)  # the link fault and the time-triggered crash are not foreseen
+    assert with_policy(RunConfig(), "oracle", sc).recovery.oracle_faults == (("b", 4000),)
+    assert with_policy(RunConfig(), "elastic", sc).recovery.oracle_faults == ()

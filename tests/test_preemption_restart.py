@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from chaos.scenario import Scenario
 from tests.conftest import assert_ledger_balanced, events
-from xdc.compare import with_policy as _with_policy
+from chaos.policy_config import config_for_policy as _with_policy
 from ground.config import load_config, merge
 from xdc.launcher import launch
 

@@ -11,7 +11,8 @@ import pytest
 from chaos.scenario import Scenario, load_scenario, unreachable_triggers
 from tests.conftest import events
 from xdc.cli import DEMO, main as xdc_main
-from xdc.compare import ScenarioBeyondRun, check_scenario_fits, run_comparison, run_end
+from chaos.reach import ScenarioBeyondRun, check_scenario_fits, run_end
+from xdc.compare import run_comparison
 from ground.config import load_config, merge
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -245,7 +245,8 @@ def test_a_run_without_logs_is_the_same_run_as_with_logs(tmp_path: Path, period_
 def _case_24(scenario: str, policy: str, mode: str, confirm_ms: int = 0) -> tuple[RunConfig, Scenario]:
     """A 24-site config and scenario (24: the reports reach the coordinator at several instants);
     `confirm_ms`: the silence after the heartbeat timeout before a suspect is failed."""
-    from sim.cli import site_names, with_policy
+    from chaos.policy_config import config_for_policy as with_policy
+    from sim.cli import site_names
 
     names = site_names(24)
     scen = load_scenario(ROOT / "scenarios" / f"{scenario}.yaml", sites=names)
@@ -757,7 +758,7 @@ def test_a_joiner_finishes_its_transfer_when_a_drain_from_a_later_round_arrives(
     none). b needs round 8's state and round 8 itself for epoch 4: it must finish the transfer, not
     abandon it. It used to abandon it (as the emulator's agent did), fail epoch 4's restore, be
     declared failed, and the run took seven epochs instead of five."""
-    from sim.cli import with_policy
+    from chaos.policy_config import config_for_policy as with_policy
 
     cfg = load_config({"run_id": "churn-oracle", "model": {"n_layers": 2},
                        "train": {"target_useful_tokens": 589_824, "step_floor_ms": 100, "per_site_batch": 2,
@@ -887,7 +888,7 @@ def test_the_oracles_sites_leave_a_fault_gate_at_once_as_its_drain_waits(tmp_pat
     for the round after the triggering commit, so a, b and c find a newer epoch waiting at the gate
     and leave it without waiting."""
     from ground.eventlog import process_events
-    from sim.cli import with_policy
+    from chaos.policy_config import config_for_policy as with_policy
 
     scen = Scenario.build("t", "").crash("b", at_useful_tokens=36_864, restart_after_s=2)
     cfg = with_policy(cfg_for("oracle"), "oracle", scen)

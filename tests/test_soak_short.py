@@ -18,7 +18,7 @@ import pytest
 
 from bench.soak import ALL_KINDS, N_FAULTS, Thresholds, judge_schedule, random_schedule, soak_config, soak_one
 from bench.soak_check import checkpoints, clean_exit, faults_logged, frontier_is_tip, reached_target
-from xdc.compare import check_scenario_fits, run_end
+from chaos.reach import check_scenario_fits, run_end
 
 SEEDS = range(1000, 1020)  # the seeds `make soak` draws
 TH = Thresholds(heartbeat_s=2.0, stall_s=8.0)

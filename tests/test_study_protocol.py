@@ -88,7 +88,7 @@ def test_shipped_protocols_parse_and_are_registered(path):
 
 def test_a_fault_past_the_target_is_refused_before_any_run(tmp_path):
     from studies.runner import run_study
-    from xdc.compare import ScenarioBeyondRun
+    from chaos.reach import ScenarioBeyondRun
 
     p = parse_protocol(TINY.read_text().replace("at_useful_tokens: 12288", "at_useful_tokens: 99999"), "p.yaml")
     with pytest.raises(ScenarioBeyondRun, match="99,999"):

@@ -88,7 +88,8 @@ def _print_chaos(chaos: dict | None) -> None:
         print(f"warning: {line.strip()}", file=sys.stderr)
 
 
-from xdc.compare import POLICIES, with_policy as _with_policy  # noqa: E402  (re-exported for scripts)
+from chaos.policy_config import config_for_policy  # noqa: E402
+from ground.config import POLICIES  # noqa: E402
 
 
 def _load_scenario(path: str, cfg: Any) -> Any:
@@ -100,7 +101,7 @@ def _load_scenario(path: str, cfg: Any) -> Any:
 def _fits(cfg: Any, scenario: Any, args: argparse.Namespace) -> bool:
     """False (with the reason on stderr) when a fault's progress trigger lies past the target and
     the user did not pass --allow-unfired; with it, the same lines are printed as warnings."""
-    from xdc.compare import ScenarioBeyondRun, check_scenario_fits
+    from chaos.reach import ScenarioBeyondRun, check_scenario_fits
 
     try:
         for line in check_scenario_fits(cfg, scenario, allow_unfired=bool(getattr(args, "allow_unfired", False))):
@@ -127,7 +128,7 @@ def cmd_run(args: argparse.Namespace, base: dict | None = None) -> int:
     if scenario is not None:
         if not _fits(cfg, scenario, args):
             return 2
-        cfg = _with_policy(cfg, cfg.recovery.policy, scenario)
+        cfg = config_for_policy(cfg, cfg.recovery.policy, scenario)
     run_dir, summary = launch(cfg, quiet=args.quiet, scenario=scenario)
     if not summary:
         print(f"run failed before it started; see {run_dir}/logs", file=sys.stderr)

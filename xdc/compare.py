@@ -12,31 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from analysis.run_numbers import matched_frontier
-from chaos.reach import ScenarioBeyondRun, check_scenario_fits, run_end  # noqa: F401  (callers import them from here)
-from ground.config import RunConfig
+from chaos.reach import check_scenario_fits
+from chaos.policy_config import config_for_policy
+from ground.config import POLICIES, RunConfig
 from ground.eventlog import read_events
-from ground.faults import site_kinds
-from ground.gates import gates_of
-
-POLICIES = ("stall", "restart", "elastic", "oracle")
-
-
-def oracle_faults(scenario: Any) -> list[list[Any]]:
-    """(site, useful tokens) of every site fault the oracle can see coming (progress triggers only)."""
-    out = []
-    for f in scenario.faults:
-        tokens = getattr(f.trigger, "at_useful_tokens", None)
-        if f.kind in site_kinds() and tokens is not None:
-            out.append([f.target, int(tokens)])
-    return out
-
-
-def with_policy(cfg: RunConfig, policy: str, scenario: Any) -> RunConfig:
-    """The run's config under `policy` for `scenario`: the oracle's foreseen faults, every policy's
-    fault gates (ground/gates.py)."""
-    faults = tuple((s, t) for s, t in oracle_faults(scenario)) if (scenario is not None and policy == "oracle") else ()
-    gates = gates_of(scenario.faults) if scenario is not None else ()
-    return replace(cfg, recovery=replace(cfg.recovery, policy=policy, oracle_faults=faults, fault_gates=gates))
 
 
 def busy_cores(window_s: float = 0.5) -> float:
@@ -110,7 +89,7 @@ def run_comparison(cfg: RunConfig, scenario: Any, out: Path, policies: tuple[str
     out.mkdir(parents=True, exist_ok=True)
     index: dict[str, Any] = {"scenario": scenario.to_dict(), "runs": [], "interrupted": False}
     for policy in policies:
-        pcfg = with_policy(replace(cfg, runs_dir=str(out), run_id=f"{policy}-{new_run_id()}"), policy, scenario)
+        pcfg = config_for_policy(replace(cfg, runs_dir=str(out), run_id=f"{policy}-{new_run_id()}"), policy, scenario)
         if on_run is not None:
             on_run(policy)
         kw = {"timeout_s": timeout_s} if timeout_s is not None else {}

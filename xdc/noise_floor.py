@@ -155,9 +155,9 @@ def main(argv: list[str] | None = None, base: dict | None = None) -> int:
     data = merge(data, {"runs_dir": args.runs_dir})
     cfg = load_config(data)
     if provenance is not None:
-        from xdc.compare import with_policy
+        from chaos.policy_config import config_for_policy
 
-        cfg = with_policy(cfg, provenance["policy"], None)
+        cfg = config_for_policy(cfg, provenance["policy"], None)
     rec = measure(cfg, list(range(args.first_seed, args.first_seed + args.seeds)), args.out, provenance=provenance)
     print(f"noise floor over {rec['n_seeds']} seeds: mean {rec['mean_nll']:.4f}, std {rec['std_nll']:.4f}, "
           f"spread {rec['spread_nll']:.4f} nats; differences under {rec['threshold_nats']:.4f} nats are not "
