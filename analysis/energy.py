@@ -26,7 +26,7 @@ from typing import Any
 
 from analysis.clock import steady_points
 from analysis.load import RunHistory
-from analysis.summary import lineage
+from analysis.ledgers import lineage
 from analysis.timeline import extract_phases
 from telemetry.trace import TRACE_NAME, Trace, read_trace
 from telemetry.validity import (change_times, claim_status, effective_update, energy_gate, evaluate,

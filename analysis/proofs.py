@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from analysis.load import RunHistory
-from analysis.summary import lineage
+from analysis.ledgers import lineage
 
 COORD, STORE = "coord", "store"
 INITIAL = "initial weights"  # the `source` a restore span logs when it loads the initial weights

@@ -11,8 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from analysis.ledgers import (byte_ledger, checkpoint_tree, lineage, reconcile, site_time,  # noqa: F401 (old path)
-                              work_ledger)
+from analysis.energy import energy_summary
 from analysis.load import load_run
 from analysis.run_numbers import RunNumbers, run_numbers
 from ground.processes import wan_processes
@@ -21,12 +20,6 @@ from ground.processes import wan_processes
 CURVE_KEYS = ("round", "useful_tokens_trained", "heldout_nll", "heldout_nll_se", "wall_ns")
 WORK_TOTALS = ("attempted_tokens", "retained_tokens", "lost_tokens", "attempted_flops", "retained_flops",
                "lost_flops", "replayed_tokens")
-
-
-def _energy(run_dir: Path) -> dict[str, Any]:
-    from analysis.energy import energy_summary  # here: analysis.energy imports the ledgers
-
-    return energy_summary(run_dir)
 
 
 def summary_numbers(n: RunNumbers) -> dict[str, Any]:
@@ -92,6 +85,6 @@ def summarize(run_dir: Path, *, proxy_bytes: dict[str, Any], exit_codes: dict[st
         "earlier_exit_codes": earlier_exit_codes or {},
         "clean_exit": clean_exit(sites, exit_codes, earlier_exit_codes, interrupted),
         "interrupted": interrupted,
-        "energy": _energy(h.run_dir),
+        "energy": energy_summary(h.run_dir),
         "config": cfg,
     }

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from analysis.summary import byte_ledger
+from analysis.ledgers import byte_ledger
 
 
 def _counters(proc: str, pid: int, rows: list[tuple[str, str, str, str, int]], final: bool) -> dict:

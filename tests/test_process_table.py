@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import signal
 
-from analysis.summary import byte_ledger
+from analysis.ledgers import byte_ledger
 from ground.config import load_config
 from ground.processes import (PROCESSES, compose_processes, has_byte_counters, start_order, stop_order,
                               wan_processes)
