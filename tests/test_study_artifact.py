@@ -89,6 +89,13 @@ def test_families_rank_when_the_noise_floor_is_known():
     assert fam["partition"]["ranking"] == "t wins"
     assert fam["squeeze"]["ranking"] == "abstains"  # +0.02 inside the floor in one region
     assert fam["calm"]["ranking"] == "abstains"
+    # the stated saving (20 % of ticks or bytes) counts held-out families only; 20/24 ticks is a 17 % saving
+    assert (t["saving_goal"]["n_heldout"], t["saving_goal"]["n_saving"]) == (2, 0)
+    assert not fam["partition"]["saves_goal"] and fam["partition"]["completion_ratio"] == 20 / 24
+    runs = [{**r, "metrics": {**r["metrics"], "inter_site_bytes": {  # t sends a tenth of the bytes in partition
+                "value": 1.0 if (r["arm"] == "t" and r["stratum"].startswith("p-")) else 10.0}}} for r in runs]
+    t = family_tables(list(p.strata), ["c", "t", "s"], "t", "c", runs, floor_nats=0.05)
+    assert t["saving_goal"]["families"] == ["partition"], t["ledger"]
 
 
 def _with_rule(metric: str = "final_heldout_nll", direction: str = "lower", split: str = "calibration") -> str:

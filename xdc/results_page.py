@@ -583,6 +583,16 @@ def equal_work_body(res: dict[str, Any]) -> tuple[str, str]:
     return sentence, body
 
 
+def _saving_goal(fam: dict[str, Any]) -> str:
+    """The held-out families that saved the stated share of ticks or bytes (studies/families.py)."""
+    g = fam.get("saving_goal")
+    if not g:
+        return ""
+    names = ", ".join(g["families"]) or "none"
+    return (f"<p class='saving-goal'>{g['n_saving']} of {g['n_heldout']} held-out families saved at least "
+            f"{g['fraction']:.0%} of opportunity ticks or inter-site bytes ({e(names)}); rule: {e(g['rule'])}.</p>")
+
+
 def controller_body(res: dict[str, Any]) -> tuple[str, str]:
     art = res["_artifact"]
     sentence = study_sentence(res)
@@ -597,6 +607,7 @@ def controller_body(res: dict[str, Any]) -> tuple[str, str]:
             + table("Untouched family ledger", ["Family", "Split", "Learning delta (nats)", "Completion ratio",
                                                "WAN ratio", "Work replayed", "Energy ratio", "Ranking / abstention"],
                     ledger)
+            + _saving_goal(fam)
             + table("Ranking under uncertainty", ["Family", "Region", "Ranking", "Best in hindsight", "Reason"], regions)
             + evidence_block(res) + study_runs_table(res, "Run records") + _versions(art) + study_traces(res))
     return sentence, body
