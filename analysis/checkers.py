@@ -419,7 +419,12 @@ def check_faults_fired(runs: list[RunHistory], ctx: dict[str, Any]) -> CheckResu
         viol += fs.problems
         missing += fs.missing
         notes += fs.notes
-    n = sum(len((ctx.get("faults", {}).get(h.run_id) or fault_schedule(h)).fired) for h in runs)
+    scheds = [ctx.get("faults", {}).get(h.run_id) or fault_schedule(h) for h in runs]
+    n = sum(len(fs.fired) for fs in scheds)
+    if not viol and not missing and not any(fs.scheduled for fs in scheds):
+        # No evidence either way: a check with nothing to check says so, it does not pass.
+        return CheckResult("faults_fired", UNKNOWN, f"no fault was scheduled in {len(runs)} run(s): nothing to check",
+                           notes, 0)
     return _result("faults_fired", viol, f"every scheduled fault fired ({n} injection(s) in {len(runs)} run(s))",
                    "{n} scheduled fault(s) did not fire", notes, missing)
 

@@ -29,8 +29,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-# A check that cannot be decided from one run.
-UNDECIDABLE_ALONE = {"same_frontier"}
+# Checks that cannot be decided from one run without a scenario: nothing to compare the frontier with,
+# no fault scheduled.
+UNDECIDABLE_ALONE = {"same_frontier", "faults_fired"}
 
 
 def artifact_problems(art: dict[str, Any]) -> list[str]:

@@ -174,7 +174,8 @@ def test_a_run_without_a_scenario_says_no_fault_was_scheduled(comparison, tmp_pa
     (run / "logs" / "chaos.jsonl").unlink()
     res = analyze([run], tmp_path / "out")
     faults = _checks(res.artifact)["faults_fired"]
-    assert faults["status"] == "pass" and "no scenario was given" in faults["evidence"][0], faults
+    assert faults["status"] == "unknown" and "no scenario was given" in faults["evidence"][0], faults
+    assert faults["summary"] == "no fault was scheduled in 1 run(s): nothing to check"
     assert "<h2>Recovery timeline: no fault fired</h2>" in res.report_path.read_text()
 
 
