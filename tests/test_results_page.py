@@ -118,3 +118,34 @@ def test_a_section_is_filled_by_a_run_result_over_a_placeholder_and_by_the_lates
     assert got["controller"]["name"] == "b"
     got = by_section({"a": res("a", "no-claim", 5), "b": res("b", "claim", 5)})
     assert got["controller"]["name"] == "a"  # a tie keeps the first by name
+
+
+def test_the_controller_timeline_draws_both_arms_settings_and_marks_and_their_commit_ledgers():
+    from xdc.results_page import _controller_ledgers, _controller_svg
+
+    def run(arm: str, intervals: list, marks: list, n: int) -> dict:
+        ledger = [{"round": r, "wall_ns": 10**9 * (r + 1), "epoch": 1, "mode": "local", "inner_steps_h": 8,
+                   "compression": "int8" if arm == "adaptive-v2" else "none", "action": "keep", "members": ["a", "b"],
+                   "useful_tokens": 6144 * (r + 1), "wan_payload_bytes": 1000, "heldout_nll": None} for r in range(n)]
+        return {"arm": arm, "run_id": f"run-{arm}", "t0_wall_ns": 0, "intervals": intervals, "marks": marks,
+                "commit_ledger": ledger}
+
+    view = {"stratum": "bw-collapse-mild", "rule": "the first stratum ...", "runs": [
+        run("adaptive-v2", [{"label": "local H=32", "start_s": 0, "end_s": 2, "first_round": 0, "last_round": 1,
+                             "commits": 2},
+                            {"label": "local H=8 int8", "start_s": 2, "end_s": 9, "first_round": 2, "last_round": 8,
+                             "commits": 7}],
+            [{"kind": "change", "t_s": 2.0, "text": "after round 1: ..."},
+             {"kind": "fault", "t_s": 4.0, "text": "link_degrade a<->b"},
+             {"kind": "abstain", "t_s": 5.0, "text": "after round 4: too few samples"}], 9),
+        run("fixed-h8", [{"label": "local H=8", "start_s": 0, "end_s": 12, "first_round": 0, "last_round": 10,
+                          "commits": 11}], [{"kind": "fault", "t_s": 4.1, "text": "link_degrade a<->b"}], 11)]}
+    svg = _controller_svg(view)
+    assert svg.count("<rect ") == 3 and "aria-label='Settings of adaptive-v2 and fixed-h8 on one time axis" in svg
+    assert svg.count("fill='#c00'") == 1 and svg.count("<circle ") == 1 and svg.count("stroke-width='1.5'") == 2
+    assert "Stratum <b>bw-collapse-mild</b>" in svg and "◆ setting changed" in svg
+    led = _controller_ledgers(view)
+    assert "adaptive-v2 (run-adaptive-v2): 9 commits" in led and "fixed-h8 (run-fixed-h8): 11 commits" in led
+    assert led.count("<tr>") == 2 + 9 + 11 and "local H=8 int8" in led
+    assert "No controller timeline: no stratum has both runs" in _controller_svg(
+        {"stratum": None, "rule": "no stratum has both runs", "runs": []})

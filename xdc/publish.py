@@ -206,6 +206,8 @@ def _study(src: Path, art: dict[str, Any], registry: Path) -> dict[str, Any]:
                                  f"{art['conclusion']['status']!r} ({art['conclusion']['text']!r})")
     commit = one_clean_commit([(r["key"], r.get("code_revision")) for r in art["runs"]])
     first = art["runs"][0]["record"] if art["runs"] else {}
+    if p.arm(art["study"]["treatment"]).mode == "adaptive":
+        art = {**art, "controller_view": controller_view(src, art)}
     reg_rev = entry.get("code_revision") or {}
     traces = [t for r in art["runs"] for t in _log_hashes(_run_dir(src, r["run_dir"]))]
     return {"source_kind": "study", "sections": [STUDY_SECTION.get(p.name, p.name)], "state": state,
@@ -216,6 +218,45 @@ def _study(src: Path, art: dict[str, Any], registry: Path) -> dict[str, Any]:
                          "registration_commit": reg_rev.get("commit"),
                          "registration_clean": reg_rev.get("dirty") is False},
             "run_dirs": [_run_dir(src, r["run_dir"]) for r in art["runs"]]}
+
+
+LEDGER_KEYS = ("round", "epoch", "wall_ns", "mode", "inner_steps_h", "compression", "setting_source", "action",
+               "action_reason", "members", "stress", "update_age_steps", "cos_to_mean", "useful_tokens",
+               "attempted_tokens", "replayed_tokens", "wan_payload_bytes", "wan_time_s", "heldout_nll", "in_lineage")
+
+
+def controller_view(src: Path, art: dict[str, Any]) -> dict[str, Any]:
+    """The controller section's picture of one stratum: the treatment's and the comparator's settings on one
+    time axis with their fault, membership, abstention and change marks, and each run's optimizer-commit
+    ledger (analysis/controller_report.py on the two runs' logs). The stratum: the first of the evaluation
+    split (protocol order) whose treatment run changed its setting, else the first of the split."""
+    from analysis.artifact import build_artifact
+    from analysis.controller_report import marks, setting_intervals
+
+    st = art["study"]
+    by = {(r["stratum"], r["arm"]): r for r in art["runs"] if not r["control"]}
+    strata = list(dict.fromkeys(r["stratum"] for r in art["runs"] if r["split"] == st["evaluation_split"]
+                                and not r["control"]))
+    views: dict[str, Any] = {}
+    for name in strata:
+        t, c = by.get((name, st["treatment"])), by.get((name, st["control"]))
+        if t is None or c is None:
+            continue
+        a = build_artifact([_run_dir(src, t["run_dir"]), _run_dir(src, c["run_dir"])])
+        runs = []
+        for arm, run in zip((st["treatment"], st["control"]), a["runs"]):
+            runs.append({"arm": arm, "run_id": run["run_id"], "t0_wall_ns": run["t0_wall_ns"],
+                         "intervals": setting_intervals(run), "marks": marks(run),
+                         "commit_ledger": [{k: row.get(k) for k in LEDGER_KEYS} for row in run.get("commit_ledger") or []]})
+        views[name] = runs
+        if any(m["kind"] == "change" for m in runs[0]["marks"]):
+            return {"stratum": name, "rule": "the first stratum of the evaluation split whose treatment run changed "
+                                              "its setting", "runs": runs}
+    if not views:
+        return {"stratum": None, "rule": "no stratum has both runs", "runs": []}
+    name = next(iter(views))
+    return {"stratum": name, "rule": "no treatment run changed its setting: the first stratum of the evaluation split",
+            "runs": views[name]}
 
 
 def _run_dir(src: Path, recorded: str) -> Path:

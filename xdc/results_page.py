@@ -583,6 +583,92 @@ def equal_work_body(res: dict[str, Any]) -> tuple[str, str]:
     return sentence, body
 
 
+# Marks of the controller timeline: a shape each (no colour needed to tell them apart) and a legend name.
+CONTROL_MARKS = {"fault": ("x", "WAN or site fault injected"), "shrink": ("v", "membership shrank"),
+                 "rejoin": ("^", "membership grew (rejoin)"), "abstain": ("o", "controller abstained"),
+                 "change": ("d", "setting changed")}
+
+
+def _mark_shape(kind: str, x: float, y: float) -> str:
+    if kind == "x":
+        return f"<path d='M{x - 4:.1f},{y - 4:.1f}L{x + 4:.1f},{y + 4:.1f}M{x - 4:.1f},{y + 4:.1f}L{x + 4:.1f},{y - 4:.1f}' " \
+               "stroke='#000' stroke-width='1.5'"
+    if kind == "v":
+        return f"<path d='M{x - 4:.1f},{y - 3:.1f}L{x + 4:.1f},{y - 3:.1f}L{x:.1f},{y + 4:.1f}Z' fill='#000'"
+    if kind == "^":
+        return f"<path d='M{x - 4:.1f},{y + 3:.1f}L{x + 4:.1f},{y + 3:.1f}L{x:.1f},{y - 4:.1f}Z' fill='#000'"
+    if kind == "o":
+        return f"<circle cx='{x:.1f}' cy='{y:.1f}' r='3.5' fill='none' stroke='#000'"
+    return f"<path d='M{x:.1f},{y - 5:.1f}L{x + 5:.1f},{y:.1f}L{x:.1f},{y + 5:.1f}L{x - 5:.1f},{y:.1f}Z' fill='#c00'"
+
+
+def _controller_svg(view: dict[str, Any]) -> str:
+    """The treatment's and the comparator's settings on one time axis (seconds from each run's first event),
+    a row of marks under each: faults, membership changes, abstentions, changes."""
+    runs = view.get("runs") or []
+    if not runs:
+        return f"<p>No controller timeline: {e(view.get('rule'))}.</p>"
+    t_max = max((iv["end_s"] for r in runs for iv in r["intervals"]), default=1.0) or 1.0
+    t_max = max([t_max] + [m["t_s"] for r in runs for m in r["marks"]])
+    left, width, row_h = 120, 960, 62
+    height = 30 + row_h * len(runs)
+    sx = (lambda t: left + width * max(0.0, min(1.0, t / t_max)))
+    palette = ["#9ecae1", "#3182bd", "#a1d99b", "#31a354", "#fdae6b", "#e6550d", "#bcbddc", "#756bb1"]
+    labels = list(dict.fromkeys(iv["label"] for r in runs for iv in r["intervals"]))
+    color = {lab: palette[i % len(palette)] for i, lab in enumerate(labels)}
+    out = [f"<svg role='img' aria-label='Settings of {e(runs[0]['arm'])} and {e(runs[-1]['arm'])} on one time axis, "
+           f"stratum {e(view['stratum'])}' width='{left + width + 20}' height='{height}' "
+           f"viewBox='0 0 {left + width + 20} {height}'>"]
+    for k in range(11):
+        x = left + width * k / 10
+        out.append(f"<line x1='{x:.1f}' x2='{x:.1f}' y1='12' y2='{height - 6}' stroke='#eee'/>"
+                   f"<text x='{x:.1f}' y='10' text-anchor='middle'>{t_max * k / 10:.0f} s</text>")
+    for i, r in enumerate(runs):
+        y = 20 + i * row_h
+        out.append(f"<text x='4' y='{y + 16}'>{e(r['arm'])}</text>")
+        for iv in r["intervals"]:
+            x0, x1 = sx(iv["start_s"]), sx(iv["end_s"])
+            out.append(f"<rect x='{x0:.1f}' y='{y + 4}' width='{max(0.5, x1 - x0):.1f}' height='20' "
+                       f"fill='{color[iv['label']]}' stroke='#fff'><title>{e(iv['label'])}: rounds {iv['first_round']}-"
+                       f"{iv['last_round']}, {iv['start_s']:.1f}-{iv['end_s']:.1f} s</title></rect>")
+            if x1 - x0 > 70:
+                out.append(f"<text x='{x0 + 3:.1f}' y='{y + 18}'>{e(iv['label'])}</text>")
+        for m in r["marks"]:
+            shape = CONTROL_MARKS.get(m["kind"], ("d", ""))[0]
+            out.append(_mark_shape(shape, sx(m["t_s"]), y + 36) + f"><title>{e(m['kind'])} at {m['t_s']:.1f} s: "
+                       f"{e(m.get('text'))}</title>" + ("</path>" if shape != "o" else "</circle>"))
+    out.append("</svg>")
+    legend = " · ".join(f"<span style='background:{c}'>&nbsp;&nbsp;&nbsp;</span> {e(lab)}" for lab, c in color.items())
+    shapes = {"x": "×", "v": "▼", "^": "▲", "o": "○", "d": "◆"}
+    marks_legend = " · ".join(f"{shapes[sh]} {e(name)}" for sh, name in CONTROL_MARKS.values())
+    return ("<figure>" + "".join(out) + f"<figcaption>Stratum <b>{e(view['stratum'])}</b> ({e(view['rule'])}): the "
+            f"setting each round trained in, per arm, on one time axis (seconds from each run's first event); marks "
+            f"under each bar: {marks_legend}. Settings: {legend}.</figcaption></figure>")
+
+
+def _controller_ledgers(view: dict[str, Any], limit: int = 120) -> str:
+    """Each run's optimizer-commit ledger: one row per commit, the setting it trained in and the decision after."""
+    out = []
+    for r in view.get("runs") or []:
+        t0 = int(r["t0_wall_ns"])
+        rows = []
+        for c in r["commit_ledger"][:limit]:
+            label = "sync" if c.get("mode") == "sync" else f"local H={c.get('inner_steps_h')}"
+            if c.get("compression") not in (None, "none"):
+                label += f" {c['compression']}"
+            rows.append([e(c["round"]), fmt((int(c["wall_ns"]) - t0) / 1e9 if c.get("wall_ns") else None, ".1f"),
+                         e(c.get("epoch")), e(label), e(c.get("action") or "—"), e(c.get("action_reason") or ""),
+                         e(", ".join(c.get("members") or [])), fmt(c.get("useful_tokens")),
+                         fmt(c.get("wan_payload_bytes")), fmt(c.get("heldout_nll"), ".4f")])
+        cut = f" (the first {limit} of {len(r['commit_ledger'])})" if len(r["commit_ledger"]) > limit else ""
+        out.append(f"<details><summary>Optimizer-commit ledger of {e(r['arm'])} ({e(r['run_id'])}): "
+                   f"{len(r['commit_ledger'])} commits{cut} {ev('measured')}</summary>"
+                   + table(f"Commits of {e(r['arm'])}", ["Round", "t (s)", "Epoch", "Setting", "Decision after",
+                                                         "Reason", "Members", "Useful tokens", "WAN payload (B)",
+                                                         "Held-out NLL"], rows) + "</details>")
+    return "".join(out)
+
+
 def _saving_goal(fam: dict[str, Any]) -> str:
     """The held-out families that saved the stated share of ticks or bytes (studies/families.py)."""
     g = fam.get("saving_goal")
@@ -603,7 +689,10 @@ def controller_body(res: dict[str, Any]) -> tuple[str, str]:
                e(f"{f.get('ranking')}: {f.get('reason')}")] for f in fam.get("ledger", [])]
     regions = [[e(r["family"]), e(", ".join(f"{k}={v}" for k, v in r["region"].items())), e(" < ".join(r["ranking"])),
                 e(r.get("hindsight_best") or "none"), e(r.get("reason"))] for r in fam.get("regions", [])]
-    body = (gates_table(art) + invalidators_table(art)
+    view = art.get("controller_view")
+    timeline = ("<h3>The controller and the comparator on one time axis</h3>" + _controller_svg(view)
+                + _controller_ledgers(view)) if view else ""
+    body = (gates_table(art) + invalidators_table(art) + timeline
             + table("Untouched family ledger", ["Family", "Split", "Learning delta (nats)", "Completion ratio",
                                                "WAN ratio", "Work replayed", "Energy ratio", "Ranking / abstention"],
                     ledger)
