@@ -353,6 +353,25 @@ class Rules:
         if msg.epoch != self.membership.epoch and msg.epoch not in self.epoch_members:
             self._reject(msg, f"stale epoch {msg.epoch}")
             return
+        # Only the epoch's leader checkpoints (site_agent/adoption.py: the plan's first member), and only
+        # rounds near the commit record and past the frontier: another member's report, or one far ahead,
+        # would let one site choose the state the cluster recovers to (and grow the pending set).
+        members = self.membership.members if msg.epoch == self.membership.epoch else self.epoch_members[msg.epoch]
+        if not members or msg.src != members[0]:
+            self._reject(msg, f"not the leader: only epoch {msg.epoch}'s leader "
+                              f"({members[0] if members else 'none'}) reports a durable checkpoint", round=c.round)
+            return
+        if c.round > self.committed_round + ROUND_WINDOW:
+            self._reject(msg, f"round {c.round} is more than {ROUND_WINDOW} rounds past the commit record "
+                              f"({self.committed_round})", round=c.round)
+            return
+        f = self.frontier
+        if f is not None and (c.round, c.cursor, c.manifest_hash) == (f.round, f.cursor, f.manifest_hash):
+            return  # the frontier's own report again (a resend): nothing changes
+        if f is not None and c.round <= f.round:
+            self._reject(msg, f"round {c.round} is not past the frontier (round {f.round}): the frontier never "
+                              "goes back", round=c.round)
+            return
         commit = next((x.commit_id for x in reversed(self.commits) if x.round == c.round and x.cursor_end == c.cursor),
                       None)
         if commit is None:

@@ -201,3 +201,24 @@ def test_an_epoch_journaled_but_not_logged_before_the_crash_is_logged_by_the_res
     c2.journal.close()
     make(tmp_path, **ORACLE)  # restarted again: epoch 3 is in the log now, nothing is logged twice
     assert [e["epoch"] for e in logged(c2, "membership_epoch")] == [1, 2, 3]
+
+
+def test_only_the_leader_reports_a_durable_checkpoint_near_the_commit_record_and_past_the_frontier(tmp_path: Path) -> None:
+    """An insider with a valid key (issue 54) cannot choose the frontier: c is not epoch 1's leader; a round
+    far past the commit record would only grow the pending set; a round behind the frontier would move it
+    back. Each is rejected with its reason; the leader's own report, and the same report again, are fine."""
+    c = storm(tmp_path)  # rounds 0-1 committed under epoch 1 = [a, b, c]
+    c.handle(msg("checkpoint_durable", "c", {"round": 1, "cursor": 192, "manifest_hash": "66" * 32}, epoch=1), 5)
+    (r,) = logged(c, "report_rejected")
+    assert "not the leader: only epoch 1's leader (a)" in r["reason"] and c.frontier is None
+    c.handle(msg("checkpoint_durable", "a", {"round": 900, "cursor": 10**6, "manifest_hash": "77" * 32}, epoch=1), 6)
+    assert "more than 8 rounds past the commit record" in logged(c, "report_rejected")[-1]["reason"]
+    assert (900, 10**6) not in c.pending_frontiers
+    good = {"round": 1, "cursor": 192, "manifest_hash": "cd" * 32}
+    c.handle(msg("checkpoint_durable", "a", good, epoch=1), 7)
+    assert c.frontier is not None and (c.frontier.round, c.frontier.manifest_hash) == (1, "cd" * 32)
+    c.handle(msg("checkpoint_durable", "a", good, epoch=1), 8)  # a resend: silent
+    assert len(logged(c, "report_rejected")) == 2
+    c.handle(msg("checkpoint_durable", "a", {"round": 0, "cursor": 64, "manifest_hash": "ee" * 32}, epoch=1), 9)
+    assert "not past the frontier (round 1)" in logged(c, "report_rejected")[-1]["reason"]
+    assert c.frontier.round == 1
