@@ -207,7 +207,8 @@ def _study(src: Path, art: dict[str, Any], registry: Path) -> dict[str, Any]:
     commit = one_clean_commit([(r["key"], r.get("code_revision")) for r in art["runs"]])
     first = art["runs"][0]["record"] if art["runs"] else {}
     if p.arm(art["study"]["treatment"]).mode == "adaptive":
-        art = {**art, "controller_view": controller_view(src, art)}
+        art = {**art, "controller_view": controller_view(src, art),
+               "controller_replay": controller_replay(src, art, {a.name for a in p.arms if a.mode == "adaptive"})}
     reg_rev = entry.get("code_revision") or {}
     traces = [t for r in art["runs"] for t in _log_hashes(_run_dir(src, r["run_dir"]))]
     return {"source_kind": "study", "sections": [STUDY_SECTION.get(p.name, p.name)], "state": state,
@@ -257,6 +258,27 @@ def controller_view(src: Path, art: dict[str, Any]) -> dict[str, Any]:
     name = next(iter(views))
     return {"stratum": name, "rule": "no treatment run changed its setting: the first stratum of the evaluation split",
             "runs": views[name]}
+
+
+def controller_replay(src: Path, art: dict[str, Any], adaptive_arms: set[str]) -> dict[str, Any]:
+    """Every adaptive run's logged decisions replayed through its rule from its logged observations
+    (control/replay.py): how many, and every one the replay does not reproduce exactly."""
+    from control.replay import replay_decisions
+    from ground.config import load_config
+    from ground.eventlog import read_events
+
+    n_runs = n_dec = 0
+    bad: list[str] = []
+    for r in art["runs"]:
+        if r["arm"] not in adaptive_arms:
+            continue
+        d = _run_dir(src, r["run_dir"])
+        cfg = load_config(json.loads((d / "config.json").read_text()))
+        events = list(read_events(d / "logs" / "coord.jsonl"))
+        n_runs += 1
+        n_dec += sum(1 for e in events if e.get("event") == "controller_decision")
+        bad += [f"{r['key']}: {b}" for b in replay_decisions(events, cfg)]
+    return {"runs": n_runs, "decisions": n_dec, "mismatches": bad[:20], "n_mismatches": len(bad)}
 
 
 def _run_dir(src: Path, recorded: str) -> Path:

@@ -692,6 +692,12 @@ def controller_body(res: dict[str, Any]) -> tuple[str, str]:
     view = art.get("controller_view")
     timeline = ("<h3>The controller and the comparator on one time axis</h3>" + _controller_svg(view)
                 + _controller_ledgers(view)) if view else ""
+    rep = art.get("controller_replay")
+    if rep:
+        timeline += (f"<p class='replay'>Replay: the {rep['decisions']:,} logged decisions of the {rep['runs']} adaptive "
+                     f"runs, replayed through their rule from the logged observations (control/replay.py): "
+                     + ("every one reproduced exactly." if not rep["n_mismatches"] else
+                        f"{rep['n_mismatches']} not reproduced: {e('; '.join(rep['mismatches'][:3]))}") + "</p>")
     body = (gates_table(art) + invalidators_table(art) + timeline
             + table("Untouched family ledger", ["Family", "Split", "Learning delta (nats)", "Completion ratio",
                                                "WAN ratio", "Work replayed", "Energy ratio", "Ranking / abstention"],
