@@ -206,7 +206,7 @@ def _study(src: Path, art: dict[str, Any], registry: Path) -> dict[str, Any]:
                                  f"{art['conclusion']['status']!r} ({art['conclusion']['text']!r})")
     commit = one_clean_commit([(r["key"], r.get("code_revision")) for r in art["runs"]])
     first = art["runs"][0]["record"] if art["runs"] else {}
-    if p.arm(art["study"]["treatment"]).mode == "adaptive":
+    if p.arm(p.treatment).mode == "adaptive":
         art = {**art, "controller_view": controller_view(src, art),
                "controller_replay": controller_replay(src, art, {a.name for a in p.arms if a.mode == "adaptive"})}
     reg_rev = entry.get("code_revision") or {}
