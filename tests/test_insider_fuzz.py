@@ -286,7 +286,10 @@ def test_insider_and_outsider_fuzz_of_a_training_cluster_crashes_nothing(backgro
     from analysis.analyze import analyze
 
     art = analyze([run_dir], tmp_path / "analysis", report=False).artifact
-    # same_frontier compares runs with each other: of one run alone it can only say `unknown`.
+    # same_frontier compares runs with each other: of one run alone it can only say `unknown`; and with
+    # no scenario faults_fired has nothing to check (`unknown`, said so).
+    checks = {c["name"]: c for c in art["checks"]}
+    assert checks["faults_fired"]["summary"] == "no fault was scheduled in 1 run(s): nothing to check"
     not_passed = [c for c in art["checks"] if c["status"] != "pass"
-                  and not (c["name"] == "same_frontier" and c["status"] == "unknown")]
+                  and not (c["name"] in ("same_frontier", "faults_fired") and c["status"] == "unknown")]
     assert not not_passed, json.dumps(not_passed, indent=1)[:4000]
