@@ -52,16 +52,31 @@ class Decision:
     evidence: dict[str, Any] = field(default_factory=dict)
 
 
+def setting_of(h: int, compression: str = "none") -> ConsistencySetting:
+    """The setting of H inner steps per round (H = 1 is sync)."""
+    return ConsistencySetting("sync", 1, compression) if h == 1 else ConsistencySetting("local", h, compression)
+
+
 def _candidates(cfg: AdaptiveConfig) -> list[ConsistencySetting]:
     """Allowed settings in order of preference: least compression first, then smallest H."""
     comps = COMPRESSION_ORDER[:COMPRESSION_ORDER.index(cfg.compression_when_h_max) + 1]
-    out = []
-    for c in comps:
-        for h in sorted(set(cfg.h_choices)):
-            if h == 1 and not cfg.allow_sync:
-                continue
-            out.append(ConsistencySetting("sync", 1, c) if h == 1 else ConsistencySetting("local", h, c))
-    return out
+    return [setting_of(h, c) for c in comps for h in sorted(set(cfg.h_choices)) if h != 1 or cfg.allow_sync]
+
+
+def payload_for(s: ConsistencySetting, payload_now_b: float, comp_now: str) -> float:
+    """What a member would send per round in setting s, from what it sends now under compression `comp_now`."""
+    return payload_now_b * BYTES_PER_VALUE[s.compression] / BYTES_PER_VALUE[comp_now]
+
+
+def window_in_setting(observations: Sequence[Observation], current: ConsistencySetting,
+                      n: int) -> tuple[list[Observation], int]:
+    """The newest `n` of the latest run of cycles trained in `current` (oldest first), and that run's length."""
+    mine: list[Observation] = []
+    for o in reversed(observations):
+        if o.setting != current.label():
+            break
+        mine.append(o)
+    return list(reversed(mine[:n])), len(mine)
 
 
 def _rank(s: ConsistencySetting) -> tuple[int, int]:
@@ -71,8 +86,7 @@ def _rank(s: ConsistencySetting) -> tuple[int, int]:
 def comm_fraction(s: ConsistencySetting, t_step_s: float, payload_now_b: float, comp_now: str,
                   goodput_bps: float) -> float:
     """Predicted fraction T_comm / T_inner of setting s, from what the current setting measured."""
-    payload = payload_now_b * BYTES_PER_VALUE[s.compression] / BYTES_PER_VALUE[comp_now]
-    return (payload / goodput_bps) / (s.steps_per_round * t_step_s)
+    return (payload_for(s, payload_now_b, comp_now) / goodput_bps) / (s.steps_per_round * t_step_s)
 
 
 def _median(xs: Sequence[float]) -> float:
@@ -121,13 +135,8 @@ def _keep_reason(now: float, current: ConsistencySetting, cfg: AdaptiveConfig) -
 
 def decide(observations: Sequence[Observation], current: ConsistencySetting, cfg: AdaptiveConfig) -> Decision:
     """One decision after a finished communication cycle (the newest observation is the last)."""
-    mine: list[Observation] = []
-    for o in reversed(observations):  # the newest run of cycles trained in the current setting
-        if o.setting != current.label():
-            break
-        mine.append(o)
-    window = list(reversed(mine[:cfg.window_cycles]))
-    ev: dict[str, Any] = {"cycles_in_setting": len(mine), "window_rounds": [o.round for o in window]}
+    window, n_mine = window_in_setting(observations, current, cfg.window_cycles)
+    ev: dict[str, Any] = {"cycles_in_setting": n_mine, "window_rounds": [o.round for o in window]}
     why = _unusable_window(window, current, cfg, ev)
     if why is not None:
         return Decision("abstain", current, why, ev)

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from control.controller import BYTES_PER_VALUE, Decision, _candidates, _median
+from control.controller import Decision, _candidates, _median, payload_for, setting_of, window_in_setting
 from control.observations import Observation
 from ground.config import AdaptiveConfig
 from ground.setting import ConsistencySetting
@@ -59,8 +59,7 @@ def token_efficiency(s: ConsistencySetting, cfg: AdaptiveConfig) -> float:
 
 def round_time_s(s: ConsistencySetting, t_step_s: float, payload_now_b: float, comp_now: str, goodput_bps: float) -> float:
     """Predicted wall seconds of one round of s: H inner steps, then the collective at `goodput_bps`."""
-    payload = payload_now_b * BYTES_PER_VALUE[s.compression] / BYTES_PER_VALUE[comp_now]
-    return s.steps_per_round * t_step_s + payload / goodput_bps
+    return s.steps_per_round * t_step_s + payload_for(s, payload_now_b, comp_now) / goodput_bps
 
 
 def progress_rate(s: ConsistencySetting, t_step_s: float, payload_now_b: float, comp_now: str, goodput_bps: float,
@@ -76,34 +75,8 @@ def admissible(cfg: AdaptiveConfig) -> list[ConsistencySetting]:
     cands = _candidates(cfg)
     if cfg.learning_reference_h <= 0:
         return cands
-    ref = ConsistencySetting("sync", 1) if cfg.learning_reference_h == 1 else \
-        ConsistencySetting("local", cfg.learning_reference_h)
-    floor = (1.0 - cfg.max_token_efficiency_loss) * token_efficiency(ref, cfg)
+    floor = (1.0 - cfg.max_token_efficiency_loss) * token_efficiency(setting_of(cfg.learning_reference_h), cfg)
     return [s for s in cands if token_efficiency(s, cfg) >= floor * (1 - 1e-12)]
-
-
-def _compression_of(label: str) -> str:
-    """The compression of a setting's label ('local H=16 int8' -> 'int8'; ConsistencySetting.label)."""
-    last = label.rsplit(" ", 1)[-1]
-    return last if last in BYTES_PER_VALUE else "none"
-
-
-def _best(cands: list[ConsistencySetting], rate: Any) -> ConsistencySetting:
-    """The candidate with the highest rate; ties go to the earlier (preferred) one."""
-    best = cands[0]
-    for s in cands[1:]:
-        if rate(s) > rate(best):
-            best = s
-    return best
-
-
-def _window(observations: Sequence[Observation], current: ConsistencySetting, n: int) -> tuple[list[Observation], int]:
-    mine: list[Observation] = []
-    for o in reversed(observations):  # the newest run of cycles trained in the current setting
-        if o.setting != current.label():
-            break
-        mine.append(o)
-    return list(reversed(mine[:n])), len(mine)
 
 
 def _loss_evidence(window: list[Observation], ev: dict[str, Any]) -> None:
@@ -119,7 +92,7 @@ def _loss_evidence(window: list[Observation], ev: dict[str, Any]) -> None:
 def decide_after_cycle(observations: Sequence[Observation], current: ConsistencySetting,
                        cfg: AdaptiveConfig) -> Decision:
     """One decision after a finished communication cycle (the newest observation is the last)."""
-    window, n_mine = _window(observations, current, cfg.window_cycles)
+    window, n_mine = window_in_setting(observations, current, cfg.window_cycles)
     ev: dict[str, Any] = {"rule": "progress_rate", "cycles_in_setting": n_mine,
                           "window_rounds": [o.round for o in window]}
     if len(window) < cfg.min_cycles_progress:
@@ -147,7 +120,7 @@ def decide_after_cycle(observations: Sequence[Observation], current: Consistency
             cands = [s for s in cands if s.steps_per_round <= current.steps_per_round]
     if current not in cands and (not below_floor or not cands):
         cands.append(current)
-    best = _best(cands, rate)
+    best = max(cands, key=rate)  # the first of the best: ties go to the preferred setting
     gain = rate(best) / rate(current) - 1.0
     ev.update(t_step_s=round(t_step, 4), payload_bytes=int(payload), goodput_bps=round(g_med, 1),
               goodput_slowest_bps=round(g_slow, 1), goodput_fastest_bps=round(g_fast, 1),
@@ -181,8 +154,8 @@ def decide_in_cycle(observations: Sequence[Observation], current: ConsistencySet
         return None
     t_step = _median([o.t_step_s for o in recent])
     # Payload and goodput of the newest cycles, each scaled to the current setting's compression.
-    pay_now = _median([o.payload_bytes * BYTES_PER_VALUE[current.compression] /
-                       BYTES_PER_VALUE[_compression_of(o.setting)] for o in recent])
+    pay_now = _median([payload_for(current, o.payload_bytes, ConsistencySetting.from_label(o.setting).compression)
+                       for o in recent])
     predicted = _median([round_time_s(current, t_step, pay_now, current.compression, o.goodput_bps) for o in recent])
     if elapsed_s < cfg.overrun_factor * predicted or elapsed_s - predicted < cfg.min_overrun_s:
         return None
@@ -195,7 +168,7 @@ def decide_in_cycle(observations: Sequence[Observation], current: ConsistencySet
         return progress_rate(s, t_step, pay_now, current.compression, g_bound, cfg)
 
     cands = admissible(cfg)
-    best = _best(cands + ([] if current in cands else [current]), rate)
+    best = max(cands + ([] if current in cands else [current]), key=rate)
     gain = rate(best) / rate(current) - 1.0
     if best == current or gain < cfg.min_gain:
         return None

@@ -64,6 +64,17 @@ class ConsistencySetting:
         return {"mode": self.mode, "inner_steps_h": self.inner_steps_h, "compression": self.compression}
 
     @staticmethod
+    def from_label(text: str) -> ConsistencySetting:
+        """Inverse of label(): 'sync', 'local H=4', 'local H=16 int8' (an observation names its setting so)."""
+        parts = text.split()
+        comp = parts.pop() if len(parts) > 1 and parts[-1] in COMPRESSIONS else "none"
+        if parts == ["sync"]:
+            return ConsistencySetting("sync", 1, comp)
+        if len(parts) == 2 and parts[0] == "local" and parts[1].startswith("H=") and parts[1][2:].isdigit():
+            return ConsistencySetting("local", int(parts[1][2:]), comp)
+        raise SettingError(f"{text!r} is not a setting's label ('sync', 'local H=4', 'local H=16 int8')")
+
+    @staticmethod
     def from_json(d: Any) -> ConsistencySetting:
         """Inverse of to_json; SettingError on anything that does not fit (never another exception)."""
         if not isinstance(d, dict) or set(d) - {"mode", "inner_steps_h", "compression"}:

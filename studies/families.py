@@ -85,14 +85,13 @@ def family_tables(strata: list[Any], arms: list[str], treatment: str, control: s
         else:
             rank, why = "abstains", "the regions' differences do not all exclude zero by the noise floor"
         split = {s.split for s in ss}
+        saving = [r for r in (med_ratio("opportunity_ticks"), med_ratio("inter_site_bytes")) if r is not None]
         ledger.append({"family": fam, "split": "/".join(sorted(split)), "n_regions": len(ss),
                        "learning_delta": statistics.median(known) if known else None,
                        "completion_ratio": med_ratio("opportunity_ticks"), "wan_ratio": med_ratio("inter_site_bytes"),
                        "work_replayed": sum(int(_v(t, "replayed_tokens") or 0) for t in t_runs if t is not None),
                        "energy_ratio": med_ratio("energy_j"), "ranking": rank, "reason": why,
-                       "ranking_flips": flips})
-        ratios = [r for r in (ledger[-1]["completion_ratio"], ledger[-1]["wan_ratio"]) if r is not None]
-        ledger[-1]["saves_goal"] = bool(ratios) and min(ratios) <= 1 - SAVING_GOAL
+                       "ranking_flips": flips, "saves_goal": bool(saving) and min(saving) <= 1 - SAVING_GOAL})
     held = [f for f in ledger if f["split"] == "heldout"]
     saving = [f["family"] for f in held if f["saves_goal"]]
     return {"ledger": ledger, "regions": regions,

@@ -200,11 +200,6 @@ def _trace(name: str) -> list[Observation]:
     return [observation_of(json.loads(line)) for line in lines[1:]]  # line 1 says where the trace is from
 
 
-def _setting_of(label: str) -> ConsistencySetting:
-    parts = label.split()
-    return ConsistencySetting("local", int(parts[1].split("=")[1]), parts[2] if len(parts) > 2 else "none")
-
-
 def test_on_a_recorded_v5_trace_where_fixed_h8_won_v2_leaves_h32():
     """controller-heldout v5, bw-collapse-mild (re-run at 8deb087): the first rule kept H = 32 on the good
     link (NLL 2.350 against fixed H = 8's 2.245). v2, fed the same observations, leaves H = 32 for
@@ -217,10 +212,10 @@ def test_on_a_recorded_v5_trace_where_fixed_h8_won_v2_leaves_h32():
     collapsed = [9, 10, 11]  # three cycles at 0.55 MB/s, still in H = 32
     for cfg in (floor, pure):
         for i in good:
-            d = decide_after_cycle(obs_[:i + 1], _setting_of(obs_[i].setting), cfg)
+            d = decide_after_cycle(obs_[:i + 1], ConsistencySetting.from_label(obs_[i].setting), cfg)
             assert d.action == "change" and d.setting.steps_per_round <= 8 and d.setting.compression == "int8", (i, d)
     for i in collapsed:
-        cur = _setting_of(obs_[i].setting)
+        cur = ConsistencySetting.from_label(obs_[i].setting)
         assert decide_after_cycle(obs_[:i + 1], cur, floor).setting == L(8, "int8")
         assert decide_after_cycle(obs_[:i + 1], cur, pure).setting == L(32, "int8")
     # Where the first rule had put it (H = 32 int8 on a 5 MB/s link), the floor moves it at once; the

@@ -110,3 +110,16 @@ def test_epoch_settings_start_steps_across_a_switch_and_a_store_restore():
     for ep, rec in ((1, e1), (2, e2), (3, e3), (4, e4)):
         es2.replay_epoch(ep, rec.setting, rec.start_step, rec.prev_mode, rec.start_round)
     assert es2.epochs == es.epochs and es2.current == L4
+
+
+def test_a_label_reads_back_as_its_setting_and_a_malformed_one_is_refused():
+    import pytest
+
+    from ground.setting import ConsistencySetting, SettingError
+
+    for s in (ConsistencySetting("sync", 1), ConsistencySetting("sync", 1, "int8"), ConsistencySetting("local", 4),
+              ConsistencySetting("local", 16, "fp16")):
+        assert ConsistencySetting.from_label(s.label()) == s
+    for bad in ("", "local", "local H=x", "H=4", "local H=4 zip"):
+        with pytest.raises(SettingError, match="is not a setting's label"):
+            ConsistencySetting.from_label(bad)

@@ -25,6 +25,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from ground.setting import ConsistencySetting
 from xdc.publish import RESULTS, SECTIONS, STATES, trace_key
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -589,17 +590,19 @@ CONTROL_MARKS = {"fault": ("x", "WAN or site fault injected"), "shrink": ("v", "
                  "change": ("d", "setting changed")}
 
 
-def _mark_shape(kind: str, x: float, y: float) -> str:
+def _mark_shape(kind: str, x: float, y: float, title: str) -> str:
+    """One mark of the controller timeline: an SVG element of the kind's shape, with its hover title."""
+    t = f"<title>{title}</title>"
     if kind == "x":
-        return f"<path d='M{x - 4:.1f},{y - 4:.1f}L{x + 4:.1f},{y + 4:.1f}M{x - 4:.1f},{y + 4:.1f}L{x + 4:.1f},{y - 4:.1f}' " \
-               "stroke='#000' stroke-width='1.5'"
+        return (f"<path d='M{x - 4:.1f},{y - 4:.1f}L{x + 4:.1f},{y + 4:.1f}M{x - 4:.1f},{y + 4:.1f}L{x + 4:.1f},{y - 4:.1f}' "
+                f"stroke='#000' stroke-width='1.5'>{t}</path>")
     if kind == "v":
-        return f"<path d='M{x - 4:.1f},{y - 3:.1f}L{x + 4:.1f},{y - 3:.1f}L{x:.1f},{y + 4:.1f}Z' fill='#000'"
+        return f"<path d='M{x - 4:.1f},{y - 3:.1f}L{x + 4:.1f},{y - 3:.1f}L{x:.1f},{y + 4:.1f}Z' fill='#000'>{t}</path>"
     if kind == "^":
-        return f"<path d='M{x - 4:.1f},{y + 3:.1f}L{x + 4:.1f},{y + 3:.1f}L{x:.1f},{y - 4:.1f}Z' fill='#000'"
+        return f"<path d='M{x - 4:.1f},{y + 3:.1f}L{x + 4:.1f},{y + 3:.1f}L{x:.1f},{y - 4:.1f}Z' fill='#000'>{t}</path>"
     if kind == "o":
-        return f"<circle cx='{x:.1f}' cy='{y:.1f}' r='3.5' fill='none' stroke='#000'"
-    return f"<path d='M{x:.1f},{y - 5:.1f}L{x + 5:.1f},{y:.1f}L{x:.1f},{y + 5:.1f}L{x - 5:.1f},{y:.1f}Z' fill='#c00'"
+        return f"<circle cx='{x:.1f}' cy='{y:.1f}' r='3.5' fill='none' stroke='#000'>{t}</circle>"
+    return f"<path d='M{x:.1f},{y - 5:.1f}L{x + 5:.1f},{y:.1f}L{x:.1f},{y + 5:.1f}L{x - 5:.1f},{y:.1f}Z' fill='#c00'>{t}</path>"
 
 
 def _controller_svg(view: dict[str, Any]) -> str:
@@ -634,9 +637,8 @@ def _controller_svg(view: dict[str, Any]) -> str:
             if x1 - x0 > 70:
                 out.append(f"<text x='{x0 + 3:.1f}' y='{y + 18}'>{e(iv['label'])}</text>")
         for m in r["marks"]:
-            shape = CONTROL_MARKS.get(m["kind"], ("d", ""))[0]
-            out.append(_mark_shape(shape, sx(m["t_s"]), y + 36) + f"><title>{e(m['kind'])} at {m['t_s']:.1f} s: "
-                       f"{e(m.get('text'))}</title>" + ("</path>" if shape != "o" else "</circle>"))
+            out.append(_mark_shape(CONTROL_MARKS.get(m["kind"], ("d", ""))[0], sx(m["t_s"]), y + 36,
+                                   f"{e(m['kind'])} at {m['t_s']:.1f} s: {e(m.get('text'))}"))
     out.append("</svg>")
     legend = " · ".join(f"<span style='background:{c}'>&nbsp;&nbsp;&nbsp;</span> {e(lab)}" for lab, c in color.items())
     shapes = {"x": "×", "v": "▼", "^": "▲", "o": "○", "d": "◆"}
@@ -653,9 +655,7 @@ def _controller_ledgers(view: dict[str, Any], limit: int = 120) -> str:
         t0 = int(r["t0_wall_ns"])
         rows = []
         for c in r["commit_ledger"][:limit]:
-            label = "sync" if c.get("mode") == "sync" else f"local H={c.get('inner_steps_h')}"
-            if c.get("compression") not in (None, "none"):
-                label += f" {c['compression']}"
+            label = ConsistencySetting.from_json({k: c[k] for k in ("mode", "inner_steps_h", "compression")}).label()
             rows.append([e(c["round"]), fmt((int(c["wall_ns"]) - t0) / 1e9 if c.get("wall_ns") else None, ".1f"),
                          e(c.get("epoch")), e(label), e(c.get("action") or "—"), e(c.get("action_reason") or ""),
                          e(", ".join(c.get("members") or [])), fmt(c.get("useful_tokens")),
