@@ -33,7 +33,9 @@ from ground.config import RunConfig, config_from_json
 from ground.eventlog import EventLog, read_events
 from ground.journal import Journal
 from ground.messages import Heartbeat
+from ground.schedule import target_tokens
 from ground.topology import COORD, Topology
+from ground.stop_request import watch_stop_request
 from wan.frames import Message, TrafficClass
 from wan.node import WanNode
 
@@ -151,7 +153,8 @@ class Coordinator:
         self.node.start()
         self.log.emit("coordinator_started", expected_sites=list(self.mcfg.expected_sites),
                       policy=self.cfg.recovery.policy, journal_commits=len(self.state.commits),
-                      target_samples=core.target_samples(self.cfg))
+                      target_samples=core.target_samples(self.cfg),
+                      target_tokens=target_tokens(self.cfg))
         if self.membership.epoch > 0:  # after a restart: re-announce the current epoch
             self._apply(core.announce_current(self.state, self.cfg))
         last_stats = time.monotonic()
@@ -197,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    watch_stop_request(args.run_dir, COORD)  # the end of a compose run asks through the run directory
     return coord.run()
 
 

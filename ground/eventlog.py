@@ -23,6 +23,8 @@ from typing import Any, Callable, Iterator
 
 import structlog
 
+from ground.narrate import Narrator
+
 try:  # orjson parses JSON lines ~3x faster than the stdlib; analysis of 1M events relies on it
     import orjson
 
@@ -51,6 +53,8 @@ class EventLog:
         # Line-buffered append: every event is on disk (page cache) when emit returns, so a
         # SIGKILL loses at most the event being written.
         self._file = open(self.path, "a", buffering=1, encoding="utf-8")
+        # XDC_NARRATE=1 (every compose service): also one human line per event of interest on stdout.
+        self._narrator = Narrator() if os.environ.get("XDC_NARRATE") == "1" else None
         self._logger = structlog.wrap_logger(
             structlog.WriteLogger(self._file),
             processors=[self._stamp, structlog.processors.JSONRenderer(serializer=_dumps, sort_keys=False,
@@ -72,7 +76,17 @@ class EventLog:
         }
         for k, v in ev.items():  # user fields never overwrite the stamped ones
             head.setdefault(k, v)
+        if self._narrator is not None:
+            self._narrate(head)
         return head
+
+    def _narrate(self, ev: dict[str, Any]) -> None:
+        try:
+            line = self._narrator.line(ev) if self._narrator is not None else None
+        except Exception as e:  # a view of the record: it must never cost the record itself
+            line = f"(no line for {ev.get('event')}: {type(e).__name__}: {e})"
+        if line:
+            print(f"{time.strftime('%H:%M:%S', time.localtime(ev['wall_ns'] / 1e9))} {line}", flush=True)
 
     def set_context(self, *, epoch: int | None = None, step: int | None = None) -> None:
         if epoch is not None:

@@ -1,8 +1,9 @@
 """Live progress of a run, read from the processes' JSON-lines logs as they grow.
 
 Shows useful tokens committed (against the target), the membership epoch and members, and
-each site's current round and last loss, with a rich progress bar. It reads only the logs,
-so it works the same for any launcher.
+each site's current round and last loss, with a rich progress bar, and below it the latest lines
+of the run's narration (ground/narrate.py: the words a compose service prints). It reads only the
+logs, so it works the same for any launcher.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from rich.table import Table
 
 from ground.config import RunConfig
 from ground.eventlog import LogTail
+from ground.narrate import Narrator
 from ground.schedule import target_tokens
 
 
@@ -24,7 +26,8 @@ class Progress:
     def __init__(self, run_dir: Path, cfg: RunConfig, quiet: bool = False) -> None:
         self.cfg = cfg
         self.quiet = quiet
-        self.tails = {p: LogTail(run_dir / "logs" / f"{p}.jsonl") for p in ("coord", *cfg.cluster.sites)}
+        self.tails = {p: LogTail(run_dir / "logs" / f"{p}.jsonl") for p in ("coord", *cfg.cluster.sites, "store", "chaos")}
+        self.narrator = Narrator()
         self.useful = 0
         self.epoch = 0
         self.members: list[str] = []
@@ -63,7 +66,12 @@ class Progress:
             self.live.update(self._render())
 
     def _apply(self, proc: str, ev: dict[str, Any]) -> None:
+        line = self.narrator.line(ev)
+        if line:
+            self.notes.append(line)
         name = ev.get("event")
+        if proc not in self.sites and proc != "coord":
+            return
         if proc == "coord":
             if name == "commit":
                 self.useful = max(self.useful, int(ev.get("useful_tokens", 0)))
@@ -94,5 +102,5 @@ class Progress:
             loss = f"{st['loss']:.3f}" if isinstance(st["loss"], (int, float)) else "-"
             t.add_row(s, str(st["round"]), f"{st['tokens']:,}", loss, st["state"])
         extra = f"held-out NLL: {self.nll:.4f}" if self.nll is not None else "held-out NLL: -"
-        parts: list[Any] = [t, self.bar, extra, *self.notes[-3:]]
+        parts: list[Any] = [t, self.bar, extra, *self.notes[-5:]]
         return Group(*parts)
