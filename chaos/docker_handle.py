@@ -163,12 +163,16 @@ class DockerHandle:
 
 
 def until_coordinator_exits(handle: DockerHandle, taken_down: Callable[[], set[str]]) -> Callable[[], bool]:
-    """The run is over once the coordinator's container exited by itself (not by a fault)."""
+    """The run is over once the coordinator's container exited by itself (not by a fault).
+
+    Exited, not merely "not running": a driver started with `docker compose up` finds the container
+    created and not yet started (it waits for the store and the sampler), which is no end at all.
+    """
     from ground.topology import COORD
 
     def check() -> bool:
         try:
-            return not handle.is_running(COORD) and COORD not in taken_down()
+            return handle.status(COORD) in ("exited", "dead") and COORD not in taken_down()
         except ChaosError:
             return False
 

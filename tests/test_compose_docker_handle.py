@@ -147,3 +147,22 @@ def test_prepare_compose_and_native_against_real_toxiproxy(tmp_path: Path) -> No
             assert xdc_main(["prepare", "--run-dir", str(run), "--topology", mode, "--toxiproxy", api]) == 0
             for name in topo.links:
                 client.delete_proxy(name)
+
+
+def test_the_run_is_over_when_the_coordinator_exited_not_while_it_is_only_created(handle) -> None:  # type: ignore[no-untyped-def]
+    """`xdc chaos` attached right after `docker compose up`: the coordinator's container exists but waits
+    for its dependencies; that is no end of the run (the driver once ended there, its fault pending)."""
+    from chaos.docker_handle import until_coordinator_exits
+
+    h, fake = handle
+    taken: set[str] = set()
+    over = until_coordinator_exits(h, lambda: taken)
+    fake.state["coordinator"] = "created"
+    assert not over()
+    fake.state["coordinator"] = "running"
+    assert not over()
+    fake.state["coordinator"] = "exited"
+    taken.add("coord")  # killed by the scenario, to be restarted: not the end either
+    assert not over()
+    taken.clear()
+    assert over()
