@@ -102,3 +102,17 @@ def verdict(runs: list[dict[str, Any]]) -> dict[str, str]:
         rel = (f"{best - k:.2f} nats above" if best > k else f"{k - best:.2f} nats below")
         text += f" {'It' if n == 1 else 'The best run'} ended {rel} the {ng} n-gram baseline ({k:.3f})."
     return {"status": "learned", "text": text}
+
+
+def learning_words(final_nll: float | None, baselines: dict[str, Any] | None) -> str:
+    """The final held-out NLL against the run's own count baselines, in one phrase."""
+    if final_nll is None:
+        return "no held-out NLL was measured"
+    models = (baselines or {}).get("models") or {}
+    big, uni = (models.get(k, {}).get("value") for k in ("bigram", "unigram"))
+    if big is None or uni is None:
+        return f"held-out NLL {final_nll:.3f} (no baselines to read it against)"
+    where = (f"{big - final_nll:.2f} nats below the bigram baseline" if final_nll < big else
+             "between the unigram and bigram baselines: it learned little more than byte frequencies"
+             if final_nll < uni else "not below the unigram baseline: it learned nothing")
+    return f"held-out NLL {final_nll:.3f}, {where} (bigram {big:.3f}, unigram {uni:.3f})"

@@ -53,6 +53,7 @@ from wan.node import WanNode
 from ground.config import config_from_json
 from ground.eventlog import EventLog
 from ground.topology import STORE, Topology
+from ground.stop_request import watch_stop_request
 
 KINDS = ("ckpt_chunk", "ckpt_finish", "ckpt_manifest", "ckpt_frontier_get", "ckpt_blob_get")
 CLS = "checkpoint"
@@ -236,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    watch_stop_request(run, STORE)  # the end of a compose run asks through the run directory
 
     store = BlobStore(run / "store")
     removed = store.recover()

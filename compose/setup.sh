@@ -18,7 +18,8 @@
 #            distributions, the recipe's version and the docker CLI's, so an unchanged setup reuses
 #            the image and any change builds a new one (older local bases are then removed).
 #   .env     compose/.env names the images chosen (XDC_BASE_IMAGE, XDC_DOCKER_CLI_IMAGE,
-#            XDC_TOXIPROXY_IMAGE); `docker compose` run in compose/ reads it, the Makefile exports it.
+#            XDC_TOXIPROXY_IMAGE), the runs directory the services bind (XDC_RUNS_DIR, ./runs) and
+#            their user (XDC_UID); `docker compose` run in compose/ reads it, the Makefile exports it.
 #
 # Idempotent; on a normal Docker host with registry access it installs and builds nothing. Run from
 # the repository root. Environment (defaults in brackets):
@@ -214,12 +215,23 @@ ensure_images() {
       have_image "$toxi" || build_toxiproxy "$toxi"
     fi
   fi
+  # The runs directory the services bind (the host's ./runs: logs and report open from here) and the
+  # user they run as, who must be able to write there: the caller, but never root (the processes
+  # share the host's PID namespace, where root could signal any process): root's runs directory is
+  # handed to the image's own user instead.
+  local uid
+  uid=$(id -u)
+  [ "$uid" != 0 ] || uid=10001
+  mkdir -p runs
+  [ "$(id -u)" != 0 ] || chown "$uid" runs
   local new
-  new=$(printf '%s\n' "# Written by compose/setup.sh (make compose-setup): the images this machine uses." \
-    "XDC_BASE_IMAGE=$base" "XDC_DOCKER_CLI_IMAGE=$cli_image" "XDC_TOXIPROXY_IMAGE=$toxi")
+  new=$(printf '%s\n' "# Written by compose/setup.sh (make compose-setup): the images this machine uses," \
+    "# the runs directory the services bind and the user they run as." \
+    "XDC_BASE_IMAGE=$base" "XDC_DOCKER_CLI_IMAGE=$cli_image" "XDC_TOXIPROXY_IMAGE=$toxi" \
+    "XDC_RUNS_DIR=$PWD/runs" "XDC_UID=$uid")
   if [ "$(cat "$ENV_FILE" 2>/dev/null)" != "$new" ]; then
     echo "$new" > "$ENV_FILE"
-    say "images: base $base, docker CLI $cli_image, toxiproxy $toxi (in $ENV_FILE)"
+    say "images: base $base, docker CLI $cli_image, toxiproxy $toxi; runs in $PWD/runs as uid $uid (in $ENV_FILE)"
   fi
 }
 

@@ -2,8 +2,8 @@
 
     python compose/smoke_check.py RUN [--native NATIVE_RUN]
 
-Reads RUN/artifact.json (written by the `analyze` service), RUN/netprobe.json (compose/netprobe.py
-run inside site-a) and RUN/networks.json, and checks:
+Reads RUN/artifact.json (written by the `finish` service), RUN/netprobe.json (compose/netprobe.py
+run inside site-a), RUN/networks.json and, with --up-log, what `docker compose up` printed, and checks:
   - the run reached its target of useful tokens;
   - no checker failed; `same_frontier` may be `unknown` (one run has nothing to compare with);
   - bytes: Toxiproxy's counters were read (evidence `measured`, a positive total) and the
@@ -17,7 +17,9 @@ run inside site-a) and RUN/networks.json, and checks:
   - the networks (RUN/networks.json, from docker network inspect): every per-process network is
     internal, and the one that is not has Toxiproxy alone on it;
   - with --native: the native run of the same config and scenario ends at the same matched-frontier
-    hash (from both runs' summary.json).
+    hash (from both runs' summary.json);
+  - with --up-log: the person's view: a commit line with a train loss, the completion line, the
+    final NLL line, and a printed report path that exists on the host.
 The decisions are pure functions of the loaded documents (`problems`), tested without an engine.
 """
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -112,11 +115,34 @@ def frontier_problems(compose_summary: dict[str, Any], native_summary: dict[str,
     return []
 
 
-def problems(run: Path, native: Path | None = None) -> list[str]:
+COMMIT_LINE = re.compile(r"round \d+ committed by .*train loss \d+\.\d+")
+REPORT_LINE = re.compile(r"^\S*\s*\|?\s*report: (\S+)", re.M)
+
+
+def output_problems(up_text: str) -> list[str]:
+    """What `docker compose up` showed a person: progress in words, the end, and where the report is."""
+    out = []
+    if not COMMIT_LINE.search(up_text):
+        out.append("no line says a round was committed with its train loss")
+    if "run complete:" not in up_text:
+        out.append("no line says the run is complete")
+    if "held-out NLL" not in up_text:
+        out.append("no line gives the final held-out NLL")
+    reports = REPORT_LINE.findall(up_text)
+    if not reports:
+        out.append("no line says where the report is")
+    elif not Path(reports[-1]).is_file():
+        out.append(f"the printed report path {reports[-1]} does not exist on the host")
+    return out
+
+
+def problems(run: Path, native: Path | None = None, up_log: Path | None = None) -> list[str]:
     art = json.loads((run / "artifact.json").read_text())
     out = artifact_problems(art) + energy_problems(art)
     out += probe_problems(json.loads((run / "netprobe.json").read_text()))
     out += network_problems(json.loads((run / "networks.json").read_text()))
+    if up_log is not None:
+        out += output_problems(up_log.read_text(errors="replace"))
     if native is not None:
         out += frontier_problems(json.loads((run / "summary.json").read_text()),
                                  json.loads((native / "summary.json").read_text()))
@@ -127,8 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run", type=Path)
     ap.add_argument("--native", type=Path, help="a native run of the same config and scenario")
+    ap.add_argument("--up-log", type=Path, help="what `docker compose up` printed")
     args = ap.parse_args(argv)
-    found = problems(args.run, args.native)
+    found = problems(args.run, args.native, args.up_log)
     art = json.loads((args.run / "artifact.json").read_text())
     s = json.loads((args.run / "summary.json").read_text())
     print(f"compose-smoke: {args.run}: useful tokens {art['runs'][0]['metrics']['useful_tokens']['value']}, "

@@ -72,6 +72,7 @@ from wan.node import WanNode
 from ground.config import ConfigError, RunConfig, config_from_json
 from ground.eventlog import EventLog
 from ground.topology import COORD, STORE, Topology
+from ground.stop_request import watch_stop_request
 
 CONTROL = TrafficClass.CONTROL.value
 TELEMETRY = TrafficClass.TELEMETRY.value
@@ -128,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
+    watch_stop_request(run_dir, me)  # the end of a compose run asks through the run directory
 
     # ------------------------------------------------------------------- setup
     # Sites share the machine's cores: give each a slice so they do not oversubscribe; a site's

@@ -24,6 +24,7 @@ from telemetry.sensors import (Clock, ModeledCpuEnergy, ProcessCpuMeter, RaplSen
                                describe, run_processes)
 from telemetry.trace import TRACE_NAME, TraceWriter
 from ground.config import TelemetryConfig, config_from_json, to_dict
+from ground.stop_request import watch_stop_request
 
 PROCESS_NAME = "telemetry"
 STAGES = ("baseline_before", "run", "baseline_after")
@@ -139,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for s in (signal.SIGTERM, signal.SIGINT):
         signal.signal(s, on_signal)
+    watch_stop_request(run_dir, PROCESS_NAME)  # the end of a compose run asks through the run directory
     clock = SystemClock()
     sensors, cpu, nv = build_sensors(cfg, run_id, clock)
     trace_path = run_dir / "logs" / TRACE_NAME

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -65,14 +66,25 @@ def test_compose_smoke_passes_and_matches_the_native_run(tmp_path: Path) -> None
     report = json.loads((run / "compose-smoke.json").read_text())
     print(f"compose-smoke timings (s): {report['timings_s']}")  # shown with pytest -s
     assert report["left_behind"] == [], report
-    for step in ("build", "up", "run", "analyze", "down", "up_to_first_commit"):
+    for step in ("build", "up", "run", "finish", "down", "up_to_first_commit"):
         assert report["timings_s"][step] is not None and report["timings_s"][step] >= 0, (step, report)
     for argv in (["ps", "-a", "-q"], ["network", "ls", "-q"], ["volume", "ls", "-q"]):
         r = subprocess.run(["docker", *argv, "--filter", "label=com.docker.compose.project=xdc"],
                            capture_output=True, text=True, timeout=30)
         assert r.returncode == 0 and r.stdout.strip() == "", (argv, r.stdout)
 
-    # the artifact, from the analyze service: target reached, every checker passing, bytes reconciled
+    # the person's view, from what `up` printed (smoke_check checked it too): progress lines in words, the
+    # end, and a report path that exists on the host; `up` returned 0 by itself (the smoke fails otherwise)
+    up_log = (run / "up.log").read_text(errors="replace")
+    assert re.search(r"coordinator-1 +\| \S+ round \d+ committed by .*train loss \d+\.\d+", up_log), up_log[-3000:]
+    assert re.search(r"coordinator-1 +\| \S+ run complete: [\d,]+ useful tokens", up_log), up_log[-3000:]
+    below = re.findall(r"finish-1 +\| run \S+ complete: .*held-out NLL \d+\.\d+, (\d+\.\d+) nats below the bigram", up_log)
+    assert below and float(below[-1]) >= 0.3, up_log[-3000:]  # the default compose recipe learns
+    (report,) = re.findall(r"finish-1 +\| report: (\S+)", up_log)
+    assert Path(report).resolve() == (run / "report" / "index.html").resolve() and Path(report).is_file()
+    assert "GET /proxies" not in up_log and "toxiproxy-1" not in up_log  # Toxiproxy's healthcheck is silent
+
+    # the artifact, from the finish service: target reached, every checker passing, bytes reconciled
     art = json.loads((run / "artifact.json").read_text())
     (section,) = art["runs"]
     assert section["metrics"]["useful_tokens"]["value"] >= section["metrics"]["target_useful_tokens"]["value"]

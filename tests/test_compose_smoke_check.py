@@ -165,3 +165,22 @@ def test_the_probe_runs_its_attempts_at_once_and_bounds_the_stragglers() -> None
     assert all(out[f"t{i}"] == {"ok": True, "error": None} for i in range(4))
     assert out["raises"] == {"ok": False, "error": "ValueError: bad attempt"}
     assert out["stuck"] == {"ok": False, "error": "timeout: no answer in 3.0 s"}
+
+
+def test_what_up_printed_passes_with_progress_the_end_and_a_report_that_exists(tmp_path: Path) -> None:
+    report = tmp_path / "r1" / "report" / "index.html"
+    report.parent.mkdir(parents=True)
+    report.write_text("<html></html>")
+    up = ("coordinator-1  | 07:10:01 round 3 committed by a, b, c: 98,304 of 1,179,648 useful tokens (8 %), train loss 2.413\n"
+          "coordinator-1  | 07:11:40 run complete: 1,179,648 useful tokens in 48 commits (tip e3r47)\n"
+          "finish-1       | run r1 complete: 1,179,648 useful tokens; held-out NLL 2.010, 0.47 nats below the bigram ...\n"
+          f"finish-1       | report: {report} (open it in a browser)\n")
+    assert check.output_problems(up) == []
+    # each way it must fail: no loss on the commit line, no end, no NLL, a report that is not on the host
+    assert check.output_problems(up.replace(", train loss 2.413", "")) == \
+        ["no line says a round was committed with its train loss"]
+    assert check.output_problems(up.replace("run complete:", "run over:")) == ["no line says the run is complete"]
+    assert check.output_problems(up.replace("held-out NLL", "NLL")) == ["no line gives the final held-out NLL"]
+    assert check.output_problems(up.replace(str(report), "/runs/r1/report/index.html")) == \
+        ["the printed report path /runs/r1/report/index.html does not exist on the host"]
+    assert check.output_problems(up.replace("report:", "see")) == ["no line says where the report is"]

@@ -19,6 +19,7 @@ One process at a time (what each compose service runs; also for several hosts):
                                        write config, topology, keys; create the proxies and link profiles
   xdc store --run-dir RUN | xdc coordinator --run-dir RUN | xdc site --run-dir RUN --site a
   xdc summarize --run-dir RUN [--toxiproxy HOST:PORT]            RUN/summary.json after the run
+  xdc finish --run-dir RUN [--toxiproxy HOST:PORT]               end a compose run: stop the rest, summary, report
   xdc compose generate [--out DIR] [--check]                     compose/docker-compose.yml from the topology
 """
 
@@ -133,8 +134,11 @@ def cmd_run(args: argparse.Namespace, base: dict | None = None) -> int:
     if not summary:
         print(f"run failed before it started; see {run_dir}/logs", file=sys.stderr)
         return 1
+    from analysis.learning import learning_words
+
     _print_summary(run_dir, summary)
     print(f"  report: .venv/bin/xdc analyze {run_dir}")
+    print(f"learned: {learning_words(summary.get('final_heldout_nll'), summary.get('baselines'))}")
     return 0 if summary.get("clean_exit") else 1
 
 
@@ -207,16 +211,38 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return cmd_compare(args, base=DEMO, scenario_path=str(DEMO_SCENARIO))
 
 
+def _chaos_run_dir(run: str) -> Path:
+    """`--run` as given, or `runs/<name>` for a bare run name (`--run r1`, as compose names its runs)."""
+    p = Path(run)
+    if p.exists() or len(p.parts) != 1:
+        return p
+    return Path("runs") / run
+
+
 def cmd_chaos(args: argparse.Namespace) -> int:
+    import os
+
+    from chaos.driver import wait_for_topology
+    from ground.topology import COMPOSE_TOXIPROXY, COMPOSE_TOXIPROXY_API_PORT, Topology
+
+    run_dir = _chaos_run_dir(args.run)
+    # A person's terminal: the driver says each fault as it is injected and healed (ground/narrate.py).
+    os.environ.setdefault("XDC_NARRATE", "1")
+    # A compose run (its topology dials the Toxiproxy service by name) is driven through the Docker
+    # CLI from here, with Toxiproxy's API where compose publishes it on the host's loopback.
+    if not args.docker:
+        if wait_for_topology(run_dir, 120.0, 0.5) is None:
+            return 2
+        args.docker = Topology.load(run_dir / "topology.json").toxiproxy_api.startswith(f"{COMPOSE_TOXIPROXY}:")
     if args.docker:
         from chaos.docker_handle import main as docker_chaos_main
 
-        return docker_chaos_main([args.scenario, "--run", args.run, "--project", args.project]
-                                 + (["--toxiproxy", args.toxiproxy] if args.toxiproxy else [])
+        api = args.toxiproxy or f"127.0.0.1:{os.environ.get('XDC_TOXIPROXY_API_PORT', COMPOSE_TOXIPROXY_API_PORT)}"
+        return docker_chaos_main([args.scenario, "--run", str(run_dir), "--project", args.project, "--toxiproxy", api]
                                  + (["--dry-run"] if args.dry_run else []))
     from chaos.driver import main as chaos_main
 
-    return chaos_main([args.scenario, "--run", args.run] + (["--dry-run"] if args.dry_run else []))
+    return chaos_main([args.scenario, "--run", str(run_dir)] + (["--dry-run"] if args.dry_run else []))
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -287,31 +313,34 @@ def cmd_process(args: argparse.Namespace) -> int:
 
 
 def cmd_summarize(args: argparse.Namespace) -> int:
-    from analysis.summary import summarize
-    from wan.toxiproxy import ToxiproxyClient, ToxiproxyError
+    from xdc.finish import summarize_with_counters
 
     run_dir = Path(args.run_dir)
     if not (run_dir / "config.json").exists():
         print(f"{run_dir}/config.json not found: not a run directory", file=sys.stderr)
         return 2
-    proxy_bytes: dict = {}
     if args.toxiproxy:
         try:
-            host, port = _host_port(args.toxiproxy)
-            proxy_bytes = ToxiproxyClient(host, port, timeout_s=10.0).proxy_bytes()
-        except (ConfigError, ToxiproxyError) as e:
-            proxy_bytes = {"error": f"{type(e).__name__}: {e}"}
-    if args.toxiproxy:  # into the history too, for `xdc analyze` (which reads only logs)
-        from ground.eventlog import EventLog
-
-        cfg_run_id = json.loads((run_dir / "config.json").read_text()).get("run_id", run_dir.name)
-        slog = EventLog(run_dir / "logs" / "summarize.jsonl", cfg_run_id, "summarize")
-        slog.emit("proxy_counters", proxies=proxy_bytes, source="toxiproxy /metrics toxiproxy_proxy_received_bytes_total")
-        slog.close()
-    summary = summarize(run_dir, proxy_bytes=proxy_bytes, exit_codes={}, interrupted=False)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
-    _print_summary(run_dir, summary)
+            _host_port(args.toxiproxy)
+        except ConfigError as e:
+            print(f"config error: {e}", file=sys.stderr)
+            return 2
+    _print_summary(run_dir, summarize_with_counters(run_dir, args.toxiproxy))
     return 0
+
+
+def cmd_finish(args: argparse.Namespace) -> int:
+    import os
+
+    from xdc.finish import finish
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "config.json").exists():
+        print(f"{run_dir}/config.json not found: not a run directory", file=sys.stderr)
+        return 2
+    return finish(run_dir, toxiproxy_api=args.toxiproxy, timeout_s=args.timeout_s,
+                  host_runs_dir=args.host_runs_dir or os.environ.get("XDC_HOST_RUNS_DIR"),
+                  out=lambda line: print(line, flush=True))
 
 
 def cmd_compose(args: argparse.Namespace) -> int:
@@ -420,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
 def _commands() -> dict[str, Callable[[argparse.Namespace], int]]:
     """Subcommand -> its function; one process command per process of the table an `xdc` command runs."""
     out: dict[str, Callable[[argparse.Namespace], int]] = {
-        "prepare": cmd_prepare, "summarize": cmd_summarize, "compose": cmd_compose,
+        "prepare": cmd_prepare, "summarize": cmd_summarize, "finish": cmd_finish, "compose": cmd_compose,
         "analyze": cmd_analyze, "sql": cmd_sql, "run": cmd_run, "demo": cmd_demo, "config": cmd_config,
         "chaos": cmd_chaos, "compare": cmd_compare}
     out.update({p.cli: cmd_process for p in compose_processes()})

@@ -33,13 +33,15 @@ def _cluster_commands(sub: argparse._SubParsersAction, policies: tuple[str, ...]
     p_demo.add_argument("--out", help="directory for the four runs, index.json and the report")
     p_chaos = sub.add_parser("chaos", help="drive a chaos scenario against a live run")
     p_chaos.add_argument("scenario")
-    p_chaos.add_argument("--run", required=True, help="the run directory of a live cluster")
+    p_chaos.add_argument("--run", required=True, help="the run directory of a live cluster (a bare name: runs/NAME); "
+                                                       "a compose run is recognised by its topology")
     p_chaos.add_argument("--dry-run", action="store_true")
     p_chaos.add_argument("--docker", action="store_true",
-                         help="the cluster is a docker compose project (faults through the docker CLI)")
+                         help="the cluster is a docker compose project (faults through the docker CLI; "
+                              "implied by a compose run's topology)")
     p_chaos.add_argument("--project", default="xdc", help="with --docker: the compose project name (default xdc)")
     p_chaos.add_argument("--toxiproxy", help="with --docker: Toxiproxy API HOST:PORT as seen from here "
-                                             "(from the host: 127.0.0.1:8474; default: the one in topology.json)")
+                                             "(default: 127.0.0.1:$XDC_TOXIPROXY_API_PORT or 8474, where compose publishes it)")
     p_cmp = sub.add_parser("compare", help="run one scenario under all four recovery policies")
     common(p_cmp)
     p_cmp.add_argument("scenario")
@@ -85,6 +87,13 @@ def _analysis_commands(sub: argparse._SubParsersAction) -> None:
     p_sum = sub.add_parser("summarize", help="write RUN/summary.json from the logs of a finished run")
     p_sum.add_argument("--run-dir", required=True)
     p_sum.add_argument("--toxiproxy", metavar="HOST:PORT", help="read Toxiproxy's byte counters from this API")
+    p_fin = sub.add_parser("finish", help="end a compose run: wait for the coordinator, stop the rest, "
+                                          "summary, artifact and report (the `finish` service)")
+    p_fin.add_argument("--run-dir", required=True)
+    p_fin.add_argument("--toxiproxy", metavar="HOST:PORT", help="read Toxiproxy's byte counters from this API")
+    p_fin.add_argument("--host-runs-dir", default=None,
+                       help="where the runs directory is on the host (for the printed paths; default $XDC_HOST_RUNS_DIR)")
+    p_fin.add_argument("--timeout-s", type=float, default=7200.0, help="give up waiting for the run after this long")
     p_an = sub.add_parser("analyze", help="logs of runs or a comparison -> artifact.json + report/index.html")
     p_an.add_argument("paths", nargs="+", help="run directories, or a comparison directory (from xdc compare)")
     p_an.add_argument("--out", help="output directory (default: the comparison or run directory)")

@@ -37,7 +37,12 @@ def network_name(process: str) -> str:
 
 
 IMAGE = "${XDC_IMAGE:-xdc:local}"
-ENV = {"XDC_RUN_ID": "${XDC_RUN_ID:-compose-run}", "PYTHONUNBUFFERED": "1"}
+# XDC_NARRATE: each service prints one human line per event a person cares about (ground/narrate.py).
+ENV = {"XDC_RUN_ID": "${XDC_RUN_ID:-compose-run}", "PYTHONUNBUFFERED": "1", "XDC_NARRATE": "1"}
+# The runs directory is a directory of the host (`make compose-setup` names ./runs in compose/.env),
+# bound into every xdc service: the logs, the summary and the report are files the person can open.
+RUNS_DIR = "${XDC_RUNS_DIR:-../runs}"
+RUNS_MOUNT = f"{RUNS_DIR}:/runs"
 TOXIPROXY_API = f"{COMPOSE_TOXIPROXY}:{COMPOSE_TOXIPROXY_API_PORT}"
 
 
@@ -45,7 +50,7 @@ def _xdc_service(command: list[str], networks: list[str], **extra: object) -> di
     # Only `init` builds the image; the others use that same image and never pull it.
     return {"image": IMAGE, "pull_policy": "never",
             "user": "${XDC_UID:-10001}", "command": command, "environment": dict(ENV),
-            "volumes": ["runs:/runs"], "networks": networks, "restart": "no", **extra}
+            "volumes": [RUNS_MOUNT], "networks": networks, "restart": "no", **extra}
 
 
 def _healthy_when_logging(process: str) -> dict:
@@ -66,6 +71,10 @@ def _toxiproxy_service(topo: Topology) -> dict:
     return {
         "image": f"${{XDC_TOXIPROXY_IMAGE:-{TOXIPROXY_IMAGE}}}",
         "command": ["-host=0.0.0.0", f"-port={COMPOSE_TOXIPROXY_API_PORT}", "-proxy-metrics"],
+        # Info level: its debug level logs every API request, the healthcheck's every 2 s. Not attached
+        # either: `up` shows the run, and returns when the attached services (all the others) have exited.
+        "environment": {"LOG_LEVEL": "info"},
+        "attach": False,
         # The API is published on loopback only, for chaos and analysis from the host; the
         # proxy ports (20000..) are not published: only the project's containers dial them.
         "ports": [f"127.0.0.1:${{XDC_TOXIPROXY_API_PORT:-{COMPOSE_TOXIPROXY_API_PORT}}}:"
@@ -123,36 +132,24 @@ def _process_services(topo: Topology) -> dict[str, dict]:
     return out
 
 
-def _tool_services() -> dict[str, dict]:
-    """Chaos, the summary and the analysis: services of their own profiles, run on demand."""
-    # Chaos as its own profile: `docker compose --profile chaos up chaos` (the docker CLI in the
-    # image drives the project's containers through the mounted Docker socket).
-    chaos = _xdc_service(["xdc", "chaos", "${XDC_SCENARIO:-scenarios/compose-smoke.yaml}", "--run",
-                          RUN_DIR_IN_CONTAINER, "--docker", "--project", COMPOSE_PROJECT], [network_name(COORD)],
-                         depends_on={"init": {"condition": "service_completed_successfully"}},
-                         profiles=["chaos"])
-    chaos["volumes"] = ["runs:/runs", "/var/run/docker.sock:/var/run/docker.sock"]
-    chaos["group_add"] = ["${DOCKER_GID:-0}"]
-    # After the run: the summary (with Toxiproxy's byte counters) into RUN/summary.json.
-    summarize = _xdc_service(["xdc", "summarize", "--run-dir", RUN_DIR_IN_CONTAINER, "--toxiproxy", TOXIPROXY_API],
-                             [network_name(COORD)], profiles=["analyze"])
-    # Then the artifact and the report, from the logs in the shared runs volume (as for a native run).
-    analyze = _xdc_service(["xdc", "analyze", RUN_DIR_IN_CONTAINER], [network_name(COORD)],
-                           depends_on={"summarize": {"condition": "service_completed_successfully"}},
-                           profiles=["analyze"])
-    return {"chaos": chaos, "summarize": summarize, "analyze": analyze}
+def _finish_service() -> dict:
+    """The end of the run (`xdc finish`): waits for the coordinator to finish, stops the rest through stop
+    requests, reads Toxiproxy's counters, writes the summary, the artifact and the report, and prints
+    where they are on the host. When it exits every attached service has exited, so `up` returns."""
+    return _xdc_service(["xdc", "finish", "--run-dir", RUN_DIR_IN_CONTAINER, "--toxiproxy", TOXIPROXY_API],
+                        [network_name(COORD)], depends_on={"init": {"condition": "service_completed_successfully"}},
+                        environment={**ENV, "XDC_HOST_RUNS_DIR": RUNS_DIR})
 
 
 def compose_spec(sites: tuple[str, ...] | list[str] = ("a", "b", "c")) -> dict:
     """The docker-compose document of a cluster of these sites (a plain dict, YAML-ready)."""
     topo = plan_topology(tuple(sites), "compose")
     services = {COMPOSE_TOXIPROXY: _toxiproxy_service(topo), "init": _init_service(topo),
-                **_process_services(topo), **_tool_services()}
+                **_process_services(topo), "finish": _finish_service()}
     return {
         "name": COMPOSE_PROJECT,
         "services": services,
         "networks": {**{network_name(p): {"internal": True} for p in topo.processes()}, API_NETWORK: {}},
-        "volumes": {"runs": {"name": "${XDC_RUNS_VOLUME:-xdc-runs}"}},
     }
 
 
