@@ -129,9 +129,10 @@ compose-setup: setup
 	@XDC_VENV=$(VENV) XDC_LOCAL_IMAGES=$(XDC_LOCAL_IMAGES) XDC_COMPOSE_VERSION=$(COMPOSE_VERSION) \
 	  TOXIPROXY_VERSION=$(TOXIPROXY_VERSION) ./compose/setup.sh
 
-# Build, up, probe the networks from inside site-a, the scenario through the Docker API, analyze,
-# check the artifact, down --volumes and check nothing is left (compose/smoke.sh). The run stays in
-# ./runs/$(SMOKE_RUN).
+# The compose journey as a person takes it (compose/smoke.sh): build, `up` in the foreground, chaos
+# from the host, a network probe from inside site-a; `up` must return 0 by itself with the report on the
+# host; check the artifact and what `up` printed; down --volumes, then nothing is left. The run stays
+# in ./runs/$(SMOKE_RUN).
 compose-smoke: setup compose-setup
 	SMOKE_RUN=$(SMOKE_RUN) SMOKE_SCENARIO=$(SMOKE_SCENARIO) SMOKE_NATIVE=$(SMOKE_NATIVE) BIN=$(BIN) ./compose/smoke.sh
 
