@@ -42,6 +42,7 @@ from wan.node import WanNode
 CONTROL = TrafficClass.CONTROL.value
 INPUT_EVENT = "coord_input"  # one input to the core (coordinator/core.py), logged for replay
 POLL_S = 0.05  # the longest wait for a message between ticks (s)
+DRAIN_MAX_MESSAGES = 256  # the most messages handled between two ticks (then the membership step runs)
 
 
 class Coordinator:
@@ -163,7 +164,14 @@ class Coordinator:
             try:
                 msg = self.inbox.get(timeout=self._wait_s(time.monotonic_ns()))
                 self.handle(msg, time.monotonic_ns())
-                while True:  # drain what else is queued before deciding
+                # Drain what else is queued before deciding, but a bounded number, and never past
+                # POLL_S or the next deadline: a flood of accepted messages (telemetry, heartbeats)
+                # must not keep failure detection, epochs and completion from ticking. The inbox
+                # serves its sources in turn (wan/delivery.py), so the flood does not starve others.
+                until_ns = time.monotonic_ns() + int(self._wait_s(time.monotonic_ns()) * 1e9)
+                for _ in range(DRAIN_MAX_MESSAGES):
+                    if time.monotonic_ns() >= until_ns:
+                        break
                     self.handle(self.inbox.get_nowait(), time.monotonic_ns())
             except queue.Empty:
                 pass

@@ -8,6 +8,7 @@ delivers in a bounded `Inbox`. The limits here bound what an insider can make a 
 
 from __future__ import annotations
 
+import collections
 import queue
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,8 @@ from wan.frames import Message
 
 INBOX_MAX_MESSAGES = 65_536  # per inbox; more is rejected as inbox_full (not acked: the sender resends)
 INBOX_MAX_BYTES = 256 * 1024 * 1024  # per inbox, wire bytes of the messages it holds
+SOURCE_SHARE_MESSAGES = 4  # one source holds at most 1/4 of an inbox's messages ...
+SOURCE_SHARE_BYTES = 2  # ... and 1/2 of its bytes (a state transfer's chunks come from one donor)
 SEQ_WINDOW = 65_536  # a reliable seq may be at most this far above its window's low mark
 INCARNATIONS_KEPT = 8  # sequence windows kept per member (its latest incarnations)
 ACKED_KEPT = 4096  # per destination: which peer incarnation acked each of the latest reliable messages
@@ -34,18 +37,46 @@ class Pending:
 
 
 class Inbox(queue.Queue):
-    """A queue of delivered messages bounded in count and in wire bytes; `offer` never blocks."""
+    """A queue of delivered messages bounded in count and in wire bytes, fair across sources.
+
+    `offer` never blocks. Each source has its own FIFO and may hold at most a share of the inbox
+    (`SOURCE_SHARE_MESSAGES`, `SOURCE_SHARE_BYTES`), and `get` takes from the sources in turn, so a
+    member that floods (an insider, or a fault) fills its own share and waits its turn: another
+    member's heartbeat is neither dropped as `inbox_full` nor queued behind the flood.
+    """
 
     def __init__(self, max_messages: int = INBOX_MAX_MESSAGES, max_bytes: int = INBOX_MAX_BYTES) -> None:
         super().__init__()
         self.max_messages = max_messages
         self.max_bytes = max_bytes
+        self.source_max_messages = max(1, max_messages // SOURCE_SHARE_MESSAGES)
+        self.source_max_bytes = max(1, max_bytes // SOURCE_SHARE_BYTES)
         self.nbytes = 0
 
+    # queue.Queue's storage hooks (called with its lock held): per-source FIFOs served in turn.
+    def _init(self, maxsize: int) -> None:
+        self._by_src: dict[str, collections.deque[Message]] = {}
+        self._src_bytes: dict[str, int] = {}
+        self._turn: collections.deque[str] = collections.deque()  # sources with queued messages, next first
+        self._count = 0
+
+    def _qsize(self) -> int:
+        return self._count
+
+    def full_for(self, msg: Message) -> str | None:
+        """Why msg would not fit (the inbox's or its source's limit), or None. Call with the lock held."""
+        if self._count >= self.max_messages or self.nbytes + msg.wire_bytes > self.max_bytes:
+            return "inbox"
+        held = self._by_src.get(msg.src)
+        if held is not None and (len(held) >= self.source_max_messages
+                                 or self._src_bytes[msg.src] + msg.wire_bytes > self.source_max_bytes):
+            return f"source {msg.src}'s share"
+        return None
+
     def offer(self, msg: Message) -> bool:
-        """Queue msg unless the inbox is full (then False)."""
+        """Queue msg unless the inbox, or its source's share of it, is full (then False)."""
         with self.not_full:
-            if self._qsize() >= self.max_messages or self.nbytes + msg.wire_bytes > self.max_bytes:
+            if self.full_for(msg) is not None:
                 return False
             self._put(msg)
             self.unfinished_tasks += 1
@@ -53,11 +84,26 @@ class Inbox(queue.Queue):
             return True
 
     def _put(self, item: Message) -> None:
+        held = self._by_src.get(item.src)
+        if held is None:
+            held = self._by_src[item.src] = collections.deque()
+            self._src_bytes[item.src] = 0
+            self._turn.append(item.src)
+        held.append(item)
+        self._src_bytes[item.src] += item.wire_bytes
+        self._count += 1
         self.nbytes += item.wire_bytes
-        super()._put(item)
 
     def _get(self) -> Message:
-        item = super()._get()
+        src = self._turn.popleft()
+        held = self._by_src[src]
+        item = held.popleft()
+        self._src_bytes[src] -= item.wire_bytes
+        if held:
+            self._turn.append(src)  # its next message after every other source's
+        else:
+            del self._by_src[src], self._src_bytes[src]
+        self._count -= 1
         self.nbytes -= item.wire_bytes
         return item
 

@@ -186,8 +186,11 @@ class ReceivingMixin:
         inbox = self._queues[msg.kind]
         if not inbox.offer(msg):  # not delivered and not acked: a genuine sender resends it later
             self.rejected += 1
+            with inbox.mutex:
+                which = inbox.full_for(msg) or "inbox"
             self.log.emit("frame_rejected", reason="inbox_full", peer=peer, kind=msg.kind, src=msg.src,
-                          detail=f"inbox of {msg.kind!r} holds {inbox.qsize()} messages, {inbox.nbytes} bytes")
+                          detail=f"inbox of {msg.kind!r} holds {inbox.qsize()} messages, {inbox.nbytes} bytes; "
+                                 f"full: the {which}")
             return
         if window is not None:
             window.mark(msg.seq)
