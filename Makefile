@@ -54,6 +54,11 @@ test: setup browser compose-setup
 	$(BIN)/lint-imports
 	XDC_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -q --durations=25
 
+# The pure-logic unit tests only (no processes, sockets, Toxiproxy or training; tests/live_marking.py
+# decides which those are): about 3 minutes on 2 cores, for editing. `make test` stays the whole suite.
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not live"
+
 bench: setup
 	$(BIN)/python -m bench.run_all
 

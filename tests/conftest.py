@@ -34,6 +34,22 @@ def run_cluster(tmp: Path, overrides: dict[str, Any]) -> tuple[Path, dict]:
     return launch(cfg, quiet=True, timeout_s=600)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test that starts something real `live` (tests/live_marking.py); `make test-fast`
+    deselects them."""
+    from tests.live_marking import is_live
+
+    for item in items:
+        fn = getattr(item, "function", None)
+        if fn is None:
+            continue
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs if info is not None else {}
+        fixtures = [d[-1].func for name in getattr(item, "fixturenames", ()) for d in [defs.get(name)] if d]
+        if is_live(fn, fixtures, item.get_closest_marker("integration") is not None):
+            item.add_marker(pytest.mark.live)
+
+
 @pytest.fixture(scope="session")
 def local_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     """Three sites, DiLoCo local mode (H=4), 3 outer rounds, 10 ms latency each way."""
@@ -90,13 +106,21 @@ def events(run_dir: Path, process: str) -> list[dict]:
     return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
 
 
+# The settings a live-cluster test starts from: the small, fast dataclass defaults of ground/config.py, not
+# the recipe `xdc run` defaults to (xdc.cli.RECIPE: 1,179,648 tokens, about two minutes); a test's own
+# --set options come after these and win.
+SMALL_RUN_SETS = ["model.n_layers=4", "train.per_site_batch=8", "train.inner_steps_h=8",
+                  "train.lr_warmup_tokens=8192", "train.eval_every_rounds=4", "train.checkpoint_every_rounds=8",
+                  "train.target_useful_tokens=65536"]
+
+
 class BackgroundRun:
     """`xdc run` as a real subprocess, for tests that act on a live cluster."""
 
     def __init__(self, runs_dir: Path, sets: list[str]) -> None:
         self.runs_dir = runs_dir
         cmd = [sys.executable, "-m", "xdc.cli", "run", "--quiet", "--runs-dir", str(runs_dir)]
-        for s in sets:
+        for s in [*SMALL_RUN_SETS, *sets]:
             cmd += ["--set", s]
         self.out = open(runs_dir / "launcher.out", "wb")
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.out, stderr=subprocess.STDOUT,
