@@ -22,7 +22,7 @@ from ground.values import builder
 from ground.records import Commit
 
 EVENTS = frozenset({
-    "commit", "commit_refused", "coordinator_recovered", "frontier", "frontier_deferred", "join_deferred",
+    "claim_pending", "commit", "commit_refused", "coordinator_recovered", "frontier", "frontier_deferred", "join_deferred",
     "journal_torn_tail", "membership_decision", "membership_epoch", "preemption_notice", "recovery_decision",
     "recovery_settled", "rejoin_answered", "report_rejected", "run_complete", "site_done", "site_failed",
     "site_joined", "site_metrics", "site_suspected", "suspicion_cleared",
@@ -127,6 +127,10 @@ class CoordState:
     # Durable checkpoints of rounds not committed yet: (round, cursor) -> manifest hash.
     pending_frontiers: Mapping[tuple[int, int], str] = field(default_factory=dict)
     reports: Mapping[tuple[int, int], Mapping[str, RoundDone]] = field(default_factory=dict)
+    # One member's word that another is unreachable, not acted on yet: (reporter, accused) -> (epoch,
+    # when it came, ns). And how many of each member's claims failed someone (coordinator/claims.py).
+    claims: Mapping[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
+    accusations: Mapping[str, int] = field(default_factory=dict)
     last_reason: str = ""
     last_recovery_reason: str = ""
     shutdown_sent: bool = False

@@ -11,7 +11,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from control.observations import SiteCycle
-from coordinator import membership
+from coordinator import claims, membership
 from coordinator.core_types import (EVENTS, RECEIVED, Context, CoordState, Emit, Fence, Journal, Messages, Output,
                                     Received, Send, Tick, membership_config, policy_of)
 from coordinator.recovery import ClusterView, Frontier, checkpoint_before_waiting, decide_recovery
@@ -70,6 +70,7 @@ class Rules:
         self.reports = dict(s.reports)
         self._own_reports: set[tuple[int, int]] = set()
         self._own_sites: dict[str, membership.SiteRecord] | None = None  # see _sites_for_write
+        self.claims, self.accusations = dict(s.claims), dict(s.accusations)
         self.last_reason, self.last_recovery_reason = s.last_reason, s.last_recovery_reason
         self.shutdown_sent = s.shutdown_sent
         self.settings = s.settings.copy() if s.settings is not None else EpochSettings(cfg)
@@ -81,7 +82,8 @@ class Rules:
                           tip=self.tip, committed_round=self.committed_round, committed_cursor=self.committed_cursor,
                           frontier=self.frontier, unproven=frozenset(self.unproven),
                           settle_until_ns=self.settle_until_ns, pending_frontiers=self.pending_frontiers,
-                          reports=self.reports, last_reason=self.last_reason,
+                          reports=self.reports, claims=self.claims, accusations=self.accusations,
+                          last_reason=self.last_reason,
                           last_recovery_reason=self.last_recovery_reason, shutdown_sent=self.shutdown_sent,
                           settings=self.settings)
 
@@ -394,16 +396,42 @@ class Rules:
         self.out.append(Journal({"type": "frontier", **asdict(f)}))
         self.emit("frontier", **asdict(f))
 
-    def _on_peer_unreachable(self, msg: Received, p: PeerUnreachable, _now_ns: int) -> None:
+    def _on_peer_unreachable(self, msg: Received, p: PeerUnreachable, now_ns: int) -> None:
         if msg.epoch != self.membership.epoch:
             self._reject(msg, f"stale epoch {msg.epoch}")
             return
-        if msg.src in self.membership.members and p.peer in self.membership.members \
-                and self.membership.sites[msg.src].state == membership.SiteState.ACTIVE:
-            # Tie-break for a partition reported from both sides: drop the larger name.
-            victim = max(p.peer, msg.src) if p.mutual else p.peer
-            self.membership = membership.set_state(self.membership, victim, "announced_failure")
-            self.emit("site_failed", site=victim, reason=f"{msg.src} cannot reach {p.peer}: {p.detail}")
+        sites = self.membership.sites
+        if msg.src == p.peer or not (msg.src in self.membership.members and p.peer in self.membership.members
+                                     and sites[msg.src].state == membership.SiteState.ACTIVE
+                                     and sites[p.peer].state == membership.SiteState.ACTIVE):
+            return
+        # One member's word does not fail another (an insider would evict every other member, one
+        # epoch at a time): the claim waits for corroboration (coordinator/claims.py).
+        self.claims = claims.current(self.claims, self.membership.epoch)
+        self.claims[(msg.src, p.peer)] = (self.membership.epoch, now_ns)
+        evidence = claims.own_evidence(sites[p.peer], now_ns, self.mcfg.heartbeat_timeout_ms)
+        verdict = claims.judge(self.claims, self.accusations, msg.src, p.peer, evidence)
+        if verdict is None:
+            self.emit("claim_pending", site=p.peer, reporter=msg.src, detail=p.detail,
+                      reason=f"{msg.src}'s word alone: waits for {p.peer}'s own report, another member's, the "
+                             f"coordinator's evidence, or {self.mcfg.heartbeat_timeout_ms} ms")
+            return
+        self._fail_on_claim(*verdict)
+
+    def _fail_on_claim(self, victim: str, accuser: str | None, why: str) -> None:
+        self.claims = {k: v for k, v in self.claims.items() if victim not in k}
+        if accuser is not None:
+            self.accusations[accuser] = self.accusations.get(accuser, 0) + 1
+        self.membership = membership.set_state(self.membership, victim, "announced_failure")
+        self.emit("site_failed", site=victim, reason=why)
+
+    def _claims_due(self, now_ns: int) -> None:
+        """A claim nobody corroborated within the heartbeat timeout is decided (tick): the run must go on."""
+        self.claims = claims.current(self.claims, self.membership.epoch)
+        for verdict in claims.overdue(self.claims, self.accusations, now_ns, self.mcfg.heartbeat_timeout_ms):
+            victim = verdict[0]
+            if victim in self.membership.members and self.membership.sites[victim].state == membership.SiteState.ACTIVE:
+                self._fail_on_claim(*verdict)
 
     def _on_round_done(self, msg: Received, r: RoundDone, _now_ns: int) -> None:
         rnd = r.round
@@ -591,6 +619,8 @@ class Rules:
     def tick(self, t: Tick, now_ns: int) -> None:
         # Read after the messages: a member heard since its connection closed is no longer listed.
         self.membership = membership.on_connections(self.membership, dict(t.lost))
+        if self.claims:
+            self._claims_due(now_ns)
         self.step_membership(now_ns)
         self._check_complete()
 
