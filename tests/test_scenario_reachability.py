@@ -64,18 +64,26 @@ def test_run_comparison_refuses_before_starting_anything(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("argv", [
-    ["run", "--scenario", "scenarios/one-outage.yaml", "--set", "recovery.policy=elastic"],
-    ["compare", "scenarios/one-outage.yaml"],
+    ["run", "--scenario", "LATE", "--set", "recovery.policy=elastic"],
+    ["compare", "LATE"],
+    ["run", "--scenario", "scenarios/one-outage.yaml", "--set", "train.target_useful_tokens=65536"],
 ])
-def test_cli_refuses_the_outage_on_the_default_target(argv: list[str], tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    argv = [argv[0], "--runs-dir", str(tmp_path), *argv[1:]]
-    argv = [a if not a.startswith("scenarios/") else str(ROOT / a) for a in argv]
+def test_cli_refuses_an_outage_past_the_target(argv: list[str], tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A crash at 2,000,000 tokens is past the default recipe's 1,179,648; the demo's outage (400,000) is past
+    a 65,536-token target. Refused before anything starts, naming the fault, its trigger and the target."""
+    late = tmp_path / "late.yaml"
+    late.write_text(json.dumps({"name": "late", "faults": [
+        {"kind": "site_crash", "target": "b", "at_useful_tokens": 2_000_000, "duration_s": 10}]}))
+    runs = tmp_path / "runs"
+    argv = [argv[0], "--runs-dir", str(runs), *argv[1:]]
+    argv = [str(late) if a == "LATE" else str(ROOT / a) if a.startswith("scenarios/") else a for a in argv]
     assert xdc_main(argv) == 2
     err = capsys.readouterr().err
-    assert "scenario error:" in err and "site_crash b" in err and "at_useful_tokens=400,000" in err
-    assert "65,536 useful tokens" in err and "--allow-unfired" in err
-    assert not any(tmp_path.iterdir()), "nothing may start for a refused scenario"
+    trigger, target = ("400,000", "65,536") if "scenarios/one-outage.yaml" in " ".join(argv) else ("2,000,000", "1,179,648")
+    assert "scenario error:" in err and "site_crash b" in err and f"at_useful_tokens={trigger}" in err
+    assert f"{target} useful tokens" in err and "--allow-unfired" in err
+    assert not runs.exists() or not any(runs.iterdir()), "nothing may start for a refused scenario"
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "scenarios").glob("*.yaml")), ids=lambda p: p.stem)
