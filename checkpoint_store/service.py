@@ -59,6 +59,9 @@ KINDS = ("ckpt_chunk", "ckpt_finish", "ckpt_manifest", "ckpt_frontier_get", "ckp
 CLS = "checkpoint"
 CHUNK_LOG_EVERY = 16
 REFUSED_MEMORY = 1024
+# Unacked reply bytes the store holds for one requester before it serves that requester's next read:
+# 4 x a client's own window (8 chunks of at most 1 MiB).
+READ_WINDOW_BYTES = 32 * 1024 * 1024
 
 
 class StoreService:
@@ -72,6 +75,7 @@ class StoreService:
         self._chunks: dict[str, int] = {}  # upload id -> chunks received
         # upload id -> chunks dropped since it was refused (most recent REFUSED_MEMORY uploads)
         self._refused: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._over_window: dict[str, int] = {}  # requester -> blob reads dropped over its read window
         # Largest buffer one reply may carry under the transport's frame limit.
         self.max_part_bytes = max(1, node.wan.max_frame_bytes - node.wan.max_header_bytes)
 
@@ -213,6 +217,17 @@ class StoreService:
         sha, offset, length = g.sha256, g.offset, g.length
         if length is None or length > self.max_part_bytes:
             length = self.max_part_bytes
+        held = self.node.unacked_bytes(msg.src)
+        if held + length > READ_WINDOW_BYTES:
+            # A requester that does not ack what it was sent is not served until it does: the store
+            # would otherwise hold (and resend) every reply it asked for. A genuine client keeps a few
+            # chunks in flight (checkpoint_store/client.py `window`), far inside this.
+            n = self._over_window[msg.src] = self._over_window.get(msg.src, 0) + 1
+            if n == 1 or n % 1000 == 0:
+                self.log.emit("ckpt_request_failed", kind=msg.kind, src=msg.src, req=req, msg_epoch=msg.epoch,
+                              reason=f"read_window: {held:,} B sent to {msg.src} not acked yet (window "
+                                     f"{READ_WINDOW_BYTES:,} B); request {n} over it dropped unanswered")
+            return
         data = self.store.get_blob(sha, offset, length)
         total = self.store.blob_size(sha)
         self._reply(msg, "ckpt_blob_part", {"req": req, "sha256": sha, "offset": offset, "total": total},

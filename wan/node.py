@@ -261,6 +261,14 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
                 return queued + len(self._unacked.get(dest, {}))
             return queued + sum(len(v) for v in self._unacked.values())
 
+    def unacked_bytes(self, dest: str) -> int:
+        """Wire bytes of the reliable messages to `dest` not yet acked, including those still queued:
+        what this node holds (and resends) for that peer."""
+        with self._lock:
+            queued = sum(sum(getattr(f, "nbytes", None) or len(f) for f in frames)
+                         for d, frames, _c, rel, *_ in self._outbox if rel and d == dest)
+            return queued + sum(p.wire for p in self._unacked.get(dest, {}).values())
+
     def acked_by(self, dest: str, seq: int) -> int | None:
         """The incarnation of the `dest` process that acked reliable message `seq`, or None (not acked
         yet, or acked so long ago it is forgotten)."""
