@@ -122,6 +122,24 @@ def test_recovery_small_measures_a_failover_and_a_rejoin_in_each_arm(results: Pa
 
 
 @pytest.mark.integration
+def test_cluster_startup_small_measures_both_arms_start_up_and_rejoin(results: Path) -> None:
+    """One run per arm (cold sites, sites forked from the fork server): start-up and b's rejoin are
+    measured from the logs in both, the forked one started its sites from the server, and two runs
+    cannot claim a p90."""
+    import bench.cluster_startup as b
+
+    assert b.main(["--repeats", "1"]) == 1  # fewer than MIN_REPEATS runs per arm: not a pass
+    up, rj = _written(results, "cluster_startup"), _written(results, "cluster_rejoin_forked")
+    assert not up["passed"] and not rj["passed"]
+    samples = up["raw"]["samples"]
+    assert [m["arm"] for m in samples] == ["cold", "forked"] and [m["forkserver"] for m in samples] == [False, True]
+    for m in samples:
+        assert m["clean_exit"], m
+        assert 0 < m["run_started_to_sites_started_s"] < m["run_started_to_first_commit_s"], m
+        assert 0 <= m["restart_to_site_started_s"] < m["restart_to_first_commit_s"], m
+
+
+@pytest.mark.integration
 def test_adaptive_collapse_small_runs_its_three_arms_to_the_target(results: Path) -> None:
     """sync, fixed H=16 and adaptive on the scaled bandwidth collapse at two fixed-H rounds' worth
     of tokens: every arm reaches the target and logs a final NLL, so the ratios are computed from

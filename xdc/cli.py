@@ -150,6 +150,9 @@ def cmd_run(args: argparse.Namespace, base: dict | None = None) -> int:
 # 0.5 nats below the bigram baseline in about two minutes on 2 cores (README "Quickstart"). The bare
 # dataclass defaults of ground/config.py stay the small, fast settings the tests and the simulator pin.
 RECIPE: dict = {
+    # Sites forked from one server that imported torch once (xdc/forkserver.py): a run starts in seconds
+    # and a restarted site is back in about one; compose ignores it.
+    "cluster": {"fork_server": True},
     "model": {"n_layers": 2},
     "train": {"mode": "local", "target_useful_tokens": 1_179_648, "lr_warmup_tokens": 65_536,
               "per_site_batch": 2, "inner_steps_h": 32,

@@ -30,6 +30,7 @@ from wan.toxiproxy import ToxiproxyClient, ToxiproxyError, ToxiproxyServer, appl
 from ground.config import STANDBY_NEXT_AFTER_S, RunConfig, save_config
 from ground.eventlog import EventLog
 from ground.provenance import run_started_fields
+from xdc.forkserver import ForkServer
 from xdc.progress import Progress
 from ground.processes import start_order, stop_order, wan_processes
 from ground.topology import COORD, STORE, Link, Topology, plan_topology
@@ -120,6 +121,7 @@ class Launcher:
         self.scenario = scenario  # chaos.scenario.Scenario or None
         self.chaos: Any = None
         self.modules: dict[str, tuple[str, tuple[str, ...]]] = {}
+        self.forkserver: ForkServer | None = None  # cluster.fork_server: forks the site processes
 
     # ------------------------------------------------------------------ setup
     def prepare(self) -> Topology:
@@ -128,6 +130,15 @@ class Launcher:
         self.log = EventLog(self.run_dir / "logs" / "launcher.jsonl", cfg.run_id, "launcher")
         save_config(cfg, self.run_dir / "config.json")  # first, as before: a failed start still has it
         self.log.emit("run_started", **run_started_fields())
+        if cfg.cluster.fork_server:
+            # Started first: its imports (torch, the site code) overlap Toxiproxy, the baselines and the
+            # store's start; the sites are forked from it once it is ready.
+            self.forkserver = ForkServer(self._child_env(), self.run_dir / "logs" / "forkserver.out",
+                                         preexec_fn=_die_with_parent)
+            self.forkserver.start()
+            assert self.forkserver.proc is not None
+            self.log.emit("process_started", name="forkserver", child_pid=self.forkserver.proc.pid,
+                          module="xdc.forkserver")
         self.log.emit("baselines", **run_baselines(cfg))  # ~0.5 CPU-s: count models on the run's eval set
         sites = tuple(cfg.cluster.sites)
         host = cfg.cluster.host
@@ -171,7 +182,15 @@ class Launcher:
 
     def _spawn(self, name: str, module: str, *extra: str) -> None:
         self.modules[name] = (module, extra)
-        out = open(self.run_dir / "logs" / f"{name}.out", "ab")  # "ab": a restarted process keeps the earlier output
+        out_path = self.run_dir / "logs" / f"{name}.out"  # appended to: a restarted process keeps the earlier output
+        if self.forkserver is not None and module == "site_agent.agent":
+            self.procs[name] = self.forkserver.spawn(module, ["--run-dir", str(self.run_dir), *extra],  # type: ignore[assignment]
+                                                     out_path)
+            assert self.log is not None
+            self.log.emit("process_started", name=name, child_pid=self.procs[name].pid, module=module,
+                          forked=True)
+            return
+        out = open(out_path, "ab")
         self.procs[name] = subprocess.Popen([sys.executable, "-m", module, "--run-dir", str(self.run_dir), *extra],
                                             stdout=out, stderr=subprocess.STDOUT, env=self._child_env(),
                                             preexec_fn=_die_with_parent)
@@ -316,6 +335,8 @@ class Launcher:
             self._stop_chaos()
             self._stop_standby()
             self._stop_all()  # the table's stop order: the energy sampler last (its idle baseline after)
+            if self.forkserver is not None:
+                self.forkserver.close()  # its children are stopped already; it stops any it still has
             proxy_bytes = {}
             if self.toxi is not None:
                 try:
