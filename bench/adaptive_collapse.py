@@ -43,7 +43,7 @@ from bench.common import ROOT, env_info, write_result
 from chaos.scenario import Scenario
 from ground.config import load_config, merge
 from ground.eventlog import process_events as _events
-from xdc.launcher import launch
+from cluster.launcher import launch
 
 NAME = "adaptive_collapse"
 TARGET_TOKENS = 480_000

@@ -1,5 +1,5 @@
 """What a user waits for when a cluster starts, and when a killed site comes back: cold processes
-against sites forked from the launcher's fork server (`cluster.fork_server`, xdc/forkserver.py).
+against sites forked from the launcher's fork server (`cluster.fork_server`, cluster/forkserver.py).
 
 `python -m bench.cluster_startup [--repeats N]` (default and minimum for a p90: 10 per arm).
 
@@ -30,7 +30,7 @@ from bench.common import env_info, median, percentile, write_result
 from bench.recovery import CFG, SCENARIO, measure
 from ground.config import load_config, merge
 from ground.eventlog import process_events
-from xdc.launcher import launch
+from cluster.launcher import launch
 
 MIN_REPEATS = 10
 STARTUP_GOAL_S = 3.0
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             samples.append(m)
             print(f"run {i}: {m}", flush=True)
     env = env_info("v2.12.0")
-    measures = ["xdc/forkserver.py", "xdc/launcher.py", "site_agent/", "coordinator/", "wan/",
+    measures = ["cluster/forkserver.py", "cluster/launcher.py", "site_agent/", "coordinator/", "wan/",
                 "bench/cluster_startup.py", "bench/recovery.py"]
 
     def col(arm: str, key: str) -> list[float]:

@@ -2,7 +2,7 @@
 
 Two arms, alternated in one run (S C S C ... S), each in its own OS processes:
 
-  C (cluster): `xdc.launcher.Launcher` runs the demo's training settings (`xdc.cli.DEMO["train"]` and `["model"]`:
+  C (cluster): `cluster.launcher.Launcher` runs the demo's training settings (`xdc.cli.DEMO["train"]` and `["model"]`:
      DiLoCo, H inner steps, its eval and checkpoint cadence) on three sites with a coordinator and a
      checkpoint store, over Toxiproxy links with the default site link (20 ms latency, no bandwidth
      limit), no faults. Throughput = useful tokens of rounds k0+1..kN over the time from the last
@@ -137,7 +137,7 @@ def round_budget(run_dir: Path, sites: list[str], tokens_per_round: int, skip: i
 # ------------------------------------------------------------------------------------ the arms
 def cluster_arm(rounds: int, extra: dict | None = None) -> dict[str, Any]:
     from ground.config import load_config
-    from xdc.launcher import Launcher
+    from cluster.launcher import Launcher
 
     with tempfile.TemporaryDirectory(prefix="xdc-bench-ct-") as tmp:
         cfg = load_config(_cfg_dict(rounds, tmp, extra))
@@ -262,7 +262,7 @@ def run() -> dict:
 
     return write_result(NAME, ratio=ratio, goal=f">= {GOAL:.2f}", passed=ratio >= GOAL and not busy, raw=raw,
                         reference="side_by_side",
-                        measures=["site_agent/", "wan/", "xdc/launcher.py", "coordinator/", "checkpoint_store/",
+                        measures=["site_agent/", "wan/", "cluster/launcher.py", "coordinator/", "checkpoint_store/",
                                   "bench/cluster_throughput.py"],
                         env=env_info(_toxiproxy_version()), notes=notes)
 

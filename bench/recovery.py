@@ -46,7 +46,7 @@ from bench.common import env_info, median, percentile, write_result
 from chaos.scenario import Scenario
 from ground.config import load_config, merge
 from ground.eventlog import process_events
-from xdc.launcher import launch
+from cluster.launcher import launch
 
 HEARTBEAT_TIMEOUT_MS = 2000
 MIN_REPEATS = 10
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             samples.append(m)
             print(f"run {i}: {m}", flush=True)
     env = env_info("v2.12.0")
-    measures = ["coordinator/", "site_agent/", "wan/", "chaos/", "xdc/launcher.py", "bench/recovery.py"]
+    measures = ["coordinator/", "site_agent/", "wan/", "chaos/", "cluster/launcher.py", "bench/recovery.py"]
     fo = [m["kill_to_survivor_commit_s"] for m in samples]
     det = [m["kill_to_failed_s"] for m in samples]
     by = {k: sum(1 for m in samples if m["failed_by"] == k) for k in ("connection_lost", "heartbeat")}

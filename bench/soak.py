@@ -179,7 +179,7 @@ def soak_one(seed: int, policy: str, root: Path, n_faults: int = N_FAULTS) -> di
     from bench.soak_check import judge_run, recoveries
     from chaos.policy_config import config_for_policy as with_policy
     from chaos.reach import run_end
-    from xdc.launcher import launch
+    from cluster.launcher import launch
 
     base = soak_config(root)
     sc = random_schedule(seed, tuple(base.cluster.sites), Thresholds.of(base), n_faults)

@@ -269,7 +269,7 @@ class ClusterConfig:
     sites: tuple[str, ...] = ("a", "b", "c")
     host: str = "127.0.0.1"
     # Native mode: site processes (first starts and chaos restarts) are forked from one server that
-    # has already imported torch and the site code (xdc/forkserver.py), instead of each paying
+    # has already imported torch and the site code (cluster/forkserver.py), instead of each paying
     # Python's start and the torch import. Compose ignores it (a container is its own process).
     fork_server: bool = False
 

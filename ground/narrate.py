@@ -2,7 +2,7 @@
 
 A process started with `XDC_NARRATE=1` (every compose service) prints these lines on stdout as it
 logs the events (ground/eventlog.py); the native launcher's live display shows the same lines
-(xdc/progress.py). JSON stays in the log files; this is a view of them, never a second record.
+(cluster/progress.py). JSON stays in the log files; this is a view of them, never a second record.
 
 `Narrator` is pure and per process: `line(event) -> str | None`. It keeps what a later line needs
 (the target, the members' latest train loss), so a commit line can say how far the run is and what

@@ -1,4 +1,4 @@
-"""The launcher's warm standby (`recovery.warm_standby`, xdc/launcher.py) on the virtual clock.
+"""The launcher's warm standby (`recovery.warm_standby`, cluster/launcher.py) on the virtual clock.
 
 The emulator's launcher keeps at most one prepared site process. It starts the first one with the
 run; a chaos restart of a site is handed to it (the standby finishes preparing if it has not, then

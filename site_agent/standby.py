@@ -7,7 +7,7 @@ nothing the run depends on changes) to warm the kernels and the allocator. Then 
 stdin for one line naming the site it is to become, and goes on as `--site NAME` would.
 
 Why: a restarted site's cold start (python, torch import, model build, the first step's warm-up)
-dominated restart -> first commit (issue 9's rejoin goal). The launcher (xdc/launcher.py) keeps
+dominated restart -> first commit (issue 9's rejoin goal). The launcher (cluster/launcher.py) keeps
 one standby when `recovery.warm_standby` is on and hands a chaos restart to it. The standby
 joins exactly as a cold process would: it has no state a fresh process would not have.
 

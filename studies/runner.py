@@ -1,4 +1,4 @@
-"""Running a registered study: one real run (xdc/launcher.py: site processes, coordinator, store,
+"""Running a registered study: one real run (cluster/launcher.py: site processes, coordinator, store,
 Toxiproxy) per (stratum, arm), strata in protocol order and the arms of a stratum back to back so
 the pair shares the machine's conditions, then the no-failure controls.
 
@@ -48,7 +48,7 @@ def run_study(p: Protocol, entry: dict[str, Any], out: Path, *, timeout_s: float
     from chaos.policy_config import config_for_policy
     from chaos.reach import check_scenario_fits
     from ground.config import load_config, merge
-    from xdc.launcher import launch
+    from cluster.launcher import launch
     from ground.provenance import code_revision
 
     arm_configs(p)  # refuses an arm the config loader does not accept, before any run
@@ -141,7 +141,7 @@ def _run_start_state(p: Protocol, ledger: Ledger, out: Path, rev: dict[str, Any]
     """Train the study's start state (studies/start_state.py); None on success, else why it stopped."""
     from ground.config import load_config, merge
     from studies.start_state import START_KEY, frontier_of, start_config_dict
-    from xdc.launcher import launch
+    from cluster.launcher import launch
 
     attempt = len(ledger.interrupted().get(START_KEY, [])) + 1
     run_id = "start-state" + (f"-try{attempt}" if attempt > 1 else "")

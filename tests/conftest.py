@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import pytest
 
 from ground.config import load_config
-from xdc.launcher import launch
+from cluster.launcher import launch
 
 ROOT = Path(__file__).resolve().parent.parent
 

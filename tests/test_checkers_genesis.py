@@ -27,7 +27,7 @@ MANIFESTS = ("config.json", "topology.json", "scenario.json")
 def genesis_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from chaos.scenario import Scenario
     from ground.config import load_config, merge
-    from xdc.launcher import launch
+    from cluster.launcher import launch
 
     scenario = Scenario.build("test-genesis", "b is killed after round 0 commits, before the first durable "
                               "checkpoint, and restarted 2 s later").crash("b", at_useful_tokens=12_288,

@@ -17,7 +17,7 @@ from control.controller import _rank
 from ground.setting import ConsistencySetting
 from tests.conftest import ROOT, events
 from ground.config import load_config, merge
-from xdc.launcher import launch
+from cluster.launcher import launch
 
 ADAPTIVE = {
     "model": {"d_model": 64, "n_layers": 2, "n_heads": 2},

@@ -17,7 +17,7 @@ from ground.config import load_config, merge
 from ground.setting import ConsistencySetting
 from tests.conftest import events
 from tests.test_controller_live import ADAPTIVE
-from xdc.launcher import launch
+from cluster.launcher import launch
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ import pytest
 from chaos.scenario import Scenario
 from tests.conftest import events
 from ground.config import load_config, merge
-from xdc.launcher import launch
+from cluster.launcher import launch
 
 ROUND = 12_288  # tokens per round: 3 sites x 8 samples x 4 inner steps x 128 tokens
 # Progress triggers fix where a fault starts, but its length is wall time: on a fast host (steps of

@@ -1,4 +1,4 @@
-"""The fork server (xdc/forkserver.py) as a process: it forks children on request, reports their exit
+"""The fork server (cluster/forkserver.py) as a process: it forks children on request, reports their exit
 statuses as `subprocess.Popen` would, refuses a malformed request with a clear reply, and takes its
 running children with it when its launcher closes it. Real processes; the preload is small (json) so
 the test does not pay torch's import."""
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from xdc.forkserver import ForkServer, ForkServerError
+from cluster.forkserver import ForkServer, ForkServerError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -90,7 +90,7 @@ def test_a_server_whose_launcher_dies_takes_its_children_with_it(tmp_path):
     script = tmp_path / "launcher.py"
     script.write_text(
         "import os, sys, time\n"
-        "from xdc.forkserver import ForkServer\n"
+        "from cluster.forkserver import ForkServer\n"
         f"fs = ForkServer(dict(os.environ), {str(tmp_path / 'fs.out')!r}, preload=('json',))\n"
         "fs.start(); fs.wait_ready(60)\n"
         f"kid = fs.spawn('tests.forkserver_child', ['sleep'], {str(tmp_path / 'kid.out')!r})\n"

@@ -11,7 +11,7 @@ import pytest
 
 from chaos.scenario import Scenario, ScenarioError
 from ground.config import load_config
-from xdc.launcher import Launcher
+from cluster.launcher import Launcher
 
 
 def test_a_proxy_name_as_a_link_target_is_refused_before_the_run_starts(tmp_path: Path) -> None:

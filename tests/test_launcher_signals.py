@@ -52,7 +52,7 @@ def test_a_run_stopped_by_the_launchers_timeout_is_not_a_clean_exit(tmp_path):
     """Every process exits 0 on the launcher's SIGTERM, yet the run did not end by itself (a soak
     run stuck for 900 s once summarised as clean): summary.json says timed_out and clean_exit False."""
     from ground.config import load_config
-    from xdc.launcher import launch
+    from cluster.launcher import launch
 
     cfg = load_config({"runs_dir": str(tmp_path), "train": {"target_useful_tokens": 10_000_000, "threads_per_site": 1,
                                                              "device": "cpu"}})

@@ -7,7 +7,7 @@ from chaos.scenario import Scenario
 from tests.conftest import assert_ledger_balanced, events
 from chaos.policy_config import config_for_policy as _with_policy
 from ground.config import load_config, merge
-from xdc.launcher import launch
+from cluster.launcher import launch
 
 ROUND = 12_288
 CFG = {

@@ -11,7 +11,7 @@ from ground.processes import (PROCESSES, compose_processes, has_byte_counters, s
                               wan_processes)
 from ground.topology import plan_topology, service_name
 from xdc.compose import compose_spec
-from xdc.launcher import Launcher
+from cluster.launcher import Launcher
 
 SITES = ("a", "b", "c")
 

@@ -16,7 +16,7 @@ import pytest
 from chaos.scenario import Scenario
 from ground.config import load_config, merge
 from tests.conftest import events
-from xdc.launcher import launch
+from cluster.launcher import launch
 
 ROUND = 12_288
 CFG = {

@@ -115,7 +115,7 @@ def _fits(cfg: Any, scenario: Any, args: argparse.Namespace) -> bool:
 
 def cmd_run(args: argparse.Namespace, base: dict | None = None) -> int:
     from chaos.scenario import ScenarioError
-    from xdc.launcher import launch
+    from cluster.launcher import launch
 
     try:
         cfg = load_config(_resolve(args, RECIPE if base is None else base))
@@ -150,7 +150,7 @@ def cmd_run(args: argparse.Namespace, base: dict | None = None) -> int:
 # 0.5 nats below the bigram baseline in about two minutes on 2 cores (README "Quickstart"). The bare
 # dataclass defaults of ground/config.py stay the small, fast settings the tests and the simulator pin.
 RECIPE: dict = {
-    # Sites forked from one server that imported torch once (xdc/forkserver.py): a run starts in seconds
+    # Sites forked from one server that imported torch once (cluster/forkserver.py): a run starts in seconds
     # and a restarted site is back in about one; compose ignores it.
     "cluster": {"fork_server": True},
     "model": {"n_layers": 2},
@@ -174,7 +174,7 @@ def cmd_compare(args: argparse.Namespace, base: dict | None = None, scenario_pat
     """Run one scenario under every policy; write the run directories, an index, and the report."""
     from chaos.scenario import ScenarioError
     from xdc.compare import run_comparison
-    from xdc.launcher import new_run_id
+    from cluster.launcher import new_run_id
 
     try:
         cfg = load_config(_resolve(args, DEMO if getattr(args, "demo", False) else RECIPE if base is None else base))
@@ -263,7 +263,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     """Prepare a run directory for processes started by someone else (compose, several hosts)."""
     from wan.toxiproxy import ToxiproxyClient, ToxiproxyError, free_port
     from ground.eventlog import EventLog
-    from xdc.launcher import provision_run_dir
+    from cluster.launcher import provision_run_dir
     from ground.topology import plan_topology
 
     run_dir = Path(args.run_dir)

@@ -83,7 +83,7 @@ def run_comparison(cfg: RunConfig, scenario: Any, out: Path, policies: tuple[str
     """Run every policy in turn, then (reference=True) the single-process reference over the same
     samples; write out/index.json. Stops early (index["interrupted"]) on Ctrl-C.
     A scenario with a progress trigger past the target raises ScenarioBeyondRun unless allow_unfired."""
-    from xdc.launcher import launch, new_run_id
+    from cluster.launcher import launch, new_run_id
 
     check_scenario_fits(cfg, scenario, allow_unfired=allow_unfired)
     out.mkdir(parents=True, exist_ok=True)

@@ -58,7 +58,7 @@ def summarise(finals: list[float]) -> dict[str, float]:
 def measure(cfg: RunConfig, seeds: list[int], out: Path, *, quiet: bool = True,
             provenance: dict[str, Any] | None = None) -> dict[str, Any]:
     """One fault-free cluster run per seed; writes and returns the record."""
-    from xdc.launcher import launch, new_run_id
+    from cluster.launcher import launch, new_run_id
 
     runs: list[dict[str, Any]] = []
     dataset_ids: set[str] = set()

@@ -3,7 +3,7 @@
 Why: a site process started with `python -m site_agent.agent` pays Python's start, the torch import
 (3-7 s on 2 cores) and `torch._dynamo` (about 3 s, imported by the optimizer's constructor) before it
 does anything; three sites pay it together at a run's start and a restarted site pays it again before
-it can rejoin. The launcher (xdc/launcher.py, `cluster.fork_server`) starts this server once per run,
+it can rejoin. The launcher (cluster/launcher.py, `cluster.fork_server`) starts this server once per run,
 in parallel with Toxiproxy and the store; every site, first start and chaos restart alike, is then a
 `fork()` of a process that has paid it.
 
@@ -107,7 +107,7 @@ def _child(request: dict[str, Any], server_pid: int) -> None:
 
 
 def serve(preload: tuple[str, ...]) -> int:
-    """The server's loop (`python -m xdc.forkserver`): preload, say ready, fork on request, report exits."""
+    """The server's loop (`python -m cluster.forkserver`): preload, say ready, fork on request, report exits."""
     _ask_parent_death_signal()
     started = time.monotonic()
     for name in preload:
@@ -267,7 +267,7 @@ class ForkServer:
     def start(self) -> None:
         """Start the server process; `wait_ready()` blocks until its preloads are imported."""
         with open(self.log_path, "ab") as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", "xdc.forkserver", *self.preload],
+            self.proc = subprocess.Popen([sys.executable, "-m", "cluster.forkserver", *self.preload],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
                                          env=self.env, preexec_fn=self.preexec_fn)
         self._reader = threading.Thread(target=self._read, args=(self.proc.stdout,), name="forkserver-reader",

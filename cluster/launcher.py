@@ -30,8 +30,8 @@ from wan.toxiproxy import ToxiproxyClient, ToxiproxyError, ToxiproxyServer, appl
 from ground.config import STANDBY_NEXT_AFTER_S, RunConfig, save_config
 from ground.eventlog import EventLog
 from ground.provenance import run_started_fields
-from xdc.forkserver import ForkServer
-from xdc.progress import Progress
+from cluster.forkserver import ForkServer
+from cluster.progress import Progress
 from ground.processes import start_order, stop_order, wan_processes
 from ground.topology import COORD, STORE, Link, Topology, plan_topology
 
@@ -138,7 +138,7 @@ class Launcher:
             self.forkserver.start()
             assert self.forkserver.proc is not None
             self.log.emit("process_started", name="forkserver", child_pid=self.forkserver.proc.pid,
-                          module="xdc.forkserver")
+                          module="cluster.forkserver")
         self.log.emit("baselines", **run_baselines(cfg))  # ~0.5 CPU-s: count models on the run's eval set
         sites = tuple(cfg.cluster.sites)
         host = cfg.cluster.host
