@@ -110,7 +110,7 @@ def parse_scenario(text: str, source: str = "<string>", *, fmt: str = "yaml",
         raise ValueError(f"unknown scenario format {fmt!r}; use 'yaml' or 'toml'")
     if data is None:
         data = {}
-    return _Validator(source, lines, sites).scenario(data)
+    return _Validator(source, lines, sites, make=Scenario).scenario(data)
 
 
 def load_scenario(path: str | Path, sites: Iterable[str] | None = None) -> Scenario:

@@ -8,13 +8,16 @@ from __future__ import annotations
 import difflib
 import math
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
-from chaos.scenario_model import TRIGGER_KEYS, Fault, Scenario, ScenarioError, Trigger
+from chaos.fault_parts import TRIGGER_KEYS, Fault, ScenarioError, Trigger
 from ground.faults import FAULT_KINDS as KINDS
 from ground.faults import NAME_RE as _NAME_RE
 from ground.faults import SERVICES, SLICER_KEYS, FaultKind, parse_link_target
 from ground.processes import COORD, STORE
+
+if TYPE_CHECKING:
+    from chaos.scenario_model import Scenario
 
 FAULT_KEYS = ("kind", "target", *TRIGGER_KEYS, "duration_s", "heal", "params", "note")
 TOP_KEYS = ("name", "description", "seed", "faults")
@@ -30,7 +33,9 @@ def _dotted(path: FieldPath) -> str:
 
 
 class _Validator:
-    def __init__(self, source: str, lines: Mapping[FieldPath, int], sites: Iterable[str] | None) -> None:
+    def __init__(self, source: str, lines: Mapping[FieldPath, int], sites: Iterable[str] | None, *,
+                 make: Callable[..., Scenario]) -> None:
+        self.make = make  # the Scenario class (chaos/scenario_model.py imports this module, not the reverse)
         self.source = source
         self.lines = lines
         self.sites = tuple(sites) if sites is not None else None
@@ -90,7 +95,7 @@ class _Validator:
         if not isinstance(faults_raw, (list, tuple)):
             raise self.err(("faults",), f"expected a list of faults, got {_tname(faults_raw)}")
         faults = tuple(self.fault(f, ("faults", i)) for i, f in enumerate(faults_raw))
-        return Scenario(name=name.strip(), description=" ".join(desc.split()), faults=faults, seed=seed)
+        return self.make(name=name.strip(), description=" ".join(desc.split()), faults=faults, seed=seed)
 
     def trigger(self, d: Mapping[str, Any], path: FieldPath, *, required: bool) -> Trigger | None:
         given = [k for k in TRIGGER_KEYS if k in d and d[k] is not None]

@@ -1,100 +1,16 @@
-"""Chaos scenarios' value objects: a Trigger (when), a Fault (what, where, how long) and a Scenario
-(a named, seeded tuple of faults) with its Python builder. Frozen; built only through the
-validator (chaos/scenario_check.py), which also checks the builder's faults. See chaos/scenario.py
-for the file form."""
+"""A chaos scenario (a named, seeded tuple of faults) and its Python builder. Frozen; built only
+through the validator (chaos/scenario_check.py), which also checks the builder's faults. The parts
+(Trigger, Fault, ScenarioError) are in chaos/fault_parts.py; see chaos/scenario.py for the file form."""
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from types import MappingProxyType
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from chaos.fault_parts import TRIGGER_KEYS, Fault, ScenarioError, Trigger, _plain  # noqa: F401
+from chaos.scenario_check import _Validator
 from ground.processes import COORD, STORE
-
-TRIGGER_KEYS = ("at_s", "at_step", "at_useful_tokens")
-
-
-class ScenarioError(ValueError):
-    """A scenario is invalid. `file`, `line` (1-based, None when unknown), `field` (dotted path)
-    and `reason` are kept separately; str() is `file:line: field: reason`."""
-
-    def __init__(self, file: str, line: int | None, field_path: str, reason: str) -> None:
-        self.file = file
-        self.line = line
-        self.field = field_path
-        self.reason = reason
-        where = f"{file}:{line}" if line is not None else file
-        super().__init__(f"{where}: {field_path}: {reason}" if field_path else f"{where}: {reason}")
-
-
-
-
-@dataclass(frozen=True)
-class Trigger:
-    """When something happens: exactly one of
-    `at_s` (seconds since the cluster formed its first membership epoch),
-    `at_step` (the first commit with step >= this), `at_useful_tokens` (first commit with
-    useful_tokens >= this)."""
-
-    at_s: float | None = None
-    at_step: int | None = None
-    at_useful_tokens: int | None = None
-
-    def __post_init__(self) -> None:
-        given = [k for k in TRIGGER_KEYS if getattr(self, k) is not None]
-        if len(given) != 1:
-            raise ValueError(f"a trigger needs exactly one of {list(TRIGGER_KEYS)}; got {given or 'none'}")
-
-    @property
-    def key(self) -> str:
-        return next(k for k in TRIGGER_KEYS if getattr(self, k) is not None)
-
-    @property
-    def value(self) -> float | int:
-        return getattr(self, self.key)
-
-    @property
-    def by_progress(self) -> bool:
-        return self.key != "at_s"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {self.key: self.value}
-
-    def __str__(self) -> str:
-        return f"{self.key}={self.value:g}" if self.key == "at_s" else f"{self.key}={self.value}"
-
-
-@dataclass(frozen=True)
-class Fault:
-    """One fault of a scenario. `params` holds every parameter of its kind, defaults filled in."""
-
-    kind: str
-    target: str
-    trigger: Trigger
-    duration_s: float | None = None  # heal this long after the injection
-    heal: Trigger | None = None  # or heal at this point; neither = until the end of the run
-    params: Mapping[str, Any] = field(default_factory=dict, hash=False)
-    note: str = ""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.params, MappingProxyType):  # read-only, like the rest of the fault
-            object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
-
-    @property
-    def permanent(self) -> bool:
-        return self.duration_s is None and self.heal is None
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"kind": self.kind, "target": self.target, **self.trigger.to_dict()}
-        if self.duration_s is not None:
-            d["duration_s"] = self.duration_s
-        if self.heal is not None:
-            d["heal"] = self.heal.to_dict()
-        d["params"] = _plain(self.params)
-        if self.note:
-            d["note"] = self.note
-        return d
 
 
 @dataclass(frozen=True)
@@ -184,16 +100,5 @@ class Scenario:
         return self.add("noop", target, **kw)
 
 
-def _plain(v: Any) -> Any:
-    if isinstance(v, Mapping):
-        return {k: _plain(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_plain(x) for x in v]
-    return v
-
-
-
-def _validator(source: str, sites: Iterable[str] | None) -> Any:
-    from chaos.scenario_check import _Validator  # here: the validator builds these objects
-
-    return _Validator(source, {}, sites)
+def _validator(source: str, sites: Iterable[str] | None) -> _Validator:
+    return _Validator(source, {}, sites, make=Scenario)

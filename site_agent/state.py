@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from site_agent.model import load_flat_params_
-from site_agent.trainer import SiteTrainer
+
+if TYPE_CHECKING:  # annotations only: the trainer loads a start state through this module
+    from site_agent.trainer import SiteTrainer
 
 
 LINEAGE = "lineage"  # the blob that carries the retained sample ids

@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from chaos.scenario import FieldPath, _Validator, _dotted, _tname
+from chaos.scenario import FieldPath, Scenario, _Validator, _dotted, _tname
 from ground.config import POLICIES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -240,7 +240,7 @@ class _V(_Validator):
     lookup and the mapping / unknown-field checks are the scenario validator's (chaos/scenario.py)."""
 
     def __init__(self, source: str, lines: Mapping[FieldPath, int], base_dir: Path) -> None:
-        super().__init__(source, lines, None)
+        super().__init__(source, lines, None, make=Scenario)
         self.base_dir = base_dir
 
     def err(self, path: FieldPath, reason: str) -> ProtocolError:  # type: ignore[override]
