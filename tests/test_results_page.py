@@ -121,7 +121,7 @@ def test_a_section_is_filled_by_a_run_result_over_a_placeholder_and_by_the_lates
 
 
 def test_the_controller_timeline_draws_both_arms_settings_and_marks_and_their_commit_ledgers():
-    from xdc.results_page import _controller_ledgers, _controller_svg
+    from xdc.page_studies import _controller_ledgers, _controller_svg
 
     def run(arm: str, intervals: list, marks: list, n: int) -> dict:
         ledger = [{"round": r, "wall_ns": 10**9 * (r + 1), "epoch": 1, "mode": "local", "inner_steps_h": 8,
