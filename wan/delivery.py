@@ -1,7 +1,7 @@
 """Delivery state of a WanNode: bounded inboxes, per-source sequence windows, pending reliable sends.
 
-A reliable message has a per-destination sequence number. The sender keeps it as `Pending` until it
-is acked; the receiver de-duplicates by (source, incarnation, seq) in a `SeqWindow` and queues what it
+A reliable message has a per-destination sequence number. The sender keeps it until it is acked
+(wan/reliable.py); the receiver de-duplicates by (source, incarnation, seq) in a `SeqWindow` and queues what it
 delivers in a bounded `Inbox`. The limits here bound what an insider can make a node hold
 (see wan/node.py's docstring).
 """
@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import collections
 import queue
-from dataclasses import dataclass
-from typing import Any
 
 from wan.frames import Message
 
@@ -23,17 +21,6 @@ SEQ_WINDOW = 65_536  # a reliable seq may be at most this far above its window's
 INCARNATIONS_KEPT = 8  # sequence windows kept per member (its latest incarnations)
 ACKED_KEPT = 4096  # per destination: which peer incarnation acked each of the latest reliable messages
 HELD_ACKS_MAX = 4096  # per peer: acks held while this node's own route to it is down (oldest dropped)
-
-
-@dataclass
-class Pending:
-    frames: list[Any]
-    cls: str
-    wire: int
-    first_sent_ns: int
-    last_sent_ns: int
-    handed: bool = False  # handed to ZeroMQ at least once (a later send is a resend)
-    epoch: int | None = None  # the epoch the receiver's fence checks; None for an unfenced kind
 
 
 class Inbox(queue.Queue):

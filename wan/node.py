@@ -72,7 +72,8 @@ import zmq
 from wan import keys as keymod
 from wan.counters import ByteCounters
 from wan.delivery import (HELD_ACKS_MAX, INBOX_MAX_BYTES, INBOX_MAX_MESSAGES, INCARNATIONS_KEPT, SEQ_WINDOW, Inbox,
-                          Pending, SeqWindow)
+                          SeqWindow)
+from wan.reliable import ReliableChannel
 from wan.frames import UNFENCED_KINDS, Fence, encode
 from wan.monitor import ConnectionMonitorMixin
 from wan.receiver import ROUTING_ID_SEP, ReceivingMixin
@@ -86,7 +87,6 @@ from ground.eventlog import EventLog
 __all__ = ["DOUBT_WINDOW_NS", "FAST_RECONNECT_PEERS", "INBOX_MAX_BYTES", "INBOX_MAX_MESSAGES", "INCARNATIONS_KEPT",
            "RECONNECT_IVL_MS", "ROUTING_ID_SEP", "SEQ_WINDOW", "WAN_CRASH_EXIT_CODE", "Inbox", "Route", "WanNode",
            "terminate_process"]
-_Pending = Pending
 _SeqWindow = SeqWindow
 
 WAN_CRASH_EXIT_CODE = 70  # EX_SOFTWARE: the process's WAN I/O thread died (a bug), see `terminate_process`
@@ -145,10 +145,8 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
         # (dest, frames, cls, reliable, seq, fenced epoch: the message's epoch, or None for a kind the
         # receiver's fence does not check, which can never be superseded)
         self._outbox: collections.deque[tuple[str, list[Any], str, bool, int, int | None]] = collections.deque()
-        self._seq: dict[str, int] = collections.defaultdict(int)
-        self._unacked: dict[str, collections.OrderedDict[int, Pending]] = collections.defaultdict(collections.OrderedDict)
-        self._last_ack_ns: dict[str, int] = collections.defaultdict(int)
-        self._acked_sent_ns: dict[str, int] = {}  # dest -> latest send time (mono ns) of a message it acked
+        # Per destination: reliable delivery's sequence numbers, unacked messages and resend clock.
+        self._channels: dict[str, ReliableChannel] = collections.defaultdict(ReliableChannel)
         # dest -> seq -> incarnation of the peer process that acked it (the last ACKED_KEPT per dest),
         # and member -> incarnation it was last heard from (`peer_incarnation`): together they tell a waiting
         # request that the process which took it is gone (`acked_by`, `peer_incarnation`).
@@ -232,8 +230,7 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
         with self._lock:
             seq = 0
             if reliable:
-                self._seq[dest] += 1
-                seq = self._seq[dest]
+                seq = self._channels[dest].next_seq()
             ep = self.epoch if epoch is None else epoch
             frames = encode(kind=kind, cls=cls, run=self.run_id, epoch=ep,
                             step=self.step if step is None else step, src=self.name, inc=self.inc, seq=seq,
@@ -258,8 +255,9 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
         with self._lock:
             queued = sum(1 for d, _f, _c, rel, *_ in self._outbox if rel and (dest is None or d == dest))
             if dest is not None:
-                return queued + len(self._unacked.get(dest, {}))
-            return queued + sum(len(v) for v in self._unacked.values())
+                ch = self._channels.get(dest)
+                return queued + (ch.outstanding() if ch is not None else 0)
+            return queued + sum(ch.outstanding() for ch in self._channels.values())
 
     def unacked_bytes(self, dest: str) -> int:
         """Wire bytes of the reliable messages to `dest` not yet acked, including those still queued:
@@ -267,7 +265,8 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
         with self._lock:
             queued = sum(sum(getattr(f, "nbytes", None) or len(f) for f in frames)
                          for d, frames, _c, rel, *_ in self._outbox if rel and d == dest)
-            return queued + sum(p.wire for p in self._unacked.get(dest, {}).values())
+            ch = self._channels.get(dest)
+            return queued + (ch.outstanding_bytes() if ch is not None else 0)
 
     def acked_by(self, dest: str, seq: int) -> int | None:
         """The incarnation of the `dest` process that acked reliable message `seq`, or None (not acked
@@ -323,12 +322,14 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
         """Reliable messages for `dest` taken off the outbox that were never handed to ZeroMQ (their
         route was down when they were sent)."""
         with self._lock:
-            return sum(1 for p in self._unacked.get(dest, {}).values() if not p.handed)
+            ch = self._channels.get(dest)
+            return ch.parked() if ch is not None else 0
 
     def handed(self, dest: str) -> int:
         """Reliable messages for `dest` handed to ZeroMQ and not acked yet."""
         with self._lock:
-            return sum(1 for p in self._unacked.get(dest, {}).values() if p.handed)
+            ch = self._channels.get(dest)
+            return ch.in_flight() if ch is not None else 0
 
     def close(self, timeout_s: float = 2.0) -> bool:
         """Stop the I/O thread and terminate the ZeroMQ context: True if both happened. An I/O thread

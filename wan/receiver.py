@@ -275,12 +275,9 @@ class ReceivingMixin:
                 self._drop_superseded(msg.src, stale_fence, msg.inc)
             return
         with self._lock:
-            pend = self._unacked.get(msg.src)
-            p = pend.pop(seq, None) if pend is not None else None
+            ch = self._channels.get(msg.src)
+            p = ch.on_ack(seq, time.monotonic_ns()) if ch is not None else None
             if p is not None:
-                self._last_ack_ns[msg.src] = time.monotonic_ns()
-                if p.last_sent_ns > self._acked_sent_ns.get(msg.src, 0):
-                    self._acked_sent_ns[msg.src] = p.last_sent_ns
                 acked = self._acked_by[msg.src]
                 acked[seq] = msg.inc
                 if len(acked) > ACKED_KEPT:

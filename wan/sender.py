@@ -15,7 +15,6 @@ from typing import Any
 
 import zmq
 
-from wan.delivery import Pending
 from wan.zmq_text import wire_size
 
 # A message handed to ZeroMQ this long before its connection was seen to close may have died in
@@ -24,7 +23,7 @@ DOUBT_WINDOW_NS = 250_000_000
 
 
 class SendingMixin:
-    """Sending, counting and resending for WanNode (state: routes, _dealers, _router, _unacked, ...)."""
+    """Sending, counting and resending for WanNode (state: routes, _dealers, _router, _channels, ...)."""
 
     def _link_of(self, dest: str) -> tuple[str, str, str]:
         """(side, link, direction) of traffic sent to dest."""
@@ -82,21 +81,16 @@ class SendingMixin:
                     return
                 dest, frames, cls, reliable, seq, fenced_epoch = self._outbox.popleft()
                 if reliable:
-                    now = time.monotonic_ns()
-                    pend = self._unacked[dest]
-                    if not pend:
-                        self._last_ack_ns[dest] = now  # the no-progress clock starts when something is outstanding
-                    pend[seq] = Pending(frames, cls, wire_size(frames, self.wan.curve), now, now, epoch=fenced_epoch)
+                    self._channels[dest].track(seq, frames, cls, wire_size(frames, self.wan.curve), time.monotonic_ns(),
+                                               fenced_epoch)
             if dest in self._dealers and not self._route_up(dest):
                 if not reliable:
                     self.dropped_while_down += 1
-                continue  # a reliable message waits in _unacked for the handshake
+                continue  # a reliable message waits in its channel (wan/reliable.py) for the handshake
             sent = self._raw_send(dest, frames, cls)
             if sent and reliable:
                 with self._lock:
-                    p = self._unacked[dest].get(seq)
-                    if p is not None:
-                        p.handed = True
+                    self._channels[dest].handed_over(seq)
             if not sent and not reliable:
                 self.log.emit("send_dropped", dest=dest, kind_cls=cls, reason="peer unreachable or queue full")
             if not sent and dest in self._dealers:
@@ -109,24 +103,23 @@ class SendingMixin:
         """Send every unacked message to `dest` again (or, with `sent_before_ns`, only those last
         handed to ZeroMQ before that time); a parked one goes for the first time."""
         with self._lock:
-            pend = [(s, p) for s, p in self._unacked.get(dest, {}).items()
-                    if sent_before_ns is None or (p.handed and p.last_sent_ns <= sent_before_ns)]
-        if not pend:
+            ch = self._channels.get(dest)
+            pend = ch.to_resend(sent_before_ns) if ch is not None else []
+        if ch is None or not pend:
             return
         now = time.monotonic_ns()
         nbytes = resent = first = 0
-        for _seq, p in pend:
-            was_handed = p.handed
+        for p in pend:
             if self._raw_send(dest, p.frames, p.cls):
-                p.last_sent_ns = now
-                p.handed = True
-                if was_handed:
+                with self._lock:
+                    again = ch.resent(p, now)
+                if again:
                     nbytes += p.wire
                     resent += 1
                 else:
                     first += 1  # parked while the route was down: its first send, not a resend
         with self._lock:
-            self._last_ack_ns[dest] = now
+            ch.restart_clock(now)
         self.retransmits += resent
         if resent:
             self.log.emit("retransmit", dest=dest, messages=resent, wire_bytes=nbytes, reason=why)
@@ -147,18 +140,13 @@ class SendingMixin:
         earlier epoch is never starved.
         """
         with self._lock:
-            pend = self._unacked.get(dest)
-            if not pend:
+            ch = self._channels.get(dest)
+            if ch is None:
                 return
-            gone = [seq for seq, p in pend.items() if p.epoch is not None and p.epoch < fence_epoch]
-            nbytes = 0
-            for seq in gone:
-                nbytes += pend.pop(seq).wire
-            if gone:
-                self._last_ack_ns[dest] = time.monotonic_ns()  # progress: what is left gets a fresh timeout
+            gone, nbytes = ch.drop_superseded(fence_epoch, time.monotonic_ns())
         if gone:
-            self.superseded += len(gone)
-            self.log.emit("superseded_dropped", dest=dest, messages=len(gone), wire_bytes=nbytes,
+            self.superseded += gone
+            self.log.emit("superseded_dropped", dest=dest, messages=gone, wire_bytes=nbytes,
                           fence_epoch=fence_epoch, peer_inc=peer_inc)
 
     def _check_retransmit(self) -> None:
@@ -168,18 +156,8 @@ class SendingMixin:
         the second means it (or its ack) was lost. Without it, a steady flow of acks for newer messages
         (a store client's probes and their replies) kept a lost one from ever being resent."""
         now = time.monotonic_ns()
-        ms = self.wan.retransmit_timeout_ms
-        timeout_ns = ms * 1_000_000
-        due: list[tuple[str, str]] = []
+        timeout_ns = self.wan.retransmit_timeout_ms * 1_000_000
         with self._lock:
-            for d, pend in self._unacked.items():
-                if not pend:
-                    continue
-                if now - self._last_ack_ns[d] > timeout_ns:
-                    due.append((d, f"no ack progress for {ms} ms"))
-                    continue
-                oldest = next(iter(pend.values())).last_sent_ns  # the lowest seq outstanding
-                if now - oldest > timeout_ns and oldest < self._acked_sent_ns.get(d, 0):
-                    due.append((d, f"unacked for {ms} ms while a message sent after it was acked"))
+            due = [(d, why) for d, ch in self._channels.items() if (why := ch.due(now, timeout_ns)) is not None]
         for d, why in due:
             self._resend_all(d, why)
