@@ -47,7 +47,9 @@ def next_deadline_ns(state: CoordState, mcfg: mb.MembershipConfig, now_ns: int) 
     for r in odd:
         cands = []
         if r.state is suspect:
-            cands.append(r.last_heartbeat_ns + timeout + confirm + 1)
+            # Its confirmation may be due already (failure_confirm_ms 0: suspected on one tick, failed on
+            # the next): then the next tick is due at once, not after a POLL_S wait.
+            cands.append(max(now_ns + 1, r.last_heartbeat_ns + timeout + confirm + 1))
         if grace and r.disconnected_ns:
             cands.append(r.disconnected_ns + grace + 1)
         for t in cands:
