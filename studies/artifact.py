@@ -16,7 +16,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from studies.protocol import ENERGY_METRICS, Protocol, Stratum, run_config_dict
+from studies.protocol import run_config_dict
+from studies.protocol_model import ENERGY_METRICS, Protocol, Stratum
 from studies.runner import check_controls, run_keys
 from studies.stats import bootstrap_interval, conclusion, decide_gate
 

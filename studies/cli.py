@@ -24,7 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from studies.protocol import Protocol, ProtocolError, arm_configs, load_protocol, parse_protocol, run_config_dict
+from studies.protocol import arm_configs, load_protocol, parse_protocol, run_config_dict
+from studies.protocol_model import Protocol, ProtocolError
 from studies.registry import REGISTRY, RegistrationError, check, protocol_hash, read_registry, register, versions
 from studies.registry import write_registry
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from studies.protocol import Protocol
+from studies.protocol_model import Protocol
 
 ROOT = Path(__file__).resolve().parent.parent
 REGISTRY = ROOT / "studies" / "registry.json"

@@ -16,7 +16,8 @@ from typing import Any, Callable
 
 from studies.ledger import Ledger, file_sha256, logs_sha256
 from studies.metrics import run_metrics, run_record
-from studies.protocol import Protocol, Stratum, arm_configs, run_config_dict
+from studies.protocol import arm_configs, run_config_dict
+from studies.protocol_model import Protocol, Stratum
 
 
 def run_keys(p: Protocol) -> list[tuple[str, Stratum, str, bool]]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from studies.protocol import Protocol, _plain
+from studies.protocol_model import Protocol, _plain
 
 START_KEY = "start/state"
 
