@@ -113,7 +113,7 @@ soak: setup
 clean:
 	rm -rf $(VENV) runs
 
-# ---- docker compose (see docs/guide.md "Docker compose and several hosts") ----------------------------
+# ---- docker compose (see docs/compose.md) ----------------------------
 SMOKE_RUN ?= smoke-$(shell date +%Y%m%d-%H%M%S)
 SMOKE_SCENARIO ?= scenarios/compose-smoke.yaml
 # A native run of the same config and scenario to compare the matched-frontier hash with (optional).
@@ -141,9 +141,9 @@ compose-setup: setup
 compose-smoke: setup compose-setup
 	SMOKE_RUN=$(SMOKE_RUN) SMOKE_SCENARIO=$(SMOKE_SCENARIO) SMOKE_NATIVE=$(SMOKE_NATIVE) BIN=$(BIN) ./compose/smoke.sh
 
-# ---- studies (issue 13; docs/guide.md "Studies") -------------------------------------------------------
+# ---- studies (issue 13; docs/studies.md) -------------------------------------------------------
 # The three registered studies at full size, one after the other; each resumes from its ledger in
-# runs/studies/<name>-v<version>/. Measured on the 2-core machine (docs/guide.md "Results at full size"):
+# runs/studies/<name>-v<version>/. Measured on the 2-core machine (docs/studies.md "Results at full size"):
 # version 1: learning-efficiency 22 min, equal-work 32 min, controller-heldout 25 of 42 runs in 70 min (not finished);
 # version 2 (2026-12-02): learning-efficiency 11 min 28 s, equal-work 14 min; controller-heldout
 # version 5: 42 runs in 98 min at b9d60b3, mostly beside a clean-clone CI (100 and 79 min in earlier runs).

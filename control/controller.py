@@ -5,7 +5,7 @@
 action is `change` (the new setting takes effect at the next round boundary, as a new epoch),
 `keep`, or `abstain` (keep, because the evidence cannot support a decision; the reason says why).
 
-Time model (DiLoCo's; docs/guide.md "Consistency settings per epoch"). One round of setting
+Time model (DiLoCo's; docs/consistency.md). One round of setting
 (H, compression c) costs
     T_inner(H) = H x t_step                         compute, measured per inner step
     T_comm(c)  = payload(c) / B_eff                 the collective, paid once per round

@@ -142,7 +142,7 @@ def cmd_run(args: argparse.Namespace, base: dict | None = None) -> int:
     return 0 if summary.get("clean_exit") else 1
 
 
-# The recipe that learns (issue 10; bench/results/recipe_sweep.json, docs/guide.md "Learning"), the default
+# The recipe that learns (issue 10; bench/results/recipe_sweep.json, docs/learning.md), the default
 # of `xdc run`, `xdc compare`, `xdc prepare` (compose) and `xdc config` unless a --config or --set says otherwise:
 # learning here is limited by optimizer steps, not samples, so each site takes many small steps (2 samples x
 # H = 32 per round, 24,576 tokens per round over three sites) on a 2-layer model, inner AdamW 3e-3 with a
