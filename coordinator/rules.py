@@ -585,7 +585,8 @@ class Rules:
         self.membership = membership.Membership(epoch=epoch, members=plan.members, sites=sites)
         # The plan is for the member processes known now: a restarted one must not adopt it (it joins).
         plan = replace(plan, incarnations=tuple((s, sites[s].incarnation) for s in plan.members
-                                                if sites[s].incarnation))
+                                                if sites[s].incarnation),
+                       params_hash=self._committed_params(plan))
         self.plan = plan
         self._apply_plan_lineage(plan)
         if setting is None:
@@ -609,6 +610,26 @@ class Rules:
         # Everyone who should know: the new members and the sites that were just removed.
         alive = set(self.membership.sites)
         self.send_plan(sorted((set(plan.members) | old_members) & alive))
+
+    def _committed_params(self, plan: Plan) -> str | None:
+        """The parameter hash a restore under `plan` must produce, from the commit record: the frontier
+        commit's for a store restore, the commit of the round before `start_round` for a donor's state
+        (the donor sends its state at the start of that round). None when nothing is restored or the
+        record does not name it. Never the checkpoint's or the donor's own word: a member holding a
+        cluster key could otherwise make its own weights the state the cluster recovers to."""
+        if plan.restore == Restore.STORE and plan.manifest_hash is not None:
+            f = self.frontier
+            if f is None or f.manifest_hash != plan.manifest_hash or not f.commit_id:
+                return None
+            cid = f.commit_id
+        elif plan.restore == Restore.DONOR and plan.start_round > 0:
+            cid = plan.parent_commit or self.tip
+        else:
+            return None
+        c = next((x for x in reversed(self.commits) if x.commit_id == cid), None)
+        if c is None or (plan.restore == Restore.DONOR and c.round != plan.start_round - 1):
+            return None
+        return c.param_hash
 
     def _emit_epoch(self, plan: Plan, reason: str, es: Any, **extra: Any) -> None:
         self.emit("membership_epoch", members=list(plan.members), paused=plan.paused, start_round=plan.start_round,

@@ -12,6 +12,7 @@ from typing import Any
 
 MAX_INT = 2**62  # rounds, cursors, epochs, offsets: anything larger is not a real value
 HEX64 = re.compile(r"[0-9a-f]{64}")
+HEX_DIGEST = re.compile(r"[0-9a-f]{1,128}")  # a parameter hash as round reports carry it
 NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 

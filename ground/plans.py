@@ -17,7 +17,7 @@ from dataclasses import field as dataclass_field
 from functools import cached_property
 from typing import Any
 
-from ground.fields import HEX64, MAX_INT, NAME, Rejected, field, names, opt_str, req_bool, req_int, show
+from ground.fields import HEX64, HEX_DIGEST, MAX_INT, NAME, Rejected, field, names, opt_str, req_bool, req_int, show
 from ground.setting import MODES, ConsistencySetting, SettingError
 
 
@@ -61,6 +61,12 @@ class Plan:
     # Not part of the decision's identity (compare=False): two plans that decide the same are equal
     # whichever processes they were addressed to.
     incarnations: tuple[tuple[str, int], ...] = dataclass_field(default=(), compare=False)
+    # The parameter hash a restore under this plan must produce (SHA-256 hex), from the commit record:
+    # the frontier's commit for a store restore, the commit of the round before `start_round` for a
+    # donor's state. Set by the coordinator when it forms the epoch (coordinator/rules.py); None when
+    # there is nothing to restore or the record does not name it. A restoring site checks against this,
+    # never only against the manifest's or the donor's own claim.
+    params_hash: str | None = dataclass_field(default=None, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         """The plan as journaled and as sent to the sites (`drain` is a map {site, at_cursor} or null)."""
@@ -71,6 +77,8 @@ class Plan:
         if self.carry:  # absent unless set: a journal without carries reads as before
             d["carry"] = list(self.carry)
         _put_incarnations(d, self.incarnations)
+        if d.get("params_hash") is None:  # absent unless set, as carry
+            d.pop("params_hash")
         return d
 
     @staticmethod
@@ -84,7 +92,8 @@ class Plan:
                     parent_commit=d.get("parent_commit"),
                     drain=Drain(str(drain["site"]), int(drain["at_cursor"])) if drain else None,
                     carry=tuple(d.get("carry", ())),
-                    incarnations=tuple(sorted((str(k), int(v)) for k, v in (d.get("incarnations") or {}).items())))
+                    incarnations=tuple(sorted((str(k), int(v)) for k, v in (d.get("incarnations") or {}).items())),
+                    params_hash=d.get("params_hash"))
 
 
 @dataclass(frozen=True)
@@ -112,6 +121,7 @@ class EpochPlan:
     prev_mode: str | None = None
     carry: tuple[str, ...] = ()  # Plan.carry
     incarnations: tuple[tuple[str, int], ...] = ()  # Plan.incarnations
+    params_hash: str | None = None  # Plan.params_hash: what a restore under this epoch must produce
 
     def incarnation_of(self, site: str) -> int | None:
         """The incarnation of `site` this plan was made for (None: not named, any incarnation)."""
@@ -137,7 +147,7 @@ class EpochPlan:
                          frontier_manifest=frontier_manifest, checkpoint_first=checkpoint_first,
                          parent_commit=plan.parent_commit, drain=plan.drain, target_samples=target_samples,
                          setting=setting, start_step=start_step, prev_mode=prev_mode, carry=plan.carry,
-                         incarnations=plan.incarnations)
+                         incarnations=plan.incarnations, params_hash=plan.params_hash)
 
     def to_body(self) -> dict[str, Any]:
         """The `membership` message body (what `from_body` reads back)."""
@@ -148,6 +158,8 @@ class EpochPlan:
         if self.carry:  # absent unless set: a plan without it reads the same as before
             d["carry"] = list(self.carry)
         _put_incarnations(d, self.incarnations)
+        if d.get("params_hash") is None:  # absent unless set: a body without it reads as before
+            d.pop("params_hash")
         for k in ("setting", "start_step", "prev_mode"):  # all or none: absent for a fixed-setting coordinator
             d.pop(k)
         if self.setting is not None:
@@ -178,7 +190,8 @@ class EpochPlan:
                          parent_commit=opt_str(b, "parent_commit", what), drain=_drain(b.get("drain"), sites),
                          target_samples=None if target is None else req_int(b, "target_samples", what),
                          carry=names(b, "carry", what, sites, required=False),
-                         incarnations=_incarnations(b.get("incarnations"), members), **_setting_fields(b, what))
+                         incarnations=_incarnations(b.get("incarnations"), members),
+                         params_hash=opt_str(b, "params_hash", what, HEX_DIGEST), **_setting_fields(b, what))
         plan.check()
         return plan
 

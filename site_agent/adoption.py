@@ -163,8 +163,14 @@ class EpochAdoption:
         blobs = self.store.load(manifest, timeout_s=120.0)
         retained = retained_of(blobs, f"checkpoint {want}", manifest.get("samples_sha256"))
         load_blobs(self.trainer, blobs)
-        if self.trainer.params_hash() != manifest["params_hash"]:
+        got = self.trainer.params_hash()
+        if got != manifest["params_hash"]:
             raise RuntimeError(f"checkpoint {want}: loaded parameters do not match the manifest's hash")
+        if plan.params_hash is not None:
+            if got != plan.params_hash:
+                raise RuntimeError(f"checkpoint {want}: restored parameters {got} are not the committed round's "
+                                   f"{plan.params_hash} (the commit record, epoch {plan.epoch}): refused")
+            sp["committed_params_hash"] = plan.params_hash  # checked against the commit record
         self.retained = retained
         sp.update(source="store", manifest_hash=want, params_hash=manifest["params_hash"], round=manifest["round"])
 
@@ -190,6 +196,11 @@ class EpochAdoption:
         got = self.trainer.params_hash()
         if got != meta["params_hash"]:
             raise RuntimeError(f"state from {donor}: parameters hash {got} != announced {meta['params_hash']}")
+        if plan.params_hash is not None:
+            if got != plan.params_hash:
+                raise RuntimeError(f"state from {donor}: parameters {got} are not the committed round's "
+                                   f"{plan.params_hash} (the commit record, epoch {plan.epoch}): refused")
+            sp["committed_params_hash"] = plan.params_hash
         self.retained = retained
         self.log.emit("state_received", donor=donor, bytes=len(data), params_hash=got, round=meta["round"],
                       samples_sha256=meta["samples_sha256"])

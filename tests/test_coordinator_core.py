@@ -395,3 +395,36 @@ def test_a_real_four_policy_comparison_replays_through_the_core_to_the_same_deci
         names = {e["event"] for e in read_events(Path(r["run_dir"]) / "logs" / "coord.jsonl")}
         assert inputs > 50 and decisions > 10, (r["policy"], inputs, decisions)
         assert {"membership_epoch", "commit", "recovery_decision", "run_complete"} <= names, r["policy"]
+
+
+def test_a_donor_restore_plan_carries_the_commit_records_parameter_hash_not_the_donors_word() -> None:
+    """Under stall, b fails after round 0 commits and a and c wait for it; b comes back and the plan
+    that gives it a's state from round 1 names the hash of round 0's commit, which the restored
+    state must have (issue 54). A rejoin scheduled for a later boundary (elastic: the round in flight
+    first) names none: that round is not committed when the plan is made."""
+    c = formed(config(policy="stall"))
+    commit_round(c, 0, 0, 96, SITES, 1)
+    for _ in range(8):  # b is silent until it is failed
+        c.heartbeats(("a", "c"), 1)
+        c.feed(core.Tick(), after_ms=500)
+    assert c.state.membership.sites["b"].state == membership.SiteState.FAILED
+    epoch = c.state.membership.epoch
+    c.feed(received("join", "b", {"pid": 101}, inc=2))
+    c.heartbeats(("a", "c"), epoch)
+    out = c.feed(core.Tick(), after_ms=10)
+    sends = [o for o in out if isinstance(o, core.Send) and o.kind == "membership"]
+    plan = EpochPlan.from_body(sends[0].body, c.state.membership.epoch, frozenset(SITES))
+    assert plan.restore == Restore.DONOR and plan.joiners == ("b",) and plan.start_round == 1, plan
+    assert plan.params_hash == "ab" * 8  # the commit of round 0, the round before the plan's first
+    assert c.state.plan is not None and c.state.plan.params_hash == "ab" * 8
+
+
+def test_a_plans_parameter_hash_survives_the_journal_and_the_message_and_a_bad_one_is_refused() -> None:
+    plan = Plan(("a", "b"), False, 5, 320, Restore.DONOR, donor="a", joiners=("b",), params_hash="ef" * 32)
+    assert Plan.from_json(plan.to_json()).params_hash == "ef" * 32
+    assert "params_hash" not in dataclasses.replace(plan, params_hash=None).to_json()  # absent unless set
+    assert plan == dataclasses.replace(plan, params_hash=None)  # not part of the decision's identity
+    body = EpochPlan.announce(3, plan, target_samples=1000, frontier_manifest=None, checkpoint_first=False).to_body()
+    assert EpochPlan.from_body(body, 3, frozenset(SITES)).params_hash == "ef" * 32
+    with pytest.raises(Rejected, match="params_hash"):
+        EpochPlan.from_body({**body, "params_hash": "not hex"}, 3, frozenset(SITES))

@@ -36,3 +36,9 @@ def test_preemption_under_restart_checkpoints_first_and_resumes_from_that_fronti
     restore = [e for e in coord if e["event"] == "membership_epoch" and e["restore"] == "store"]
     assert restore and restore[0]["manifest_hash"] == first["manifest_hash"]
     assert restore[0]["start_cursor"] == first["cursor"]
+    # Every site checked what it loaded against the commit record of the frontier's round, not only
+    # against the manifest's own hash (issue 54).
+    committed = {e["round"]: e["param_hash"] for e in coord if e["event"] == "commit"}
+    for site in ("a", "b", "c"):
+        spans = [e for e in events(run_dir, site) if e["event"] == "restore" and e.get("kind") == "store"]
+        assert spans and spans[-1]["committed_params_hash"] == committed[first["round"]] == spans[-1]["params_hash"]
