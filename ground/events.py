@@ -249,7 +249,7 @@ EVENTS: dict[str, Event] = {
         fields=("round",)),
     "trace_closed": Event(("telemetry.sampler",), span=False,
         fields=("bytes", "missed_polls", "path", "points", "reason", "sampler_cpu_s", "sha256")),
-    "wan_counters": Event(("checkpoint_store.service", "coordinator.service", "site_agent.agent", "site_agent.rounds",
+    "wan_counters": Event(("checkpoint_store.service", "coordinator.service", "site_agent.adoption", "site_agent.agent", "site_agent.rounds",
                            "sim.wan_bytes"), span=False,
         fields=("counters",)),
     "wan_close_incomplete": Event(("wan.node",), span=False,

@@ -25,6 +25,7 @@ from site_agent.unwind import Interrupted
 from wan.frames import TrafficClass
 
 CONTROL = TrafficClass.CONTROL.value
+STATE_HANDOFF_WAIT_S = 2.0  # at most this long for a sent state to leave the outbox before the counters are logged
 
 
 class EpochAdoption:
@@ -223,4 +224,12 @@ class EpochAdoption:
             n = send_state(self.node, j, data, meta, self.cfg.wan.chunk_bytes, self.epoch)
             self.log.emit("state_sent", joiner=j, bytes=n, params_hash=meta["params_hash"], round=meta["round"],
                           samples_sha256=meta["samples_sha256"])
+        if plan.joiners:
+            # The byte counters once the state has left this process (handed to ZeroMQ, where it is
+            # counted): a donor killed before its next round's snapshot still accounts for the state it
+            # sent, delivered or not; the receivers' counters cannot (issue 54: 7 MB sent into a
+            # blackholed link by a donor preempted right after were counted by no one).
+            for j in plan.joiners:
+                self.node.wait_handed(j, STATE_HANDOFF_WAIT_S)
+            self.log.emit("wan_counters", counters=self.node.counters.snapshot())
         sp.update(sent_to=list(plan.joiners), bytes=len(data))

@@ -66,6 +66,20 @@ def test_forked_sites_train_and_a_forked_restart_rejoins(run):
     assert [e for e in coord if e["event"] == "commit" and "b" in e["members"] and e["mono_ns"] > joined[0]["mono_ns"]]
 
 
+def test_a_donor_logs_its_counters_once_the_state_it_sent_left_the_process(run):
+    """A donor killed before its next round's snapshot must still account for the state it sent
+    (issue 54): the counters it logs right after `state_sent` hold at least that many state bytes."""
+    run_dir, _ = run
+    donors = [(site, e) for site in ("a", "c") for e in events(run_dir, site) if e["event"] == "state_sent"]
+    assert donors, "nobody sent b its state"
+    site, sent = donors[0]
+    after = [e for e in events(run_dir, site) if e["event"] == "wan_counters" and e["mono_ns"] >= sent["mono_ns"]]
+    links = {f"{site}_to_b", f"b_to_{site}"}  # the link between the donor and b, either end its client
+    state_tx = sum(r["bytes"] for r in after[0]["counters"]
+                   if r["side"] == "tx" and r["cls"] == "state_transfer" and r["link"] in links)
+    assert state_tx >= sent["bytes"], (after[0], sent)
+
+
 def test_nothing_forked_outlives_the_run(run):
     run_dir, _ = run
     launcher = events(run_dir, "launcher")

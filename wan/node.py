@@ -284,6 +284,21 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
         which only a process that received its messages knows."""
         return self._peer_inc.get(member)
 
+    def queued(self, dest: str) -> int:
+        """Messages for `dest` still in the outbox: not yet handed to ZeroMQ, so not counted as sent."""
+        with self._lock:
+            return sum(1 for d, *_ in self._outbox if d == dest)
+
+    def wait_handed(self, dest: str, timeout_s: float) -> bool:
+        """Wait until nothing for `dest` is left in the outbox (True), at most `timeout_s`. A reliable
+        message whose route is down leaves the outbox parked, uncounted until it is handed over."""
+        deadline = time.monotonic() + timeout_s
+        while self.queued(dest):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
     def wait_acked(self, timeout_s: float, dest: str | None = None) -> bool:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
