@@ -24,11 +24,14 @@ from pathlib import Path
 from bench.common import RESULTS, ROOT
 
 BENCHMARKS = ["wan_fidelity", "collective_efficiency", "collective_unshaped", "emulator_ceiling", "emulator_overhead",
-              "cluster_throughput", "heartbeat_under_load", "recovery", "cluster_startup", "recovery_torchft", "storm_goodput",
+              "cluster_throughput", "heartbeat_under_load", "recovery", "cluster_startup", "recovery_torchft", "storm_goodput", "fresh_clone",
               "analysis_speed", "sim_scale", "sim_validate", "adaptive_collapse"]
 # A benchmark module that writes more than one result file.
 RESULT_NAMES = {"recovery": ["recovery_failover", "recovery_rejoin"],
-                "cluster_startup": ["cluster_startup", "cluster_rejoin_forked"]}
+                "cluster_startup": ["cluster_startup", "cluster_rejoin_forked"],
+                # `make bench` times `make demo` on a fresh clone; `python -m bench.fresh_clone test` (20+ minutes)
+                # is run by itself.
+                "fresh_clone": ["fresh_clone_demo"]}
 
 
 README = ROOT / "README.md"
