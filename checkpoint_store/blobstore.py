@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,8 @@ REQUIRED_FIELDS = ("run_id", "ckpt_id", "round", "step", "epoch", "parent", "sam
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _UPLOAD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+MAX_MANIFEST_BLOBS = 64  # named blobs one manifest may list (a checkpoint has four)
+MAX_OPEN_UPLOADS = 64  # uploads in progress at once, over every writer: one open file each
 _READ_BLOCK = 1 << 20
 
 
@@ -91,8 +94,13 @@ class _Upload:
 
 
 class BlobStore:
-    def __init__(self, root: str | Path) -> None:
+    """Content-addressed blobs, manifests and the frontier on disk. `quota_bytes` bounds what the
+    blobs and the uploads in progress may hold together (None: no bound); an append past it is a
+    StoreError naming the quota, and nothing stored is touched."""
+
+    def __init__(self, root: str | Path, quota_bytes: int | None = None) -> None:
         self.root = Path(root)
+        self.quota_bytes = quota_bytes
         self.blobs_dir = self.root / "blobs"
         self.manifests_dir = self.root / "manifests"
         self.tmp_dir = self.root / "tmp"
@@ -101,8 +109,9 @@ class BlobStore:
         for d in (self.root, self.blobs_dir, self.manifests_dir, self.tmp_dir):
             d.mkdir(parents=True, exist_ok=True)
         self._uploads: dict[str, _Upload] = {}
-        # sha -> (inode, size, mtime_ns) of the file whose full hash was verified (for ranged reads)
-        self._verified: dict[str, tuple[int, int, int]] = {}
+        # sha -> ((inode, size, mtime_ns) of the file whose full hash was verified, monotonic s of that check)
+        self._verified: dict[str, tuple[tuple[int, int, int], float]] = {}
+        self._stored_bytes = sum(p.stat().st_size for p in self.blobs_dir.iterdir() if p.is_file())
 
     # ------------------------------------------------------------------ recovery
     def recover(self) -> list[str]:
@@ -148,6 +157,9 @@ class BlobStore:
         """Start (or restart from byte 0) an upload."""
         path = self._upload_path(upload_id)
         self.abort_upload(upload_id)
+        if len(self._uploads) >= MAX_OPEN_UPLOADS:
+            raise StoreError(f"upload {upload_id!r}: {len(self._uploads)} uploads are in progress, at most "
+                             f"{MAX_OPEN_UPLOADS}: finish or abort one first")
         f = open(path, "wb")
         self._uploads[upload_id] = _Upload(path, f, 0, hashlib.sha256())
 
@@ -161,6 +173,11 @@ class BlobStore:
             raise StoreError(f"upload {upload_id!r}: chunk at offset {offset!r}, but {up.size} bytes have been "
                              f"received (chunks must arrive in order without gaps)")
         mv = memoryview(data).cast("B")
+        if self.quota_bytes is not None:
+            held = self._stored_bytes + sum(u.size for u in self._uploads.values())
+            if held + len(mv) > self.quota_bytes:
+                raise StoreError(f"upload {upload_id!r}: the store's quota of {self.quota_bytes:,} bytes would be "
+                                 f"exceeded ({held:,} held, {len(mv):,} more): chunk refused")
         up.file.write(mv)
         up.hasher.update(mv)
         up.size += len(mv)
@@ -197,8 +214,10 @@ class BlobStore:
         if dest.exists() and self._file_ok(dest, expected_sha256):
             up.path.unlink(missing_ok=True)  # already stored and intact
             return expected_sha256
+        old = dest.stat().st_size if dest.exists() else 0
         os.replace(up.path, dest)  # replaces a corrupt copy, if there was one
         fsync_dir(self.blobs_dir)
+        self._stored_bytes += up.size - old
         self._verified.pop(expected_sha256, None)
         return expected_sha256
 
@@ -224,17 +243,24 @@ class BlobStore:
     def _file_ok(self, path: Path, sha: str) -> bool:
         return _sha256_file(path) == sha
 
-    def verify_blob(self, sha: str) -> int:
-        """Hash the whole blob now; raise CorruptCheckpoint/StoreError if it is bad. Returns its size."""
+    def verify_blob(self, sha: str, max_age_s: float = 0.0) -> int:
+        """Hash the whole blob; raise CorruptCheckpoint/StoreError if it is bad. Returns its size.
+
+        With `max_age_s` > 0, a blob whose full hash was checked less than that long ago, and whose
+        file is unchanged since (inode, size, mtime), is not hashed again: repeated probes of the
+        same checkpoint cost a stat, not a rehash. 0 (the default) always hashes."""
         path = self._blob_path(sha)
         if not path.exists():
             raise StoreError(f"no blob {sha} at {path}")
         key = self._stat_key(path)
+        seen = self._verified.get(sha)
+        if max_age_s > 0 and seen is not None and seen[0] == key and time.monotonic() - seen[1] < max_age_s:
+            return key[1]
         actual = _sha256_file(path)
         if actual != sha:
             self._verified.pop(sha, None)
             raise CorruptCheckpoint(path, sha, actual, what="blob")
-        self._verified[sha] = key
+        self._verified[sha] = (key, time.monotonic())
         return key[1]
 
     def has_blob(self, sha: str) -> bool:
@@ -266,7 +292,8 @@ class BlobStore:
                 self._verified.pop(sha, None)
                 raise CorruptCheckpoint(path, sha, actual, what="blob")
             return data
-        if self._verified.get(sha) != self._stat_key(path):
+        seen = self._verified.get(sha)
+        if seen is None or seen[0] != self._stat_key(path):
             self.verify_blob(sha)
         size = path.stat().st_size
         if offset > size:
@@ -320,6 +347,9 @@ class BlobStore:
         blobs = manifest["blobs"]
         if not isinstance(blobs, dict):
             raise StoreError(f"manifest field 'blobs' must map names to sha256, got {type(blobs).__name__}")
+        if len(blobs) > MAX_MANIFEST_BLOBS:
+            raise StoreError(f"manifest lists {len(blobs)} blobs, at most {MAX_MANIFEST_BLOBS}")
+        verified: set[str] = set()  # a blob listed under several names is hashed once
         for name, sha in blobs.items():
             if not isinstance(name, str) or not name:
                 raise StoreError(f"manifest blob name {name!r} must be a non-empty string")
@@ -327,7 +357,9 @@ class BlobStore:
                 raise StoreError(f"manifest blob {name!r}: {sha!r} is not a sha256 (64 lowercase hex digits)")
             if not self.has_blob(sha):
                 raise StoreError(f"manifest blob {name!r}: blob {sha} is not in the store (upload it first)")
-            self.verify_blob(sha)
+            if sha not in verified:
+                self.verify_blob(sha)
+                verified.add(sha)
         parent = manifest["parent"]
         if parent is not None:
             if not is_sha256_hex(parent):
@@ -372,22 +404,24 @@ class BlobStore:
             raise CorruptCheckpoint(path, h, actual, what="manifest")
         return json.loads(data)
 
-    def frontier(self) -> tuple[str, dict[str, Any]] | None:
-        """(hash, manifest) of the durable frontier, with the manifest and every blob verified."""
+    def frontier(self, max_age_s: float = 0.0) -> tuple[str, dict[str, Any]] | None:
+        """(hash, manifest) of the durable frontier, with the manifest and every blob verified
+        (`max_age_s` as in `verify_blob`)."""
         h = self.frontier_hash()
         if h is None:
             return None
-        return h, self.checkpoint(h)
+        return h, self.checkpoint(h, max_age_s)
 
-    def checkpoint(self, h: str) -> dict[str, Any]:
-        """The manifest of checkpoint `h` (frontier or not), with it and every blob verified;
-        CorruptCheckpoint if it or a blob is missing or damaged."""
+    def checkpoint(self, h: str, max_age_s: float = 0.0) -> dict[str, Any]:
+        """The manifest of checkpoint `h` (frontier or not), with it and every blob verified (each
+        distinct blob once; `max_age_s` as in `verify_blob`); CorruptCheckpoint if it or a blob is
+        missing or damaged."""
         manifest = self.read_manifest(h)
-        for _name, sha in sorted(manifest.get("blobs", {}).items()):
+        for sha in sorted(set(manifest.get("blobs", {}).values())):
             path = self._blob_path(sha)
             if not path.exists():
                 raise CorruptCheckpoint(path, sha, "missing", what="blob")
-            self.verify_blob(sha)
+            self.verify_blob(sha, max_age_s)
         return manifest
 
     def manifests(self) -> dict[str, dict[str, Any]]:

@@ -62,6 +62,10 @@ REFUSED_MEMORY = 1024
 # Unacked reply bytes the store holds for one requester before it serves that requester's next read:
 # 4 x a client's own window (8 chunks of at most 1 MiB).
 READ_WINDOW_BYTES = 32 * 1024 * 1024
+UPLOADS_PER_SOURCE = 4  # uploads one requester may have in progress at once (a site uploads one at a time)
+# A frontier probe trusts a blob's full-hash check this recent (s) while its file is unchanged: the sites
+# probe the frontier often, and each probe rehashed every blob of the checkpoint.
+VERIFY_CACHE_S = 10.0
 
 
 class StoreService:
@@ -127,7 +131,7 @@ class StoreService:
             handlers[msg.kind](msg, req, typed)
         except BadMessage as e:
             if msg.kind == "ckpt_chunk" and isinstance(req, str):
-                self._refuse_upload_id(req)
+                self._refuse_upload_id(self._owned(msg.src, req))
             self._error(msg, req, f"bad_request: {e.reason}")
         except CorruptCheckpoint as e:
             self._error(msg, req, f"corrupt_checkpoint: {e}")
@@ -145,8 +149,14 @@ class StoreService:
         if isinstance(upload, str) and len(upload) <= 128:
             self._refuse(upload)
 
+    @staticmethod
+    def _owned(src: str, upload: str) -> str:
+        """The store's id of `src`'s upload `upload`: uploads are the sender's own, so no member can
+        append to, finish or refuse another's (ids are the sender's choice)."""
+        return f"{src}.{upload}"
+
     def _on_chunk(self, msg: Message, req: Any, c: Chunk) -> None:
-        upload, offset = c.upload, c.offset
+        upload, offset = self._owned(msg.src, c.upload), c.offset
         if offset != 0 and upload in self._refused:
             # The writer was already told this upload failed; later chunks (in flight, or resent
             # by the transport after a reconnect) are dropped without a reply each.
@@ -161,6 +171,10 @@ class StoreService:
             data = msg.array(0)
             if offset == 0:
                 self._refused.pop(upload, None)
+                mine = [u for u in self._chunks if u.startswith(msg.src + ".") and u != upload]
+                if len(mine) >= UPLOADS_PER_SOURCE:
+                    raise StoreError(f"{msg.src} has {len(mine)} uploads in progress, at most {UPLOADS_PER_SOURCE}: "
+                                     f"upload {c.upload!r} refused")
                 self.store.begin_upload(upload)
                 self._chunks[upload] = 0
             self.store.append(upload, offset, data)
@@ -171,7 +185,7 @@ class StoreService:
         n = self._chunks.get(upload, 0) + 1
         self._chunks[upload] = n
         if n % CHUNK_LOG_EVERY == 0:
-            self.log.emit("ckpt_chunk_received", upload=upload, offset=offset, bytes=int(data.size), chunks=n,
+            self.log.emit("ckpt_chunk_received", upload=c.upload, offset=offset, bytes=int(data.size), chunks=n,
                           src=msg.src)
 
     def _refuse(self, upload: str) -> None:
@@ -182,7 +196,7 @@ class StoreService:
             self._refused.popitem(last=False)
 
     def _on_finish(self, msg: Message, req: Any, f: Finish) -> None:
-        upload, sha = f.upload, f.sha256
+        upload, sha = self._owned(msg.src, f.upload), f.sha256
         if not self._fenced(msg, req):
             self._drop_upload(upload)
             return
@@ -207,9 +221,9 @@ class StoreService:
 
     def _on_frontier(self, msg: Message, req: Any, typed: FrontierGet) -> None:
         if typed.manifest_hash is not None:
-            h, manifest = typed.manifest_hash, self.store.checkpoint(typed.manifest_hash)
+            h, manifest = typed.manifest_hash, self.store.checkpoint(typed.manifest_hash, VERIFY_CACHE_S)
         else:
-            fr = self.store.frontier()
+            fr = self.store.frontier(VERIFY_CACHE_S)
             h, manifest = fr if fr is not None else (None, None)
         self._reply(msg, "ckpt_frontier", {"req": req, "manifest_hash": h, "manifest": manifest})
 
@@ -254,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     watch_stop_request(run, STORE)  # the end of a compose run asks through the run directory
 
-    store = BlobStore(run / "store")
+    store = BlobStore(run / "store", quota_bytes=cfg.cluster.store_quota_mib * 1024 * 1024)
     removed = store.recover()
     node = WanNode(
         name=STORE,

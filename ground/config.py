@@ -272,6 +272,9 @@ class ClusterConfig:
     # has already imported torch and the site code (cluster/forkserver.py), instead of each paying
     # Python's start and the torch import. Compose ignores it (a container is its own process).
     fork_server: bool = False
+    # What the checkpoint store's blobs and uploads in progress may hold together (MiB); an upload past
+    # it is refused with a clear error and nothing stored is touched.
+    store_quota_mib: int = 16_384
 
 
 @dataclass(frozen=True)
