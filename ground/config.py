@@ -227,6 +227,11 @@ class WanConfig:
     # A peer that delivers nothing of a round for this long while we wait is reported unreachable
     # (a partition or a blackholed link, which heartbeats to the coordinator cannot see).
     collective_stall_ms: int = 15_000
+    # Per destination, what a process holds for a peer that does not ack: past either bound, new reliable
+    # messages for it are refused (logged) until it acks, so a member that asks and never acks cannot
+    # make another process hold (and resend) its replies without end. Far above an honest peer's need.
+    max_unacked_messages: int = 65_536
+    max_unacked_mib: int = 2048
 
     def __post_init__(self) -> None:
         if self.zmq_heartbeat_ivl_ms > 0 and self.zmq_heartbeat_timeout_ms <= self.zmq_heartbeat_ivl_ms:

@@ -82,3 +82,17 @@ def test_a_parked_message_goes_for_the_first_time_and_a_cutoff_resends_only_olde
     assert [ch.resent(p, 400 * MS) for p in everything] == [True, False, True]  # the parked one: a first send
     assert (ch.parked(), ch.in_flight()) == (0, 3)
     assert {ch.pending[s].last_sent_ns for s in (handed_early, parked, handed_late)} == {400 * MS}
+
+
+def test_a_destination_over_its_cap_is_named_with_the_bound_it_passed():
+    ch = ReliableChannel()
+    assert ch.over(2, 1000) is None
+    a = _sent(ch, 0, wire=600)
+    assert ch.over(2, 1000) is None and ch.outstanding_bytes() == 600
+    _sent(ch, 0, wire=500)
+    assert ch.over(3, 1000) == "1,100 unacked bytes (at most 1,000)"
+    assert ch.over(2, 10_000) == "2 unacked messages (at most 2)"
+    ch.on_ack(a, MS)
+    assert ch.over(2, 1000) is None and ch.outstanding_bytes() == 500
+    _sent(ch, 0, epoch=0, wire=10)
+    assert ch.drop_superseded(1, 2 * MS) == (1, 10) and ch.outstanding_bytes() == 500

@@ -200,3 +200,30 @@ def test_a_node_whose_port_is_taken_fails_to_start_and_closes_at_once(tmp_path):
         b.close()
         assert time.monotonic() - t0 < 5.0, "close() waited on sockets of the failed start"
         log.close()
+
+
+def test_a_destination_that_never_acks_is_refused_new_messages_past_its_cap(tmp_path):
+    """Past `wan.max_unacked_messages` held for one destination, a reliable send is refused (seq 0),
+    logged once per 1,000, and nothing more is queued for it (issue 54: a member that asks and never
+    acks). Real sockets: the peer's address is never served, so nothing is ever acked."""
+    generate_cluster_keys(tmp_path / "keys", ["a", "b"])
+    log = EventLog(tmp_path / "a.jsonl", "r1", "a")
+    wan = WanConfig(max_unacked_messages=5)
+    a = WanNode(name="a", run_id="r1", wan=wan, log=log, routes=[Route("b", "a_to_b", f"tcp://127.0.0.1:{free_port()}")],
+                members=["b"], keys_dir=str(tmp_path / "keys"))
+    a.start()
+    try:
+        seqs = [a.send("b", "probe", "control", {"i": i}) for i in range(5)]
+        deadline = time.monotonic() + 10
+        while a.unacked("b") and a.queued("b") and time.monotonic() < deadline:
+            time.sleep(0.01)  # the I/O thread takes them off the outbox (parked: the route never came up)
+        assert seqs == [1, 2, 3, 4, 5] and a.unacked("b") == 5
+        refused = [a.send("b", "probe", "control", {"i": i}) for i in range(5, 1005)]
+        assert refused == [0] * 1000 and a.unacked("b") == 5 and a.refused_over_cap == 1000
+        assert a.send("b", "probe", "control", {"i": 0}, reliable=False) == 0  # unreliable: not capped
+    finally:
+        a.close()
+        log.close()
+    lines = [e for e in read_events(tmp_path / "a.jsonl") if e["event"] == "send_refused"]
+    assert [e["reason"] for e in lines] == ["b holds 5 unacked messages (at most 5): not served until it acks (1 refused so far)",
+                                            "b holds 5 unacked messages (at most 5): not served until it acks (1000 refused so far)"]

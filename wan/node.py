@@ -172,6 +172,7 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
         self.duplicates = 0
         self.retransmits = 0
         self.superseded = 0  # unacked reliable messages dropped: their receiver's fence moved past their epoch
+        self.refused_over_cap = 0  # reliable messages refused: their destination held too much unacked (WanConfig)
         # ROUTER connections, for the coordinator's failure detection (`lost_connections`): the
         # member each connection (file descriptor, ZMQ_SRCFD) last authenticated as, the newest
         # connection of each member, and member -> mono ns at which its newest connection closed,
@@ -230,7 +231,16 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
         with self._lock:
             seq = 0
             if reliable:
-                seq = self._channels[dest].next_seq()
+                ch = self._channels[dest]
+                why = ch.over(self.wan.max_unacked_messages, self.wan.max_unacked_mib * 1024 * 1024)
+                if why is not None:
+                    self.refused_over_cap += 1
+                    n = self.refused_over_cap
+                    if n == 1 or n % 1000 == 0:  # the first and every 1,000th: a flood is one line per 1,000
+                        self.log.emit("send_refused", dest=dest, kind=kind,
+                                      reason=f"{dest} holds {why}: not served until it acks ({n} refused so far)")
+                    return 0
+                seq = ch.next_seq()
             ep = self.epoch if epoch is None else epoch
             frames = encode(kind=kind, cls=cls, run=self.run_id, epoch=ep,
                             step=self.step if step is None else step, src=self.name, inc=self.inc, seq=seq,

@@ -42,6 +42,7 @@ class ReliableChannel:
         self.pending: collections.OrderedDict[int, Pending] = collections.OrderedDict()  # by seq, oldest first
         self.progress_ns = 0  # the last ack (or resend, or drop) that restarted the no-progress clock
         self.acked_sent_ns = 0  # the latest send time of a message the destination acked
+        self.held_bytes = 0  # wire bytes of the outstanding messages (kept as they come and go)
 
     # ---- sending ------------------------------------------------------------------------------
     def next_seq(self) -> int:
@@ -54,6 +55,7 @@ class ReliableChannel:
         if not self.pending:
             self.progress_ns = now_ns
         p = self.pending[seq] = Pending(frames, cls, wire, now_ns, now_ns, epoch=epoch)
+        self.held_bytes += wire
         return p
 
     def handed_over(self, seq: int) -> None:
@@ -67,6 +69,7 @@ class ReliableChannel:
         """The destination acked `seq`: forget it; None when it was not outstanding (a duplicate ack)."""
         p = self.pending.pop(seq, None)
         if p is not None:
+            self.held_bytes -= p.wire
             self.progress_ns = now_ns
             self.acked_sent_ns = max(self.acked_sent_ns, p.last_sent_ns)
         return p
@@ -77,6 +80,7 @@ class ReliableChannel:
         (messages, wire bytes) forgotten. Unfenced messages and those of an admitted epoch stay."""
         gone = [seq for seq, p in self.pending.items() if p.epoch is not None and p.epoch < fence_epoch]
         nbytes = sum(self.pending.pop(seq).wire for seq in gone)
+        self.held_bytes -= nbytes
         if gone:
             self.progress_ns = now_ns  # progress: what is left gets a fresh timeout
         return len(gone), nbytes
@@ -117,7 +121,15 @@ class ReliableChannel:
         return len(self.pending)
 
     def outstanding_bytes(self) -> int:
-        return sum(p.wire for p in self.pending.values())
+        return self.held_bytes
+
+    def over(self, max_messages: int, max_bytes: int) -> str | None:
+        """Why this destination may be sent no new reliable message now (it holds too much unacked), or None."""
+        if len(self.pending) >= max_messages:
+            return f"{len(self.pending)} unacked messages (at most {max_messages})"
+        if self.held_bytes >= max_bytes:
+            return f"{self.held_bytes:,} unacked bytes (at most {max_bytes:,})"
+        return None
 
     def parked(self) -> int:
         """Taken off the outbox but never handed to ZeroMQ (the route was down)."""
