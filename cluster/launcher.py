@@ -49,6 +49,18 @@ def _die_with_parent() -> None:
         pass
 
 
+def why_no_fork(cfg: RunConfig) -> str | None:
+    """Why this run's sites must start cold although `cluster.fork_server` is on, or None. A CUDA driver
+    initialised in a process is not usable in a child forked from it, and importing torch's compiler
+    stack may initialise it: so the fork server serves CPU sites only (a device node means "auto" may
+    pick the GPU)."""
+    device = cfg.train.device
+    if device == "cuda" or (device == "auto" and os.path.exists("/dev/nvidiactl")):
+        return f"train.device {device!r} on a machine with an NVIDIA device: the sites start cold (a CUDA " \
+               f"driver initialised before a fork is not usable after it)"
+    return None
+
+
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid() % 10000:04d}{int(time.time_ns() % 1000):03d}"
 
@@ -130,7 +142,10 @@ class Launcher:
         self.log = EventLog(self.run_dir / "logs" / "launcher.jsonl", cfg.run_id, "launcher")
         save_config(cfg, self.run_dir / "config.json")  # first, as before: a failed start still has it
         self.log.emit("run_started", **run_started_fields())
-        if cfg.cluster.fork_server:
+        gpu = why_no_fork(cfg) if cfg.cluster.fork_server else None
+        if gpu is not None:
+            self.log.emit("forkserver_skipped", reason=gpu)
+        elif cfg.cluster.fork_server:
             # Started first: its imports (torch, the site code) overlap Toxiproxy, the baselines and the
             # store's start; the sites are forked from it once it is ready.
             self.forkserver = ForkServer(self._child_env(), self.run_dir / "logs" / "forkserver.out",

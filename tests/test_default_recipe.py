@@ -38,3 +38,18 @@ def test_the_compose_run_is_the_demo_recipe_and_wan() -> None:
     args = argparse.Namespace(config=str(ROOT / "compose" / "run.yaml"), set=[], runs_dir=None)
     assert to_dict(load_config(_resolve(args, RECIPE))) == to_dict(load_config(DEMO))
     assert set(read_config_file(str(ROOT / "compose" / "run.yaml"))) == {"wan"}
+
+
+def test_the_fork_server_serves_cpu_sites_only(monkeypatch) -> None:
+    """A CUDA driver initialised before a fork is unusable after it: on a machine with an NVIDIA device
+    node, sites that may pick the GPU start cold, and the launcher says why."""
+    from cluster.launcher import why_no_fork
+
+    cfg = load_config(RECIPE)
+    assert cfg.cluster.fork_server
+    monkeypatch.setattr("os.path.exists", lambda p: p == "/dev/nvidiactl")
+    assert "start cold" in why_no_fork(cfg)  # device auto, a GPU present
+    assert why_no_fork(load_config({**RECIPE, "train": {**RECIPE["train"], "device": "cpu"}})) is None
+    monkeypatch.setattr("os.path.exists", lambda p: False)
+    assert why_no_fork(cfg) is None  # auto without a GPU: the CPU
+    assert "start cold" in why_no_fork(load_config({**RECIPE, "train": {**RECIPE["train"], "device": "cuda"}}))
