@@ -51,9 +51,12 @@ def startup(run_dir: Path) -> dict[str, Any]:
     commit = next(e for e in process_events(run_dir, "coord") if e["event"] == "commit" and len(e["members"]) == 3)
     fs = next((e for e in process_events(run_dir, "launcher") if e["event"] == "process_started"
                and e.get("name") == "forkserver"), None)
+    # Peak RSS per process as each reports it in its last event (MiB; a forked site's shared pages count).
+    rss = {proc: max((e["peak_rss_mib"] for e in process_events(run_dir, proc) if "peak_rss_mib" in e), default=None)
+           for proc in ("a", "b", "c", "coord", "store")}
     return {"run_started_to_sites_started_s": (max(started) - t0) / 1e9,
             "run_started_to_first_commit_s": (commit["mono_ns"] - t0) / 1e9,
-            "forkserver": fs is not None}
+            "forkserver": fs is not None, "peak_rss_mib": rss}
 
 
 def _p(xs: list[float], q: float) -> float:
@@ -101,7 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     rj = figures["forked"]["restart_to_first_commit_s"]
     cold_rj = figures["cold"]["restart_to_first_commit_s"]
     loads = sorted(round(m["loadavg_1m"], 1) for m in samples)
-    raw = {"samples": samples, "figures": figures, "clean": clean, "min_repeats": MIN_REPEATS}
+    rss = {arm: {proc: median([m["peak_rss_mib"][proc] for m in samples if m["arm"] == arm
+                               and m["peak_rss_mib"].get(proc) is not None] or [float("nan")])
+                 for proc in ("a", "b", "c", "coord", "store")} for arm in ARMS}
+    raw = {"samples": samples, "figures": figures, "clean": clean, "min_repeats": MIN_REPEATS,
+           "peak_rss_mib_median": rss}
     up_ok = enough and clean and up["p90_s"] <= STARTUP_GOAL_S
     write_result("cluster_startup", ratio=up["p90_s"] / STARTUP_GOAL_S, goal="forked p90 / 3.0 s <= 1.0",
                  passed=up_ok, reference="fixed_goal", measures=measures, raw=raw, env=env,
@@ -111,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
                        f"site) median {cold_up['median_s']:.2f} s, p90 {cold_up['p90_s']:.2f} s. To the first commit of "
                        f"all three sites: forked median {figures['forked']['run_started_to_first_commit_s']['median_s']:.2f} s, "
                        f"cold {figures['cold']['run_started_to_first_commit_s']['median_s']:.2f} s. Toxiproxy, the "
-                       f"baselines, the store and the coordinator start in both arms the same way. 2-core machine, "
+                       f"baselines, the store and the coordinator start in both arms the same way. Peak RSS per process "
+                       f"(median MiB, as each reports it at its end; a forked site's shared pages count in full): "
+                       f"{rss}. 2-core machine, "
                        f"1-minute load average per run: {loads}.")
     rj_ok = enough and clean and rj["p90_s"] <= REJOIN_GOAL_S
     write_result("cluster_rejoin_forked", ratio=rj["p90_s"] / REJOIN_GOAL_S, goal="forked p90 / 2.0 s <= 1.0",

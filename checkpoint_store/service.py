@@ -47,6 +47,7 @@ import numpy as np
 from checkpoint_store.blobstore import BlobStore, CorruptCheckpoint, StoreError
 from checkpoint_store.requests import PARSERS, BlobGet, Chunk, Finish, FrontierGet, ManifestPut, request_id
 from ground.journal import AnnouncedEpochs
+from ground.resources import peak_rss_mib
 from ground.messages import BadMessage
 from wan.frames import Message
 from wan.node import WanNode
@@ -318,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         node.close()  # the last counters are read when nothing more can be sent
         log.emit("wan_counters", **node.final_counters())
-        log.emit("store_stopped", reason=stop_reason[0] if stop_reason else "exit")
+        log.emit("store_stopped", reason=stop_reason[0] if stop_reason else "exit", peak_rss_mib=peak_rss_mib())
         store.close()
         log.close()
     return rc

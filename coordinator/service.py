@@ -30,6 +30,7 @@ from coordinator import core
 from coordinator.deadline import next_deadline_ns
 from coordinator.recovery import ClusterView
 from ground.config import RunConfig, config_from_json
+from ground.resources import peak_rss_mib
 from ground.eventlog import EventLog, read_events
 from ground.journal import Journal
 from ground.messages import Heartbeat
@@ -187,7 +188,8 @@ class Coordinator:
                 break
         self.node.close()  # the last counters are read when nothing more can be sent
         self.log.emit("wan_counters", **self.node.final_counters())
-        self.log.emit("coordinator_stopped", reason="shutdown" if self.state.shutdown_sent else "signal")
+        self.log.emit("coordinator_stopped", reason="shutdown" if self.state.shutdown_sent else "signal",
+                      peak_rss_mib=peak_rss_mib())
         if self.journal is not None:
             self.journal.close()
         return 0

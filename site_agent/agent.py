@@ -72,6 +72,7 @@ from wan.node import WanNode
 from ground.config import ConfigError, RunConfig, config_from_json
 from ground.eventlog import EventLog
 from ground.topology import COORD, STORE, Topology
+from ground.resources import peak_rss_mib
 from ground.stop_request import watch_stop_request
 
 CONTROL = TrafficClass.CONTROL.value
@@ -378,7 +379,7 @@ def _reducer(cfg: RunConfig, node: WanNode, inbox: Any, me: str, n_params: int, 
 def _exit_early(log: EventLog, pool: WorkerPool, rc: int, reason: str) -> int:
     """Exit before the WAN endpoint exists (W > 1 only: the intra-site group did not form)."""
     pool.close(reason)
-    log.emit("site_stopped", reason=reason, rc=rc)
+    log.emit("site_stopped", reason=reason, rc=rc, peak_rss_mib=peak_rss_mib())
     log.close()
     return rc
 
@@ -389,7 +390,7 @@ def _exit(log: EventLog, node: WanNode, rc: int, reason: str, pool: WorkerPool |
     node.wait_acked(3.0)
     node.close()  # the last counters are read when nothing more can be sent
     log.emit("wan_counters", **node.final_counters())
-    log.emit("site_stopped", reason=reason, rc=rc)
+    log.emit("site_stopped", reason=reason, rc=rc, peak_rss_mib=peak_rss_mib())
     log.close()
     return rc
 

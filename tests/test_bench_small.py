@@ -137,6 +137,7 @@ def test_cluster_startup_small_measures_both_arms_start_up_and_rejoin(results: P
         assert m["clean_exit"], m
         assert 0 < m["run_started_to_sites_started_s"] < m["run_started_to_first_commit_s"], m
         assert 0 <= m["restart_to_site_started_s"] < m["restart_to_first_commit_s"], m
+        assert all(m["peak_rss_mib"][p] > 10 for p in ("a", "c", "coord", "store")), m  # each reported its peak
 
 
 @pytest.mark.integration
