@@ -28,6 +28,7 @@ returncode).
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import importlib
 import json
@@ -100,10 +101,11 @@ def _child(request: dict[str, Any], server_pid: int) -> None:
         rc = 1
     finally:
         try:
+            atexit._run_exitfuncs()  # what a fresh interpreter runs at its exit (logging's flush, ...)
             sys.stdout.flush()
             sys.stderr.flush()
         finally:
-            os._exit(rc)
+            os._exit(rc)  # never back into the server's loop
 
 
 def serve(preload: tuple[str, ...]) -> int:
