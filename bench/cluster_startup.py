@@ -49,8 +49,7 @@ def startup(run_dir: Path) -> dict[str, Any]:
                       if e["event"] == "site_started" and e.get("pid") == first["child_pid"])
         started.append(booted["mono_ns"])
     commit = next(e for e in process_events(run_dir, "coord") if e["event"] == "commit" and len(e["members"]) == 3)
-    fs = next((e for e in process_events(run_dir, "launcher") if e["event"] == "process_started"
-               and e.get("name") == "forkserver"), None)
+    fs = next((e for e in launcher if e["event"] == "process_started" and e.get("name") == "forkserver"), None)
     # Peak RSS per process as each reports it in its last event (MiB; a forked site's shared pages count).
     rss = {proc: max((e["peak_rss_mib"] for e in process_events(run_dir, proc) if "peak_rss_mib" in e), default=None)
            for proc in ("a", "b", "c", "coord", "store")}

@@ -190,24 +190,20 @@ def serve(preload: tuple[str, ...]) -> int:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORK_MASK)
             children.add(pid)
             say({"pid": pid})
-    for pid in list(children):
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + 10.0
-    while children and time.monotonic() < deadline:
-        reap()
-        time.sleep(0.05)
-    for pid in list(children):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + 5.0
-    while children and time.monotonic() < deadline:
-        reap()
-        time.sleep(0.02)
+    def signal_and_reap(sig: int, wait_s: float) -> None:
+        """Send `sig` to every child still running, then report their exits for at most `wait_s`."""
+        for pid in list(children):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait_s
+        while children and time.monotonic() < deadline:
+            reap()
+            time.sleep(0.02)
+
+    signal_and_reap(signal.SIGTERM, 10.0)
+    signal_and_reap(signal.SIGKILL, 5.0)
     return 0
 
 

@@ -101,6 +101,15 @@ def toxiproxy(tmp_path: Path) -> Iterator[Any]:
         server.stop()
 
 
+def pid_alive(pid: int) -> bool:
+    """True while a process with this pid exists (signal 0: nothing is sent)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def events(run_dir: Path, process: str) -> list[dict]:
     path = run_dir / "logs" / f"{process}.jsonl"
     return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]

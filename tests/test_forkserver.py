@@ -15,16 +15,9 @@ from pathlib import Path
 import pytest
 
 from cluster.forkserver import ForkServer, ForkServerError
+from tests.conftest import pid_alive
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.fixture
@@ -79,10 +72,10 @@ def test_a_malformed_request_gets_a_clear_error_and_the_server_goes_on(server, t
 
 def test_closing_the_server_stops_its_running_children(server, tmp_path):
     kids = [server.spawn("tests.forkserver_child", ["sleep"], tmp_path / f"c{i}.out") for i in range(2)]
-    assert all(_alive(k.pid) for k in kids)
+    assert all(pid_alive(k.pid) for k in kids)
     assert server.close() == 0
     assert [k.poll() for k in kids] == [-signal.SIGTERM, -signal.SIGTERM]
-    assert not [k.pid for k in kids if _alive(k.pid)]
+    assert not [k.pid for k in kids if pid_alive(k.pid)]
 
 
 def test_a_server_whose_launcher_dies_takes_its_children_with_it(tmp_path):
@@ -100,13 +93,13 @@ def test_a_server_whose_launcher_dies_takes_its_children_with_it(tmp_path):
     launcher = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, env=env, text=True)
     try:
         server_pid, kid_pid = map(int, launcher.stdout.readline().split())
-        assert _alive(server_pid) and _alive(kid_pid)
+        assert pid_alive(server_pid) and pid_alive(kid_pid)
         launcher.kill()
         launcher.wait(10)
         deadline = time.monotonic() + 15
-        while (_alive(server_pid) or _alive(kid_pid)) and time.monotonic() < deadline:
+        while (pid_alive(server_pid) or pid_alive(kid_pid)) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _alive(server_pid) and not _alive(kid_pid)
+        assert not pid_alive(server_pid) and not pid_alive(kid_pid)
     finally:
         if launcher.poll() is None:
             launcher.kill()

@@ -8,14 +8,13 @@ forked sites start without paying the torch import, and nothing the launcher sta
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from chaos.scenario import Scenario
 from ground.config import load_config, merge
-from tests.conftest import events
+from tests.conftest import events, pid_alive
 from cluster.launcher import launch
 
 ROUND = 12_288
@@ -35,14 +34,6 @@ FORKED_START_S = 2.0  # fork -> site_started; a cold `python -m site_agent.agent
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     cfg = load_config(merge(CFG, {"runs_dir": str(tmp_path_factory.mktemp("forked"))}))
     return launch(cfg, quiet=True, timeout_s=600, scenario=SCENARIO)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_forked_sites_train_and_a_forked_restart_rejoins(run):
@@ -85,4 +76,4 @@ def test_nothing_forked_outlives_the_run(run):
     launcher = events(run_dir, "launcher")
     pids = [e["child_pid"] for e in launcher if e["event"] == "process_started"
             and (e.get("forked") or e.get("name") == "forkserver")]
-    assert len(pids) == 5 and not [p for p in pids if _alive(p)], pids
+    assert len(pids) == 5 and not [p for p in pids if pid_alive(p)], pids

@@ -8,14 +8,13 @@ balanced ledger. The standby that replaces it is stopped at the end, leaving no 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from chaos.scenario import Scenario
 from ground.config import load_config, merge
-from tests.conftest import events
+from tests.conftest import events, pid_alive
 from cluster.launcher import launch
 
 ROUND = 12_288
@@ -33,14 +32,6 @@ SCENARIO = Scenario.build("standby-crash", "b killed after round 3, restarted 2 
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     cfg = load_config(merge(CFG, {"runs_dir": str(tmp_path_factory.mktemp("standby"))}))
     return launch(cfg, quiet=True, timeout_s=600, scenario=SCENARIO)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_a_restarted_site_is_the_warm_standby_and_rejoins(run):
@@ -70,4 +61,4 @@ def test_a_restarted_site_is_the_warm_standby_and_rejoins(run):
 def test_no_standby_outlives_the_run(run):
     run_dir, _ = run
     pids = [e["child_pid"] for e in events(run_dir, "launcher") if e["event"] == "standby_started"]
-    assert pids and not [p for p in pids if _alive(p)], pids
+    assert pids and not [p for p in pids if pid_alive(p)], pids

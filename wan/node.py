@@ -302,20 +302,20 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
     def wait_handed(self, dest: str, timeout_s: float) -> bool:
         """Wait until nothing for `dest` is left in the outbox (True), at most `timeout_s`. A reliable
         message whose route is down leaves the outbox parked, uncounted until it is handed over."""
-        deadline = time.monotonic() + timeout_s
-        while self.queued(dest):
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.005)
-        return True
+        return self._wait_for(lambda: self.queued(dest) == 0, timeout_s)
 
     def wait_acked(self, timeout_s: float, dest: str | None = None) -> bool:
+        return self._wait_for(lambda: self.unacked(dest) == 0, timeout_s)
+
+    @staticmethod
+    def _wait_for(done: Callable[[], bool], timeout_s: float) -> bool:
+        """Poll `done` every 5 ms until it holds (True) or `timeout_s` passed (its last answer)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.unacked(dest) == 0:
+            if done():
                 return True
             time.sleep(0.005)
-        return self.unacked(dest) == 0
+        return done()
 
     def start(self) -> None:
         ready = threading.Event()
