@@ -167,11 +167,7 @@ class EpochAdoption:
         got = self.trainer.params_hash()
         if got != manifest["params_hash"]:
             raise RuntimeError(f"checkpoint {want}: loaded parameters do not match the manifest's hash")
-        if plan.params_hash is not None:
-            if got != plan.params_hash:
-                raise RuntimeError(f"checkpoint {want}: restored parameters {got} are not the committed round's "
-                                   f"{plan.params_hash} (the commit record, epoch {plan.epoch}): refused")
-            sp["committed_params_hash"] = plan.params_hash  # checked against the commit record
+        _check_committed(got, plan, f"checkpoint {want}", sp)
         self.retained = retained
         sp.update(source="store", manifest_hash=want, params_hash=manifest["params_hash"], round=manifest["round"])
 
@@ -197,11 +193,7 @@ class EpochAdoption:
         got = self.trainer.params_hash()
         if got != meta["params_hash"]:
             raise RuntimeError(f"state from {donor}: parameters hash {got} != announced {meta['params_hash']}")
-        if plan.params_hash is not None:
-            if got != plan.params_hash:
-                raise RuntimeError(f"state from {donor}: parameters {got} are not the committed round's "
-                                   f"{plan.params_hash} (the commit record, epoch {plan.epoch}): refused")
-            sp["committed_params_hash"] = plan.params_hash
+        _check_committed(got, plan, f"state from {donor}", sp)
         self.retained = retained
         self.log.emit("state_received", donor=donor, bytes=len(data), params_hash=got, round=meta["round"],
                       samples_sha256=meta["samples_sha256"])
@@ -233,3 +225,14 @@ class EpochAdoption:
                 self.node.wait_handed(j, STATE_HANDOFF_WAIT_S)
             self.log.emit("wan_counters", counters=self.node.counters.snapshot())
         sp.update(sent_to=list(plan.joiners), bytes=len(data))
+
+
+def _check_committed(got: str, plan: EpochPlan, what: str, sp: dict[str, Any]) -> None:
+    """Refuse restored parameters whose hash is not the one the commit record names for this plan
+    (`plan.params_hash`; None: the record names none); record the check in the restore span."""
+    if plan.params_hash is None:
+        return
+    if got != plan.params_hash:
+        raise RuntimeError(f"{what}: restored parameters {got} are not the committed round's {plan.params_hash} "
+                           f"(the commit record, epoch {plan.epoch}): refused")
+    sp["committed_params_hash"] = plan.params_hash
