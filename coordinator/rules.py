@@ -242,10 +242,11 @@ class Rules:
             if key is None:
                 epoch, members = self.membership.epoch, self.membership.members
                 mset, n, window = member_set(members), len(members), self.committed_round + ROUND_WINDOW
+                floor = self.committed_round
                 ready = self.plan is not None
                 key = (-1, -1)
             built = kind == "round_done" and type(body) is Built and type(r := body.typed) is RoundDone
-            if built and ready and msg_epoch == epoch and src in mset and r.round <= window \
+            if built and ready and msg_epoch == epoch and src in mset and floor < r.round <= window \
                     and ((cycle := body.get("cycle")) is None or type(cycle) is SiteCycle):
                 if key[1] != r.round:
                     key = (epoch, r.round)
@@ -438,6 +439,12 @@ class Rules:
         if rnd > self.committed_round + ROUND_WINDOW:
             self._reject(msg, f"round {rnd} is more than {ROUND_WINDOW} rounds past the commit record "
                               f"({self.committed_round})", round=rnd)
+            return
+        if rnd <= self.committed_round:
+            # Committed already (a commit needs every member's report, so this is a duplicate or a
+            # forgery): kept, it would hold a set of reports that can never complete, one per round
+            # number an insider cares to send (issue 54: bounded above only).
+            self._reject(msg, f"stale: round {rnd} is not past the commit record ({self.committed_round})", round=rnd)
             return
         # The current epoch, or the previous one for the round it still had in flight when a
         # change was scheduled for the next boundary (nothing in flight is thrown away).

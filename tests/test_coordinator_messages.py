@@ -134,6 +134,22 @@ def test_a_report_absurdly_far_ahead_of_the_commit_record_is_rejected(tmp_path: 
     assert c.reports == {}
 
 
+def test_a_report_of_a_committed_round_is_rejected_and_holds_nothing(tmp_path: Path) -> None:
+    """Round reports are bounded below by the commit record too (negative ones are bad bodies): a
+    duplicate of a committed round, or any earlier round an insider sends, would otherwise keep a set
+    of reports that can never complete, one per round sent."""
+    c = formed(tmp_path)
+    for rnd in (0, 1):
+        for s in SITES:
+            c.handle(msg("round_done", s, round_done(rnd, 96 * rnd, 96 * (rnd + 1)), epoch=1), 2)
+    assert [e["commit_id"] for e in logged(c, "commit")] == ["e1r0", "e1r1"] and c.reports == {}
+    for rnd in (1, 0):
+        c.handle(msg("round_done", "a", round_done(rnd, 96 * rnd, 96 * (rnd + 1)), epoch=1), 3)
+    rej = [r["reason"] for r in logged(c, "report_rejected")]
+    assert rej == [f"stale: round {r} is not past the commit record (1)" for r in (1, 0)], rej
+    assert c.reports == {} and [e["commit_id"] for e in logged(c, "commit")] == ["e1r0", "e1r1"]
+
+
 def test_a_handler_bug_is_logged_and_the_loop_goes_on(tmp_path: Path) -> None:
     c = formed(tmp_path)
     c.journal.close()  # appending a commit now raises ValueError inside the handler
