@@ -7,7 +7,9 @@ only member and donor. So a claim is corroborated first, by one of:
   * another member's claim against the same site,
   * the coordinator's own evidence: the accused's heartbeat is late by half the heartbeat timeout,
     or its connection closed.
-A claim nobody corroborates within the heartbeat timeout is decided anyway (the round cannot finish
+A claim is refuted when a round that both sides are members of commits after it (its collective
+finished, so the two did hear each other): it is dropped, not decided.
+A claim nobody corroborates or refutes within the heartbeat timeout is decided anyway (the round cannot finish
 without the pair), against the accused unless the reporter's claims already failed someone in this
 run, then against the reporter: one member's word fails another at most once.
 
@@ -80,3 +82,11 @@ def overdue(claims: Mapping[tuple[str, str], tuple[int, int]], accusations: Mapp
             decided.add(accused)
             yield accused, reporter, (f"{reporter} cannot reach {accused} (not corroborated in "
                                       f"{heartbeat_timeout_ms} ms; {reporter}'s first claim)")
+
+
+def refuted_by(claims: Mapping[tuple[str, str], tuple[int, int]],
+               members: frozenset[str]) -> tuple[list[tuple[str, str]], Claims]:
+    """(the claims a commit of `members` refutes, in order; the claims left): every claim whose reporter
+    and accused are both members of the committed round."""
+    refuted = sorted(k for k in claims if k[0] in members and k[1] in members)
+    return refuted, {k: v for k, v in claims.items() if k not in set(refuted)}

@@ -22,7 +22,7 @@ from ground.values import builder
 from ground.records import Commit
 
 EVENTS = frozenset({
-    "claim_pending", "commit", "commit_refused", "coordinator_recovered", "frontier", "frontier_deferred", "join_deferred",
+    "claim_pending", "claim_refuted", "commit", "commit_refused", "coordinator_recovered", "frontier", "frontier_deferred", "join_deferred",
     "journal_torn_tail", "membership_decision", "membership_epoch", "preemption_notice", "recovery_decision",
     "recovery_settled", "rejoin_answered", "report_rejected", "run_complete", "site_done", "site_failed",
     "site_joined", "site_metrics", "site_suspected", "suspicion_cleared",

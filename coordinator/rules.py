@@ -426,6 +426,16 @@ class Rules:
         self.membership = membership.set_state(self.membership, victim, "announced_failure")
         self.emit("site_failed", site=victim, reason=why)
 
+    def _refute_claims(self, members: tuple[str, ...]) -> None:
+        """A round both sides of a claim were members of committed after the claim: its collective
+        finished, so the reporter did hear from the accused; the claim is dropped, never decided (an
+        insider that keeps training while it claims would otherwise fail one honest member per run)."""
+        refuted, kept = claims.refuted_by(self.claims, member_set(members))
+        self.claims = kept
+        for reporter, accused in refuted:
+            self.emit("claim_refuted", site=accused, reporter=reporter,
+                      reason=f"a round with {reporter} and {accused} committed after {reporter}'s claim")
+
     def _claims_due(self, now_ns: int) -> None:
         """A claim nobody corroborated within the heartbeat timeout is decided (tick): the run must go on."""
         self.claims = claims.current(self.claims, self.membership.epoch)
@@ -504,6 +514,8 @@ class Rules:
         self._advance(commit)
         self.out.append(Context({"step": commit.step}))
         self.emit("commit", **{k: v for k, v in record.items() if k != "type"})
+        if self.claims:
+            self._refute_claims(members)
         pending = self.pending_frontiers.pop((rnd, commit.cursor_end), None)
         if pending is not None:  # its checkpoint was durable before the round committed
             self._set_frontier(Frontier(rnd, commit.cursor_end, pending, commit.commit_id))

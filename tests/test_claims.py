@@ -5,7 +5,7 @@ Scenario tests on the coordinator's pure core and a virtual clock (heartbeat tim
 from __future__ import annotations
 
 from coordinator import core
-from tests.test_coordinator_core import SITES, Clock, config, formed, received
+from tests.test_coordinator_core import SITES, Clock, commit_round, config, formed, received
 
 
 def claim(c: Clock, src: str, peer: str, after_ms: int = 0) -> None:
@@ -93,3 +93,20 @@ def test_an_insider_that_claims_every_epoch_is_the_one_that_goes_the_second_time
     claim(c, "c", "b", after_ms=5)
     assert [s for s, _ in failed(c)] == ["a", "b"]
     assert "claims that failed a site before: c 0, b 1" in failed(c)[-1][1]
+
+
+def test_a_claim_refuted_by_a_later_commit_of_both_sites_is_dropped_and_fails_nobody() -> None:
+    """c (the insider) keeps training while it claims it cannot reach a: the round with a and c commits
+    after the claim, so c did hear from a; the claim is dropped and never decided, and a claim made
+    after that commit still waits as before."""
+    c = formed(config())
+    alive(c, 100)
+    claim(c, "c", "a")
+    commit_round(c, 0, 0, 96, SITES, 1)
+    (refuted,) = c.emitted("claim_refuted")
+    assert (refuted["site"], refuted["reporter"]) == ("a", "c") and c.state.claims == {}
+    for _ in range(6):
+        alive(c, 300)  # far past the heartbeat timeout: nothing left to decide
+    assert failed(c) == [] and c.state.accusations == {}
+    claim(c, "c", "b")
+    assert [e["site"] for e in c.emitted("claim_pending")] == ["a", "b"] and failed(c) == []
