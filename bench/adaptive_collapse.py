@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if passed else 1
 
 
-MEASURES = ["control/", "coordinator/", "site_agent/", "wan/", "bench/adaptive_collapse.py"]
+MEASURES = ["control/", "coordinator/", "site_agent/", "site_core/", "wan/", "bench/adaptive_collapse.py"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             samples.append(m)
             print(f"run {i}: {m}", flush=True)
     env = env_info("v2.12.0")
-    measures = ["cluster/forkserver.py", "cluster/launcher.py", "site_agent/", "coordinator/", "wan/",
+    measures = ["cluster/forkserver.py", "cluster/launcher.py", "site_agent/", "site_core/", "coordinator/", "wan/",
                 "bench/cluster_startup.py", "bench/recovery.py"]
 
     def col(arm: str, key: str) -> list[float]:

@@ -262,7 +262,7 @@ def run() -> dict:
 
     return write_result(NAME, ratio=ratio, goal=f">= {GOAL:.2f}", passed=ratio >= GOAL and not busy, raw=raw,
                         reference="side_by_side",
-                        measures=["site_agent/", "wan/", "cluster/launcher.py", "coordinator/", "checkpoint_store/",
+                        measures=["site_agent/", "site_core/", "wan/", "cluster/launcher.py", "coordinator/", "checkpoint_store/",
                                   "bench/cluster_throughput.py"],
                         env=env_info(_toxiproxy_version()), notes=notes)
 

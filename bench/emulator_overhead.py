@@ -222,7 +222,7 @@ def run() -> dict:
         f"bare_steps_before_cluster_s are 8 bare steps timed before any WAN node existed (not interleaved, "
         f"informational only).")
     return write_result(NAME, ratio=ratio, goal=f">= {GOAL:.2f}", passed=ratio >= GOAL, raw=raw,
-                        reference="side_by_side", measures=["wan/", "site_agent/", "bench/emulator_overhead.py"],
+                        reference="side_by_side", measures=["wan/", "site_agent/", "site_core/", "bench/emulator_overhead.py"],
                         env=env_info(version), notes=notes)
 
 

@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             samples.append(m)
             print(f"run {i}: {m}", flush=True)
     env = env_info("v2.12.0")
-    measures = ["coordinator/", "site_agent/", "wan/", "chaos/", "cluster/launcher.py", "bench/recovery.py"]
+    measures = ["coordinator/", "site_agent/", "site_core/", "wan/", "chaos/", "cluster/launcher.py", "bench/recovery.py"]
     fo = [m["kill_to_survivor_commit_s"] for m in samples]
     det = [m["kill_to_failed_s"] for m in samples]
     by = {k: sum(1 for m in samples if m["failed_by"] == k) for k in ("connection_lost", "heartbeat")}

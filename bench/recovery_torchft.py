@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                       for k, v in arms_out.items() if v["runs"])
     write_result("recovery_torchft", ratio=worst, goal="every arm's failover p90 / torchft's <= 1, no false suspicion",
                  passed=ok, reference="fixed_goal",
-                 measures=["coordinator/", "site_agent/", "wan/", "chaos/", "cluster/", "bench/recovery_torchft.py"],
+                 measures=["coordinator/", "site_agent/", "site_core/", "wan/", "chaos/", "cluster/", "bench/recovery_torchft.py"],
                  raw={"arms": arms_out, "samples": samples, "unmeasured": unmeasured, "min_repeats": MIN_REPEATS},
                  env=env,
                  notes=f"Failover (injection -> the survivors' first commit without b) at torchft's detection settings, "

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     goal = f"<= 1 (a {args.sites}-site simulated hour in <= {GOAL_S:.0f} s)"
     write_result("sim_scale", ratio=ratio, goal=goal, passed=ratio <= 1.0, raw=raw,
                  env=env_info("not used (no network in a simulation)"), notes=notes, reference="fixed_goal",
-                 measures=["sim", "coordinator", "ground", "control", "chaos/scenario.py"])
+                 measures=["sim", "site_core", "coordinator", "ground", "control", "chaos/scenario.py"])
     return 0 if ratio <= 1.0 else 1
 
 

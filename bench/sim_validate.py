@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
              + (f". Not run: {raw['why_not_run']}" if raw.get("why_not_run") else ""))
     write_result("sim_validate", ratio=ratio, goal="<= 1 (time to target within 10 % on every held-out run), and every claim survived",
                  passed=passed, raw=raw, env=env_info("not used (reads run directories)"), notes=notes,
-                 reference="fixed_goal", measures=["sim", "coordinator", "analysis", "ground", "control"])
+                 reference="fixed_goal", measures=["sim", "site_core", "coordinator", "analysis", "ground", "control"])
     return 0 if passed else 1
 
 

@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = GOAL <= ratio <= 1.0 + drift
     write_result(NAME, ratio=ratio, goal=f"{GOAL:.2f} <= elastic <= 1 + the fault-free drift", passed=ok,
                  reference="sequential",
-                 measures=["coordinator/", "site_agent/", "wan/", "chaos/", "cluster/launcher.py", "bench/storm_goodput.py"],
+                 measures=["coordinator/", "site_agent/", "site_core/", "wan/", "chaos/", "cluster/launcher.py", "bench/storm_goodput.py"],
                  raw={"target_useful_tokens": target, "fault_free_active_s": t_ff, "step_floor_ms": STEP_FLOOR_MS,
                       "fault_free_floor_wait_share": ff_floor_share,
                       "fault_free_first_last_s": [t_ff_first, t_ff_last], "fault_free_drift": drift,

@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
               "recipe": {"overrides": RECIPE, "per_site_batch": args.batch, "target_useful_tokens": args.tokens,
                          "workers": 3, "seed": 0},
               "env": {k: v for k, v in env_info("").items() if k not in ("toxiproxy", "curve", "pyzmq", "libzmq")},
-              **tree_state(["bench/diloco_sim.py", "bench/token_efficiency.py", "site_agent/", "ground/"]), **got}
+              **tree_state(["bench/diloco_sim.py", "bench/token_efficiency.py", "site_agent/", "site_core/", "ground/"]), **got}
     args.out.write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps({k: record[k] for k in ("token_efficiency_exponent", "fp16_token_efficiency",
                                              "int8_token_efficiency", "efficiency_vs_h4", "final_nll")}))

@@ -28,14 +28,15 @@ from typing import TYPE_CHECKING, Any
 from control.observations import SiteCycle
 from ground import gates
 from ground.messages import Built, RoundDone
-from ground.plans import EpochPlan, Restore
+from ground.plans import EpochPlan
 from ground.schedule import (carried_steps, kept_steps, round_is_whole, round_span, site_round_layout,
                              site_round_positions, steps_to_keep)
 from ground.setting import step_after_round
 from sim.engine import ns
 from sim.model import payload_bytes_sent
 from ground.values import builder
-from site_agent.epochs import interrupts
+from site_core.adoption import may_carry
+from site_core.epochs import interrupts
 
 if TYPE_CHECKING:
     from ground.config import RunConfig
@@ -217,12 +218,11 @@ class Rounds:
         """Keep the inner steps already taken in the round a carried epoch takes over (the agent's
         carry_over): True if some were kept; they are logged as `work_carried` in the new epoch."""
         prog = s.progress
-        if not plan.carry or plan.restore != Restore.NONE or prog is None or s.next_round is not None \
-                or prog.round != plan.start_round or prog.cursor != plan.start_cursor:
-            return False
         cfg = self.w.effective(s.setting)
-        if cfg.train.mode != "local" or prog.steps_h != cfg.train.inner_steps_h:
+        held = (prog.round, prog.cursor, "local", prog.steps_h) if prog is not None else None  # (local rounds only)
+        if not may_carry(plan, s.next_round, held, cfg.train.mode, cfg.train.inner_steps_h)[0]:
             return False
+        assert prog is not None
         n = len(plan.members)
         cs, ce = round_span(cfg, n, plan.start_round, plan.start_cursor, plan.start_round, self.w.target)
         wanted = self.layout(s, cfg, plan.start_round, n, cs, ce, prog.steps_h)

@@ -1,9 +1,9 @@
 """One simulated site process: the emulator's site protocol (site_agent/agent.py) on the virtual clock.
 
-The same plan handling (ground.plans.EpochPlan parses the coordinator's body; site_agent.epochs
-picks which plan to adopt and when a newer one interrupts), the same restore kinds (own
-snapshot, donor state transfer, the store's checkpoint), the same round schedule
-(ground.schedule), the same messages to the coordinator. What takes time is modeled
+The same plan handling (ground.plans.EpochPlan parses the coordinator's body; site_core.epochs
+picks which plan to adopt and when a newer one interrupts; site_core.adoption decides what adopting
+it means: rejoin, pause, the store, a donor, or the own state carried over or rolled back), the
+same round schedule (ground.schedule), the same messages to the coordinator. What takes time is modeled
 (sim/model.py); the parameters' hash is a hash chain over the rounds applied, so members that
 applied the same rounds hold the same hash and the coordinator's commit check is real.
 """
@@ -14,12 +14,13 @@ import hashlib
 from typing import TYPE_CHECKING, Any
 
 from ground import gates
-from ground.plans import EpochPlan, Restore
+from ground.plans import EpochPlan
 from ground.setting import base_setting
 from sim.engine import ns
 from sim.model import checkpoint_blob_bytes, state_bytes
 from sim.services import UPLOAD_BLOCKED_NS
-from site_agent.epochs import interrupts, next_plan, not_for_this_process
+from site_core.adoption import Adopt, Rollback, decide_adoption, decide_rollback
+from site_core.epochs import interrupts, next_plan, not_for_this_process
 
 if TYPE_CHECKING:
     from sim.rounds import Progress, Step
@@ -206,53 +207,53 @@ class SimSite:
         log.emit("membership", members=members, paused=plan.paused, start_round=plan.start_round,
                  start_cursor=plan.start_cursor, restore=plan.restore.value, donor=plan.donor,
                  joiners=list(plan.joiners), setting=self.setting.to_json(), start_step=self.start_step)
-        # As site_agent/adoption.py: a plan starting at round R abandons every later round's snapshot,
-        # whether or not this site's restore works (soak seed 1008).
-        self.snapshots = {k: v for k, v in self.snapshots.items() if k <= plan.start_round}
-        if self.name not in members:
+        d = decide_adoption(self.name, plan)  # site_core.adoption: the agent's decision, carried out here
+        self.snapshots = {k: v for k, v in self.snapshots.items() if k <= d.keep_snapshots_through}
+        if d.action == Adopt.REJOIN:
             log.emit("not_a_member", epoch=self.epoch)
             self.send("join", {"pid": self.pid, "rejoin": True})
             return
         start = plan.start_round
-        if plan.paused:
-            log.emit("paused", reason="the coordinator is waiting for failed sites")
-            if plan.checkpoint_first and members[0] == self.name and start > 0 and self._rollback(start, {}):
+        if d.action == Adopt.PAUSE:
+            log.emit("paused", reason=d.reason)
+            if d.checkpoint_first and self._rollback(start, {}):
                 self.checkpoint(start - 1, plan.start_cursor)
             return
-        self.leader = members[0] == self.name
+        self.leader = d.leader
         sp: dict[str, Any] = {}
         t0 = w.clock.now_ns
-        if plan.restore == Restore.STORE:
+        if d.action == Adopt.STORE:
             if not self._from_store(plan, sp, t0):
                 return
             # The read is the store's work: a stopped store (store_outage) holds it until it continues.
             w.clock.at(w.clock.now_ns + ns(sp.pop("_s", 0.0)), w.store.read_done, self, self.gen, plan, sp, t0)
             self.busy = True
             return
-        if plan.restore == Restore.DONOR and self.name in plan.joiners:
+        if d.action == Adopt.RECEIVE:
             self.busy, self.waiting_state = True, (self.gen, t0)
             got = w.transfers.pop((self.epoch, self.name), None)
             if got is not None:
                 self.receive_state(*got)
             return
-        if not self.w.rounds.carry_over(self, plan, sp) and not self._rollback(start, sp):
+        if not (d.try_carry and self.w.rounds.carry_over(self, plan, sp)) and not self._rollback(start, sp):
             log.span_at("restore", t0, t0, kind=plan.restore.value, start_round=start, **sp)
             log.emit("restore_failed", epoch=self.epoch, error=f"RuntimeError: {sp.get('error_detail')}")
             self.plan = None
             self.send("join", {"pid": self.pid, "rejoin": True})
             return
-        if plan.restore == Restore.DONOR and plan.donor == self.name:
+        if d.send_to:
             self.send_state(plan, sp)
         self._restored(plan, sp, t0, t0)
 
     def _rollback(self, start: int, sp: dict[str, Any]) -> bool:
-        if self.next_round == start:
+        how, why = decide_rollback(self.next_round, start, self.snapshots, self.epoch)
+        if how == Rollback.HELD:
             sp["rolled_back"] = False
             return True
-        snap = self.snapshots.get(start)
-        if snap is None:
-            sp["error_detail"] = f"no snapshot of round {start} (snapshots {sorted(self.snapshots)})"
+        if how == Rollback.MISSING:
+            sp["error_detail"] = why
             return False
+        snap = self.snapshots[start]
         sp.update(rolled_back=True, from_round=self.next_round, params_hash=snap[0])
         self.phash, self.retained = snap
         self.next_round = start

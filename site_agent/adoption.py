@@ -2,7 +2,8 @@
 
 The state comes from the site's own round-start snapshot (a rollback), from a donor by peer state
 transfer, or from the store's durable checkpoint named by hash; a donor also sends its state to
-the epoch's joiners. Every restore is one `restore` span in the site's log.
+the epoch's joiners. Every restore is one `restore` span in the site's log. What to do with a plan is decided in
+`site_core.adoption` (the simulator takes the same decisions); this module carries it out.
 
 `EpochAdoption` holds methods only: `site_agent.agent.Site` owns the state they use.
 """
@@ -13,7 +14,7 @@ import os
 from typing import Any
 
 from ground.fields import Rejected
-from ground.plans import EpochPlan, Restore
+from ground.plans import EpochPlan
 from ground.topology import COORD
 from ground.schedule import ids_at, round_span
 from ground.setting import effective_config
@@ -22,6 +23,7 @@ from site_agent.consistency import plan_setting
 from site_agent.state import load_blobs, restore_snapshot, retained_of, samples_sha256, with_lineage
 from site_agent.state_transfer import StateTransferError, pack_state, receive_state, send_state, unpack_state
 from site_agent.unwind import Interrupted
+from site_core.adoption import Adopt, Rollback, decide_adoption, decide_rollback, may_carry
 from wan.frames import TrafficClass
 
 CONTROL = TrafficClass.CONTROL.value
@@ -53,47 +55,41 @@ class EpochAdoption:
         # (soak seed 1007: a resume left from an abandoned epoch skipped steps a donor's state never
         # took, and they were attested under an epoch that never logged them). Only carry_over sets it.
         self.resume = None
-        # A plan that starts at round `plan.start_round` abandons every later round: a snapshot of one was made
-        # in a lineage the cluster will not continue, even when this restore fails (soak seed 1008,
-        # oracle: sites trained rounds 1-4 while the coordinator was down; the recovered coordinator
-        # resumed at round 1, b could not roll back there, kept its round-2 snapshot, and as a later
-        # epoch's donor "at round 2" sent a state no commit produced). Drop them before restoring.
-        self.snapshots = {k: v for k, v in self.snapshots.items() if k <= plan.start_round}
-        if self.me not in members:
-            # Removed (we failed, hung, or were partitioned away) but alive: ask to come back in.
+        d = decide_adoption(self.me, plan)  # site_core.adoption: the decision; here, carrying it out
+        self.snapshots = {k: v for k, v in self.snapshots.items() if k <= d.keep_snapshots_through}
+        if d.action == Adopt.REJOIN:
             log.emit("not_a_member", epoch=self.epoch)
             self.node.send(COORD, "join", CONTROL, {"pid": os.getpid(), "rejoin": True})
             return False
         start = plan.start_round
-        if plan.paused:
-            log.emit("paused", reason="the coordinator is waiting for failed sites")
-            if plan.checkpoint_first and members[0] == self.me and start > 0:
+        if d.action == Adopt.PAUSE:
+            log.emit("paused", reason=d.reason)
+            if d.checkpoint_first:
                 # Preemption with notice under `restart`: make the committed state durable first.
                 with log.span("restore", kind="rollback_for_checkpoint", start_round=start) as sp:
                     self.rollback_to(start, sp)
                 self.next_round = start
                 self.checkpoint(start - 1, plan.start_cursor)
             return False
-        self.leader = members[0] == self.me
+        self.leader = d.leader
         with log.span("restore", kind=plan.restore.value, start_round=start) as sp:
-            if plan.restore == Restore.STORE:
+            if d.action == Adopt.STORE:
                 self.progress = None  # the trainer's round in flight is gone with its state
                 self.restore_from_store(plan, sp)
-            elif plan.restore == Restore.DONOR and self.me in plan.joiners:
+            elif d.action == Adopt.RECEIVE:
                 self.progress = None
                 self.receive_from_donor(plan, sp)
             else:
-                carried = self.carry_over(plan, sp)
-                if not carried:
+                if not (d.try_carry and self.carry_over(plan, sp)):
                     self.rollback_to(start, sp)
-                if plan.restore == Restore.DONOR and plan.donor == self.me:
+                if d.send_to:
                     self.send_to_joiners(plan, sp)
             sp.update(retained_samples=int(self.retained.size), samples_sha256=samples_sha256(self.retained))
         # Carried in: the trainer holds a mid-round state, so a later rollback must use the snapshot.
         self.next_round = None if self.resume is not None else start
         if self.pool is not None:
             self.pool.load_state(pack_state(self.trainer.state_tensors()))
-        if plan.checkpoint_first and self.leader and start > 0:
+        if d.checkpoint_first:
             # The oracle drains a site just before its fault: make the committed state durable first.
             self.checkpoint(start - 1, plan.start_cursor)
         return True
@@ -102,13 +98,13 @@ class EpochAdoption:
         """Keep the inner steps already taken in the round this carried epoch takes over
         (site_agent.carry): True if some were kept (then `self.resume` says where to go on)."""
         prog, self.resume = self.progress, None
-        if not plan.carry or prog is None or self.pool is not None or self.next_round is not None \
-                or prog.round != plan.start_round or prog.cursor != plan.start_cursor:
-            return False
         setting, _step, _prev = plan_setting(self.cfg, plan)
         cfg = effective_config(self.cfg, setting)
-        if cfg.train.mode != "local" or prog.mode != "local" or prog.steps_h != cfg.train.inner_steps_h:
+        held = (prog.round, prog.cursor, prog.mode, prog.steps_h) if prog is not None else None
+        if self.pool is not None or not may_carry(plan, self.next_round, held, cfg.train.mode,
+                                                  cfg.train.inner_steps_h)[0]:
             return False
+        assert prog is not None
         n = len(plan.members)
         cs, ce = round_span(cfg, n, plan.start_round, plan.start_cursor, plan.start_round, self.target)
         wanted = [(tuple(ids_at(self.order, r)), f) for r, f in
@@ -133,18 +129,13 @@ class EpochAdoption:
 
     def rollback_to(self, start: int, sp: dict[str, Any]) -> None:
         """Make the trainer hold the state at the start of round `start` (our own snapshot)."""
-        if self.next_round == start:
+        how, why = decide_rollback(self.next_round, start, self.snapshots, self.epoch)
+        if how == Rollback.HELD:
             sp["rolled_back"] = False
             return
-        snap = self.snapshots.get(start)
-        if snap is None:
-            if self.next_round is not None and start > self.next_round:
-                raise RuntimeError(
-                    f"epoch {self.epoch} resumes at round {start}, but this site holds the state at the start of "
-                    f"round {self.next_round} and no epoch it received covers rounds {self.next_round}.."
-                    f"{start - 1} (snapshots {sorted(self.snapshots)})")
-            held = "mid-round" if self.next_round is None else f"round {self.next_round}"
-            raise RuntimeError(f"no snapshot of round {start} (holding {held}, snapshots {sorted(self.snapshots)})")
+        if how == Rollback.MISSING:
+            raise RuntimeError(why)
+        snap = self.snapshots[start]
         restore_snapshot(self.trainer, snap)
         self.retained = snap.retained.copy()
         sp.update(rolled_back=True, from_round=self.next_round, params_hash=snap.params_hash)

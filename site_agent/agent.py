@@ -15,7 +15,7 @@ records say which of it was retained.
 
 No body is trusted: control messages are parsed into typed plans (`site_agent.messages`), a bad
 one is logged as `message_rejected` and dropped. Epochs are applied in order, each governing
-the rounds from its start to the next one's (`site_agent.epochs`), so epochs announced back to
+the rounds from its start to the next one's (`site_core.epochs`), so epochs announced back to
 back while a round is in flight are all honoured. The site attests what it trained: every
 member's sample ids of a round travel with its collective parts, and the site accumulates
 the ids of every round it applies as the samples its state retained (`self.retained`; rolled
@@ -52,7 +52,7 @@ from site_agent.checkpointing import Checkpointing
 from site_agent.consistency import max_steps_per_round
 from site_agent.collective import AllReduce, CollectiveAborted, CollectiveInterrupted, PeerUnreachable
 from site_agent.data import eval_fields, eval_set
-from site_agent.epochs import interrupts, next_plan, not_for_this_process
+from site_core.epochs import interrupts, next_plan, not_for_this_process
 from site_agent.background import OneAtATime
 from site_agent.carry import Resume, RoundProgress
 from site_agent.evaluator import BackgroundEval
@@ -269,7 +269,7 @@ class Site(EpochAdoption, RoundLoop, Checkpointing):
     def next_control(self) -> EpochPlan | Shutdown | None:
         """Block until the next control message to act on (a plan or a shutdown); None on a stop signal.
 
-        A shutdown wins. Plans are taken in epoch order (`site_agent.epochs.next_plan`): a plan
+        A shutdown wins. Plans are taken in epoch order (`site_core.epochs.next_plan`): a plan
         that governs a round this site can train is adopted; the later ones wait for their round.
         """
         while True:

@@ -24,7 +24,7 @@ from ground.journal import Journal
 from ground.plans import Drain, EpochPlan, Plan, Restore
 from ground.fields import Rejected
 from ground.records import Commit, EpochRecord
-from site_agent.epochs import not_for_this_process
+from site_core.epochs import not_for_this_process
 
 SITES = ("a", "b", "c")
 MS = 1_000_000  # ns

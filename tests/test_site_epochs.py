@@ -1,10 +1,10 @@
-"""Which epoch a site adopts next (site_agent/epochs.py, pure logic): any sequence of epochs,
+"""Which epoch a site adopts next (site_core/epochs.py, pure logic): any sequence of epochs,
 including ones announced back to back, is applied in order; a plan is skipped only when it
 governs no round the site could train in, and the skip says why."""
 
 from __future__ import annotations
 
-from site_agent.epochs import interrupts, next_plan
+from site_core.epochs import interrupts, next_plan
 from ground.plans import EpochPlan, Restore
 from site_agent.messages import Shutdown
 
