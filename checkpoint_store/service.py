@@ -20,6 +20,8 @@ the writer restarts it at offset 0.
 Every body is checked against its typed request (`checkpoint_store/requests.py`) first; a bad
 one is answered "bad_request: <reason>" and logged. Nothing in a request stops the store.
 
+Only the leader of the request's epoch (the first member of the coordinator's journaled plan) may
+put a manifest: a manifest moves the FRONTIER, and no other member checkpoints.
 Fencing: the store durably remembers the highest epoch of any accepted write (chunk, finish,
 manifest). A write whose message epoch is lower is refused with reason "stale_epoch: ...". A
 write whose epoch the coordinator never announced (above the highest `epoch` record of its
@@ -212,6 +214,12 @@ class StoreService:
             return
         if manifest.get("run_id") != self.run_id:
             raise StoreError(f"manifest run_id {manifest.get('run_id')!r} is not this run ({self.run_id!r})")
+        # A manifest moves the store's FRONTIER (the state a later run or study starts from): only the
+        # epoch's leader checkpoints (site_core.adoption), so another member's manifest is refused.
+        leader = self.epochs.leader_of(msg.epoch)
+        if leader is not None and msg.src != leader:
+            raise StoreError(f"only epoch {msg.epoch}'s leader ({leader}) checkpoints: a manifest from {msg.src} "
+                             f"is refused")
         h = self.store.put_manifest(manifest)
         self._accepted(msg)
         nbytes = sum(self.store.blob_size(s) for s in set(manifest["blobs"].values()))

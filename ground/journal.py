@@ -104,6 +104,7 @@ class AnnouncedEpochs:
     def __init__(self, journal_path: str | Path) -> None:
         self._tail = JournalTail(journal_path)
         self.highest = 0
+        self._leaders: dict[int, str] = {}  # epoch -> its plan's first member (the one that checkpoints)
 
     def highest_announced(self, wanted: int = 0) -> int:
         """The highest announced epoch; reads what the journal gained only when `wanted` is above it."""
@@ -112,4 +113,14 @@ class AnnouncedEpochs:
                 ep = r.get("epoch")
                 if r.get("type") == "epoch" and isinstance(ep, int) and not isinstance(ep, bool):
                     self.highest = max(self.highest, ep)
+                    plan = r.get("plan")
+                    members = plan.get("members") if isinstance(plan, dict) else None
+                    if isinstance(members, list) and members and isinstance(members[0], str):
+                        self._leaders[ep] = members[0]
         return self.highest
+
+    def leader_of(self, epoch: int) -> str | None:
+        """The leader (first member) of announced epoch `epoch`: the only member that checkpoints in
+        it. None when the journal names no members for it (no epoch yet, or a record without a plan)."""
+        self.highest_announced(epoch)
+        return self._leaders.get(epoch)

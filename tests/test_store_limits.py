@@ -127,3 +127,24 @@ def test_a_sender_has_a_bounded_number_of_uploads_in_progress(service) -> None:
     assert f"evil has {UPLOADS_PER_SOURCE} uploads in progress, at most {UPLOADS_PER_SOURCE}" in body["reason"]
     svc.handle(_chunk("a", "u0", b"x"))  # another sender is not affected
     assert len(node.sent) == 1
+
+
+def test_only_the_epochs_leader_may_put_a_manifest_so_no_other_member_moves_the_frontier(service, tmp_path) -> None:
+    """A manifest moves the store's FRONTIER, the state a later run or study starts from (issue 54): the
+    store reads each epoch's leader (its plan's first member) from the coordinator's journal and refuses
+    a manifest from anyone else, leaving the frontier where it was."""
+    svc, node = service
+    with open(tmp_path / "journal.jsonl", "a") as f:
+        f.write('{"type": "epoch", "epoch": 2, "plan": {"members": ["b", "a", "c"]}}\n')
+    sha = svc.store.put_blob(b"w" * 100)
+
+    def put(src: str, ckpt_id: str) -> None:
+        svc.handle(Message(kind="ckpt_manifest", cls="checkpoint", run="r", epoch=2, step=0, src=src, inc=1, seq=3,
+                           body={"req": f"{src}-m", "manifest": dict(_manifest({"model": sha}), ckpt_id=ckpt_id)}))
+
+    put("c", "forged")
+    (dest, kind, body), = node.sent
+    assert (dest, kind) == ("c", "ckpt_error") and svc.store.frontier_hash() is None
+    assert body["reason"].endswith("only epoch 2's leader (b) checkpoints: a manifest from c is refused"), body
+    put("b", "honest")
+    assert node.sent[-1][:2] == ("b", "ckpt_durable") and svc.store.frontier()[1]["ckpt_id"] == "honest"
