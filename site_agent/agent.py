@@ -33,6 +33,7 @@ round loop (site_agent/rounds.py) and the leader's checkpoints (site_agent/check
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import queue
 import signal
@@ -178,6 +179,13 @@ def _run(args: argparse.Namespace, cfg: RunConfig, topo: Topology, me: str, log:
                    bind=topo.bind_for(me), server_links=topo.server_links_for(me), members=topo.peers_of(me),
                    keys_dir=str(run_dir / "keys") if cfg.wan.curve else None)
     site = Site(cfg, me, log, node, trainer, corpus, order, device, stopping, pool, run_dir=run_dir)
+    # Everything built so far (torch, the model, the corpus: ~340,000 objects) lives as long as the
+    # process: frozen, the collector's full passes skip it. One full pass over it took 186 ms idle and
+    # 300-540 ms on a loaded 2-core machine, all of it holding the GIL (in the leader's checkpoint thread,
+    # found with py-spy), so the WAN thread sent no heartbeat for that long: a false suspicion at a
+    # 300 ms heartbeat timeout (issue 55).
+    gc.collect()
+    gc.freeze()
     return site.run()
 
 
