@@ -3,13 +3,14 @@ exit with a code, raise, or sleep until signalled."""
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
 
 
 def main(argv: list[str]) -> int:
-    print(f"child {os.getpid()} argv={argv} stdin={sys.stdin.read()!r}", flush=True)
+    print(f"child {os.getpid()} argv={argv} stdin={sys.stdin.read()!r} frozen={gc.get_freeze_count()}", flush=True)
     mode = argv[0]
     if mode.startswith("exit"):
         return int(mode[4:])
