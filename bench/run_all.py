@@ -24,7 +24,7 @@ from pathlib import Path
 from bench.common import RESULTS, ROOT
 
 BENCHMARKS = ["wan_fidelity", "collective_efficiency", "collective_unshaped", "emulator_ceiling", "emulator_overhead",
-              "cluster_throughput", "heartbeat_under_load", "recovery", "cluster_startup", "recovery_torchft", "storm_goodput", "fresh_clone",
+              "cluster_throughput", "heartbeat_under_load", "recovery", "cluster_startup", "recovery_torchft", "insider_flood", "storm_goodput", "fresh_clone",
               "analysis_speed", "sim_scale", "sim_validate", "adaptive_collapse"]
 # A benchmark module that writes more than one result file.
 RESULT_NAMES = {"recovery": ["recovery_failover", "recovery_rejoin"],
