@@ -26,28 +26,13 @@ from typing import Any
 
 from bench.common import env_info, write_result
 from bench.recovery_torchft import arm_config
-from cluster import launcher
 from ground.config import load_config
 from ground.eventlog import process_events
+from tests.insider_site import launch_with_insider
 
 HONEST = ("a", "b")
 TIMEOUT_MS = 300
 MODES = ("sync", "local")
-
-
-def insider_launch(cfg: Any) -> tuple[Path, dict[str, Any]]:
-    """Launch with site c as the insider (tests/insider_site.py), every other process as usual."""
-    real = launcher.Launcher._spawn
-
-    def spawn(self: launcher.Launcher, name: str, module: str, *extra: str) -> None:
-        real(self, name, "tests.insider_site" if (name, module) == ("c", "site_agent.agent") else module, *extra)
-
-    launcher.Launcher._spawn = spawn  # type: ignore[method-assign]
-    try:
-        run_dir, summary = launcher.launch(cfg, quiet=True, timeout_s=600)
-    finally:
-        launcher.Launcher._spawn = real  # type: ignore[method-assign]
-    return Path(run_dir), summary
 
 
 def measure(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
@@ -71,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.repeats * len(MODES)):
             mode = MODES[i % len(MODES)]
             cfg = load_config(arm_config(mode, TIMEOUT_MS, str(Path(tmp) / str(i))))
-            run_dir, summary = insider_launch(cfg)
+            run_dir, summary = launch_with_insider(cfg)
             m = {"mode": mode, **measure(run_dir, summary)}
             samples.append(m)
             print(f"run {i}: {json.dumps(m)}", flush=True)

@@ -101,6 +101,21 @@ def toxiproxy(tmp_path: Path) -> Iterator[Any]:
         server.stop()
 
 
+def policy_runs(index: dict) -> dict[str, tuple[Path, dict]]:
+    """policy -> (run directory, summary) of an `xdc compare` index."""
+    return {r["policy"]: (Path(r["run_dir"]), json.loads((Path(r["run_dir"]) / "summary.json").read_text()))
+            for r in index["runs"]}
+
+
+def compare_policies(cfg: Any, scenario: Any, out: Path) -> dict[str, tuple[Path, dict]]:
+    """`xdc compare` of `scenario` under all four policies (no reference run): `policy_runs` of it."""
+    from xdc.compare import run_comparison
+
+    index = run_comparison(cfg, scenario, out, timeout_s=600, reference=False)
+    assert len(index["runs"]) == 4 and not index["interrupted"], index
+    return policy_runs(index)
+
+
 def pid_alive(pid: int) -> bool:
     """True while a process with this pid exists (signal 0: nothing is sent)."""
     try:

@@ -75,6 +75,24 @@ def _attack(site: Any, run_dir: Path) -> None:
     os.replace(tmp, run_dir / "insider.json")
 
 
+def launch_with_insider(cfg: Any) -> tuple[Path, dict[str, Any]]:
+    """`cluster.launcher.launch(cfg)` with site c started as this module (every other process as usual):
+    (run directory, summary). For the live insider test and bench/insider_flood.py."""
+    from cluster import launcher
+
+    real = launcher.Launcher._spawn
+
+    def spawn(self: Any, name: str, module: str, *extra: str) -> None:
+        real(self, name, __name__ if (name, module) == ("c", "site_agent.agent") else module, *extra)
+
+    launcher.Launcher._spawn = spawn  # type: ignore[method-assign]
+    try:
+        run_dir, summary = launcher.launch(cfg, quiet=True, timeout_s=600)
+    finally:
+        launcher.Launcher._spawn = real  # type: ignore[method-assign]
+    return Path(run_dir), summary
+
+
 def main() -> int:
     run_dir = Path(sys.argv[sys.argv.index("--run-dir") + 1])
     real_init = agent.Site.__init__

@@ -12,14 +12,13 @@ artifact passes over the four runs together (`byte_classes` and the matched fron
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from chaos.scenario import Scenario
 from ground.config import load_config, merge
-from tests.conftest import COMPARE_CFG, assert_ledger_balanced, events
+from tests.conftest import COMPARE_CFG, assert_ledger_balanced, compare_policies, events
 
 # Four real cluster runs with five faults each in one fixture (about a minute per run on an idle
 # 2-core machine); the suite's per-test limit would cut the fixture, not a hang.
@@ -43,14 +42,9 @@ KINDS = ["site_crash", "site_hang", "coord_crash", "link_blackhole", "store_outa
 
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict]]:
-    from xdc.compare import run_comparison
-
     out = tmp_path_factory.mktemp("compound")
     cfg = load_config(merge(COMPARE_CFG, {"runs_dir": str(out), "train": {"target_useful_tokens": TARGET}}))
-    index = run_comparison(cfg, SCENARIO, out, timeout_s=600, reference=False)
-    assert len(index["runs"]) == 4 and not index["interrupted"], index
-    return {r["policy"]: (Path(r["run_dir"]), json.loads((Path(r["run_dir"]) / "summary.json").read_text()))
-            for r in index["runs"]}
+    return compare_policies(cfg, SCENARIO, out)
 
 
 def test_every_policy_survives_the_compound_schedule_with_a_balanced_ledger(compared):

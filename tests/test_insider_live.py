@@ -24,7 +24,7 @@ import pytest
 
 from ground.config import load_config, merge
 from tests.conftest import COMPARE_CFG, assert_ledger_balanced, events
-from tests.insider_site import FORGED_HASH, UPLOADS
+from tests.insider_site import FORGED_HASH, UPLOADS, launch_with_insider
 
 pytestmark = pytest.mark.integration
 
@@ -37,20 +37,9 @@ RSS_BOUND_MIB = {"coord": 250, "store": 250, "site": 1_600}
 
 @pytest.fixture(scope="module")
 def attacked(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    from cluster import launcher
-    from cluster.launcher import launch
-
-    real_spawn = launcher.Launcher._spawn
-
-    def spawn(self: launcher.Launcher, name: str, module: str, *extra: str) -> None:
-        real_spawn(self, name, "tests.insider_site" if (name, module) == ("c", "site_agent.agent") else module, *extra)
-
     out = tmp_path_factory.mktemp("insider")
-    cfg = load_config(merge(COMPARE_CFG, {"runs_dir": str(out), "train": {"target_useful_tokens": TARGET}}))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(launcher.Launcher, "_spawn", spawn)
-        run_dir, summary = launch(cfg, quiet=True, timeout_s=600)
-    return Path(run_dir), summary
+    return launch_with_insider(load_config(merge(COMPARE_CFG, {"runs_dir": str(out),
+                                                               "train": {"target_useful_tokens": TARGET}})))
 
 
 def test_the_insider_ran_every_attack_and_the_run_still_reached_its_target_cleanly(attacked) -> None:

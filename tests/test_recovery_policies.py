@@ -7,12 +7,11 @@ ways they are meant to.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_ledger_balanced, events
+from tests.conftest import assert_ledger_balanced, events, policy_runs
 
 POLICIES = ("stall", "restart", "elastic", "oracle")
 
@@ -21,8 +20,7 @@ POLICIES = ("stall", "restart", "elastic", "oracle")
 def compared(comparison) -> dict[str, tuple[Path, dict]]:
     """policy -> (run directory, summary) of the session's four-policy comparison (tests/conftest.py)."""
     _out, index = comparison
-    return {r["policy"]: (Path(r["run_dir"]), json.loads((Path(r["run_dir"]) / "summary.json").read_text()))
-            for r in index["runs"]}
+    return policy_runs(index)
 
 
 def test_every_policy_reaches_the_same_frontier_with_a_balanced_ledger(compared):

@@ -10,14 +10,13 @@ the lineage, and every checker passing.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from chaos.scenario import Scenario
 from ground.setting import ConsistencySetting
-from tests.conftest import assert_ledger_balanced, events
+from tests.conftest import assert_ledger_balanced, compare_policies, events
 from ground.config import load_config, merge
 
 # Four real cluster runs in one fixture: 9.5 min on a loaded 2-core machine once, 13 min at load
@@ -36,17 +35,12 @@ CFG = {"train": {"mode": "scripted", "per_site_batch": 8, "inner_steps_h": 4,
 
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict]]:
-    from xdc.compare import run_comparison
-
     scenario = Scenario.build("switch-outage", "b is killed while the round that switches to sync is in flight, "
                                                "restarted 2 s later").crash("b", at_useful_tokens=36_864,
                                                                             restart_after_s=2)
     out = tmp_path_factory.mktemp("switch-compare")
     cfg = load_config(merge(CFG, {"runs_dir": str(out)}))
-    index = run_comparison(cfg, scenario, out, timeout_s=600, reference=False)
-    assert len(index["runs"]) == 4 and not index["interrupted"], index
-    return {r["policy"]: (Path(r["run_dir"]), json.loads((Path(r["run_dir"]) / "summary.json").read_text()))
-            for r in index["runs"]}
+    return compare_policies(cfg, scenario, out)
 
 
 def test_every_policy_survives_a_failure_in_the_round_that_switches(compared):
