@@ -29,12 +29,24 @@ def _dealer(ctx: zmq.Context, addr: str, *, identity: bytes, keys: tuple[bytes, 
             server_key: bytes | None) -> zmq.Socket:
     s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
+    # A send never waits long: a DEALER whose handshake was refused has no pipe, and a blocking send
+    # on it would wait forever (CI once sat here until pytest's timeout).
+    s.setsockopt(zmq.SNDTIMEO, 10_000)
     s.setsockopt(zmq.ROUTING_ID, identity)
     if keys is not None:
         s.curve_publickey, s.curve_secretkey = keys
         s.curve_serverkey = server_key
     s.connect(addr)
     return s
+
+
+def _try_send(s: zmq.Socket, frames: list) -> None:
+    """Offer frames to a socket whose handshake the site is expected to refuse: the refusal, not the
+    frames, is what the test observes, so a socket already refused (no pipe to queue on) is fine."""
+    try:
+        s.send_multipart(frames, flags=zmq.NOBLOCK)
+    except zmq.Again:
+        pass
 
 
 def _reasons(run_dir) -> list[dict]:
@@ -81,7 +93,7 @@ def test_malformed_oversized_stale_and_unauthenticated_frames_are_rejected_and_s
         # No CURVE at all: a protocol failure, never an authentication failure.
         before = {e["id"] for e in _reasons(run_dir)}  # failures logged before the plain socket (CI saw one)
         plain = _dealer(ctx, addr, identity=b"plain", keys=None, server_key=None)
-        plain.send_multipart([b"hello"])
+        _try_send(plain, [b"hello"])
 
         # The plain socket's handshake fails one of two ways, by libzmq's timing: the site reads the
         # NULL greeting and logs the mechanism mismatch, or the plain socket reads the site's CURVE
@@ -102,7 +114,7 @@ def test_malformed_oversized_stale_and_unauthenticated_frames_are_rejected_and_s
         # CURVE with a key the cluster does not know: the ZAP handler refuses it (status 400).
         stranger_pub, stranger_sec = zmq.curve_keypair()
         stranger = _dealer(ctx, addr, identity=b"stranger", keys=(stranger_pub, stranger_sec), server_key=a_pub)
-        stranger.send_multipart(msg(src="stranger"))
+        _try_send(stranger, msg(src="stranger"))
         _wait_for(lambda: any(e["reason"] == "handshake_failed_auth" for e in _reasons(run_dir)))
     finally:
         ctx.destroy(linger=0)
