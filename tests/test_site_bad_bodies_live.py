@@ -54,6 +54,7 @@ def test_bad_membership_shutdown_and_collective_bodies_are_rejected_and_the_site
     try:
         s = ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.SNDTIMEO, 10_000)  # a refused handshake leaves no pipe; fail, never hang
         s.setsockopt(zmq.ROUTING_ID, b"coord")
         s.curve_publickey, s.curve_secretkey = coord.public, coord.secret
         s.curve_serverkey = load_public(run_dir / "keys", "a")
