@@ -15,14 +15,21 @@ run, then against the reporter: one member's word fails another at most once.
 
 Of two members that claim each other, the one whose claims failed more sites before goes; on a tie,
 the one claimed first (as the coordinator acted before, on the first report). Pure functions over the
-core's state (coordinator/core_types.py `claims`, `accusations`); no clock of their own.
+core's state (coordinator/core_types.py `claims`, `accusations`), no clock of their own; below them, the
+rules that act on a claim, over the core's working copy (coordinator/rules.py `Rules`).
 """
 
 from __future__ import annotations
 
-from typing import Iterator, Mapping
+from typing import TYPE_CHECKING, Iterator, Mapping
 
-from coordinator.membership import SiteRecord
+from coordinator import membership
+from coordinator.core_types import Received
+from coordinator.membership import SiteRecord, member_set
+from ground.messages import PeerUnreachable
+
+if TYPE_CHECKING:
+    from coordinator.rules import Rules
 
 Claims = dict[tuple[str, str], tuple[int, int]]  # (reporter, accused) -> (epoch, received at ns)
 Verdict = tuple[str, "str | None", str]  # (the site to fail, whose claim failed it (None: its own), the reason)
@@ -90,3 +97,55 @@ def refuted_by(claims: Mapping[tuple[str, str], tuple[int, int]],
     and accused are both members of the committed round."""
     refuted = sorted(k for k in claims if k[0] in members and k[1] in members)
     return refuted, {k: v for k, v in claims.items() if k not in set(refuted)}
+
+
+# ---------------------------------------------------------------- the rules acting on claims
+def on_peer_unreachable(w: Rules, msg: Received, p: PeerUnreachable, now_ns: int) -> None:
+    if msg.epoch != w.membership.epoch:
+        w.reject(msg, f"stale epoch {msg.epoch}")
+        return
+    sites = w.membership.sites
+    if msg.src == p.peer or not (msg.src in w.membership.members and p.peer in w.membership.members
+                                 and sites[msg.src].state == membership.SiteState.ACTIVE
+                                 and sites[p.peer].state == membership.SiteState.ACTIVE):
+        return
+    # One member's word does not fail another (an insider would evict every other member, one
+    # epoch at a time): the claim waits for corroboration (`judge` above).
+    w.claims = current(w.claims, w.membership.epoch)
+    w.claims[(msg.src, p.peer)] = (w.membership.epoch, now_ns)
+    evidence = own_evidence(sites[p.peer], now_ns, w.mcfg.heartbeat_timeout_ms)
+    verdict = judge(w.claims, w.accusations, msg.src, p.peer, evidence)
+    if verdict is None:
+        w.emit("claim_pending", site=p.peer, reporter=msg.src, detail=p.detail,
+               reason=f"{msg.src}'s word alone: waits for {p.peer}'s own report, another member's, the "
+                      f"coordinator's evidence, or {w.mcfg.heartbeat_timeout_ms} ms")
+        return
+    fail_on_claim(w, *verdict)
+
+
+def fail_on_claim(w: Rules, victim: str, accuser: str | None, why: str) -> None:
+    w.claims = {k: v for k, v in w.claims.items() if victim not in k}
+    if accuser is not None:
+        w.accusations[accuser] = w.accusations.get(accuser, 0) + 1
+    w.membership = membership.set_state(w.membership, victim, "announced_failure")
+    w.emit("site_failed", site=victim, reason=why)
+
+
+def refute(w: Rules, members: tuple[str, ...]) -> None:
+    """A round both sides of a claim were members of committed after the claim: its collective
+    finished, so the reporter did hear from the accused; the claim is dropped, never decided (an
+    insider that keeps training while it claims would otherwise fail one honest member per run)."""
+    refuted, kept = refuted_by(w.claims, member_set(members))
+    w.claims = kept
+    for reporter, accused in refuted:
+        w.emit("claim_refuted", site=accused, reporter=reporter,
+               reason=f"a round with {reporter} and {accused} committed after {reporter}'s claim")
+
+
+def decide_overdue(w: Rules, now_ns: int) -> None:
+    """A claim nobody corroborated within the heartbeat timeout is decided (tick): the run must go on."""
+    w.claims = current(w.claims, w.membership.epoch)
+    for verdict in overdue(w.claims, w.accusations, now_ns, w.mcfg.heartbeat_timeout_ms):
+        victim = verdict[0]
+        if victim in w.membership.members and w.membership.sites[victim].state == membership.SiteState.ACTIVE:
+            fail_on_claim(w, *verdict)

@@ -28,6 +28,7 @@ from typing import Any
 from coordinator.core_types import (EVENTS, KINDS, RECEIVED, Context, CoordState, Emit, Fence, Journal, Messages,
                                     Output, Received, Send, Tick, membership_config, policy_of)
 from coordinator.recovery import ClusterView, OracleFaults, Policy
+from coordinator import restart
 from coordinator.rules import Rules
 from coordinator.settings import EpochSettings
 from ground.config import RunConfig
@@ -84,7 +85,7 @@ def recover(records: list[dict[str, Any]], problem: str | None, now_ns: int,
     """The state a restarted coordinator rebuilds from its journal's records (`problem`: a torn tail;
     `logged_epochs`: the epochs its log announced before the restart, None if unknown)."""
     w = Rules(initial_state(cfg), cfg)
-    w.recover(records, problem, now_ns, logged_epochs)
+    restart.recover(w, records, problem, now_ns, logged_epochs)
     return w.freeze(), w.out
 
 

@@ -8,44 +8,23 @@ and changes the working copy and appends what the shell must do to `out`. No I/O
 from __future__ import annotations
 
 from dataclasses import asdict, replace
-from typing import Any
+from typing import Any, Callable
 
-from control.observations import SiteCycle
-from coordinator import claims, membership
+from coordinator import claims, commits, membership
+from coordinator.commits import ROUND_WINDOW
+from coordinator.membership import member_set
 from coordinator.core_types import (EVENTS, RECEIVED, Context, CoordState, Emit, Fence, Journal, Messages, Output,
                                     Received, Send, Tick, membership_config, policy_of)
 from coordinator.recovery import ClusterView, Frontier, checkpoint_before_waiting, decide_recovery
-from coordinator.replay import after_epoch, pending_checkpoints, recent_epochs
+from coordinator.replay import after_epoch
 from coordinator.settings import EpochSettings, due_change, setting_for_epoch
 from ground.config import RunConfig
-from ground.messages import (BadMessage, Built, CheckpointDurable, Heartbeat, Join, PeerUnreachable, PreemptNotice,
+from ground.messages import (BadMessage, Built, CheckpointDurable, Heartbeat, Join, PreemptNotice,
                              RoundDone, SiteDone, Telemetry, parse)
 from ground.plans import EpochPlan, Plan, Restore
-from ground.records import Commit, EpochRecord
+from ground.records import EpochRecord
 from ground.schedule import samples_per_round, target_samples, tokens_of_samples
 from ground.setting import ConsistencySetting
-
-# Members run at most about one round ahead of the commit record; a report further ahead is absurd.
-ROUND_WINDOW = 8
-
-# The message kinds and their handlers (method names), looked up once per message.
-HANDLERS = {"join": "_on_join", "heartbeat": "_on_heartbeat", "round_done": "_on_round_done",
-            "site_done": "_on_site_done", "telemetry": "_on_telemetry", "preempt_notice": "_on_preempt_notice",
-            "checkpoint_durable": "_on_checkpoint_durable", "peer_unreachable": "_on_peer_unreachable"}
-
-_MEMBER_SETS: dict[int, tuple[tuple[str, ...], frozenset[str]]] = {}
-
-
-def member_set(members: tuple[str, ...]) -> frozenset[str]:
-    """`members` as a set, memoised by the tuple's identity (the tuple is kept, so its id is never
-    reused while cached): `s in members` scans the tuple, O(N) per message at 1,000 sites."""
-    got = _MEMBER_SETS.get(id(members))
-    if got is None or got[0] is not members:
-        if len(_MEMBER_SETS) > 32:
-            _MEMBER_SETS.clear()
-        got = _MEMBER_SETS[id(members)] = (members, frozenset(members))
-    return got[1]
-
 
 class Rules:
     """A mutable working copy of one CoordState for one step: the rules act on it, appending to `out`;
@@ -65,10 +44,10 @@ class Rules:
         self.frontier, self.unproven, self.settle_until_ns = s.frontier, set(s.unproven), s.settle_until_ns
         self.pending_frontiers = dict(s.pending_frontiers)
         # Copy on write: the outer map is copied here, a round's reports only when this step adds one
-        # (`_own_reports`: the keys whose inner map is this working copy's own), so a step costs O(1)
+        # (`own_reports`: the keys whose inner map is this working copy's own), so a step costs O(1)
         # in the number of members, not a copy of every report held (the simulator at 1,000 sites).
         self.reports = dict(s.reports)
-        self._own_reports: set[tuple[int, int]] = set()
+        self.own_reports: set[tuple[int, int]] = set()
         self._own_sites: dict[str, membership.SiteRecord] | None = None  # see _sites_for_write
         self.claims, self.accusations = dict(s.claims), dict(s.accusations)
         self.last_reason, self.last_recovery_reason = s.last_reason, s.last_recovery_reason
@@ -104,80 +83,6 @@ class Rules:
         return self._own_sites
 
     # ------------------------------------------------------------------ journal
-    def recover(self, records: list[dict[str, Any]], problem: str | None, now: int,
-                logged_epochs: frozenset[int] | None = None) -> None:
-        """The state the journal's records prove. `logged_epochs`: the epochs the previous incarnation's
-        log announced (None: not known); the journal's last epoch, if the log lacks it, is logged now."""
-        if problem:
-            self.emit("journal_torn_tail", detail=problem)
-        last_epoch: EpochRecord | None = None
-        for r in records:
-            if r["type"] == "commit":
-                commit = Commit.from_json(r)
-                self.commits.append(commit)
-                self._advance(commit)
-            elif r["type"] == "epoch":
-                rec = last_epoch = EpochRecord.from_json(r)
-                plan = rec.plan
-                self.plan = plan
-                self.oracle = self.oracle.after_plan(plan)
-                self.oracle_dropped |= set(rec.held_out)
-                # The members' incarnations as the epoch named them: a restarted member's join is then
-                # told apart from its previous incarnation's heartbeats (0 where the plan names none).
-                incs = dict(plan.incarnations)
-                sites = {s: membership.SiteRecord(s, membership.SiteState.ACTIVE if s in plan.members
-                                                  else membership.SiteState.FAILED, now, incs.get(s, 0))
-                         for s in self.cfg.cluster.sites}
-                self.membership = membership.Membership(epoch=rec.epoch, members=plan.members, sites=sites)
-                self._apply_plan_lineage(plan)
-                self.settings.replay_epoch(rec.epoch, rec.setting, rec.start_step, rec.prev_mode, plan.start_round)
-            elif r["type"] == "frontier":
-                self.frontier = Frontier(r["round"], r["cursor"], r["manifest_hash"], r.get("commit_id"))
-        self.recent = recent_epochs(records)
-        self.pending_frontiers = {k: v for k, v in pending_checkpoints(records).items()
-                                  if self.frontier is None or k[0] > self.frontier.round}
-        self.out.append(Fence(self.recent.fence))
-        if records:
-            # Members kept training while we were down; their reports of those rounds come again
-            # (reliable messages are resent on reconnect). A decision taken before they arrive
-            # would roll the members back past rounds they no longer hold snapshots of.
-            self.settle_until_ns = now + self.mcfg.heartbeat_timeout_ms * 1_000_000
-            self.out.append(Context({"epoch": self.membership.epoch}))
-            self.emit("coordinator_recovered", records=len(records), epoch=self.membership.epoch,
-                      members=list(self.membership.members), commits=len(self.commits), tip=self.tip,
-                      committed_cursor=self.committed_cursor,
-                      recent_epochs={str(e): list(m) for e, m in self.epoch_members.items()},
-                      fence_epoch=self.recent.fence,
-                      pending_checkpoints=[[r, c] for r, c in sorted(self.pending_frontiers)])
-        if last_epoch is not None and logged_epochs is not None and last_epoch.epoch not in logged_epochs:
-            # Killed between journaling the epoch and logging it (the journal is durable first): nobody
-            # was told of it then (the sends come after the log line); it is announced now, so the log
-            # names it before anyone acts in it (soak seed 1005, oracle: commits in an epoch the
-            # history never announced).
-            es = self.settings.of(last_epoch.epoch)
-            assert es is not None
-            self._emit_epoch(last_epoch.plan, last_epoch.reason, es, recovered_from_journal=True)
-
-    def _advance(self, commit: Commit) -> None:
-        self.tip = commit.commit_id
-        self.committed_round = commit.round
-        self.committed_cursor = commit.cursor_end
-        self.oracle = self.oracle.after_commit(commit.cursor_end)
-        self.unproven -= set(commit.members)  # a commit proves its members held the lineage's state
-        self.settings.on_commit(commit.commit_id, commit.step)
-
-    def _apply_plan_lineage(self, plan: Plan) -> None:
-        """A restore from the store branches the lineage at the frontier's commit. Whoever gets state
-        from elsewhere holds it for sure only once a commit includes it (`unproven`)."""
-        if plan.restore == Restore.DONOR:
-            self.unproven |= set(plan.joiners)
-        if plan.restore == Restore.STORE:
-            self.unproven |= set(plan.members)
-            self.tip = plan.parent_commit
-            self.settings.on_store_restore(plan.parent_commit)
-            self.committed_round = plan.start_round - 1
-            self.committed_cursor = plan.start_cursor
-
     # ------------------------------------------------------------------ messages
     def handle(self, msg: Received, now_ns: int, report: RoundDone | None = None) -> None:
         """One received message: validated, then applied. Nothing in a message can stop the loop.
@@ -187,11 +92,11 @@ class Rules:
             if report is None:
                 self.on_message(msg, now_ns)
             else:
-                self._on_round_done(msg, report, now_ns)
+                commits.on_round_done(self, msg, report, now_ns)
         except BadMessage as e:
-            self._reject(msg, f"bad_body: {e}")
+            self.reject(msg, f"bad_body: {e}")
         except Exception as e:  # a bug met by one message is logged; the coordinator goes on
-            self._reject(msg, f"internal_error: {type(e).__name__}: {str(e)[:500]}")
+            self.reject(msg, f"internal_error: {type(e).__name__}: {str(e)[:500]}")
 
     def messages(self, batch: Messages, now_ns: int) -> None:
         """Messages of one kind at one instant, in order, each what `handle` does with it as a Received:
@@ -200,7 +105,7 @@ class Rules:
         if batch.kind == "heartbeat":
             self._heartbeats(batch.messages, now_ns)
         elif batch.kind == "round_done":
-            self._round_reports(batch.messages, now_ns)
+            commits.round_reports(self, batch.messages, now_ns)
         else:
             for m in batch.messages:
                 self.handle(RECEIVED(*m), now_ns)
@@ -227,41 +132,7 @@ class Rules:
                 epoch, sites = self.membership.epoch, self._sites_for_write()
                 get, good = sites.get, None
 
-    def _round_reports(self, messages: tuple[tuple[str, int, int, str, Any], ...], now_ns: int) -> None:
-        """Round reports of one instant, each what `handle` does with it. The common one (a report the
-        simulator built, of the current epoch with a plan, from a member, inside the round window, with
-        no cycle or a built one, that does not complete its round) is recorded here as `_on_round_done`
-        records it, with what the reports share (the epoch, its members, the round's maps of reports
-        and cycles) read once, and read again after any report that goes through `handle`: the one that
-        completes its round (the commit), and any other (checked there; a built report in an announced
-        epoch is given to its handler directly)."""
-        handle, settings = self.handle, self.settings
-        key: tuple[int, int] | None = None  # None: the shared values below are to be read (again)
-        for m in messages:
-            src, _inc, msg_epoch, kind, body = m
-            if key is None:
-                epoch, members = self.membership.epoch, self.membership.members
-                mset, n, window = member_set(members), len(members), self.committed_round + ROUND_WINDOW
-                floor = self.committed_round
-                ready = self.plan is not None
-                key = (-1, -1)
-            built = kind == "round_done" and type(body) is Built and type(r := body.typed) is RoundDone
-            if built and ready and msg_epoch == epoch and src in mset and floor < r.round <= window \
-                    and ((cycle := body.get("cycle")) is None or type(cycle) is SiteCycle):
-                if key[1] != r.round:
-                    key = (epoch, r.round)
-                    got, cycles = self._reports_of(key), None
-                if len(got) + (src not in got) < n:  # (a round's reports come from its members only)
-                    got[src] = r
-                    if cycle is not None:  # the controller's evidence (EpochSettings.on_cycle)
-                        if cycles is None:
-                            cycles = settings.cycles_of(key)
-                        cycles[src] = cycle
-                    continue
-            handle(RECEIVED(*m), now_ns, r if built and 0 <= msg_epoch <= self.membership.epoch else None)
-            key = None
-
-    def _reject(self, msg: Received, reason: str, **extra: Any) -> None:
+    def reject(self, msg: Received, reason: str, **extra: Any) -> None:
         self.emit("report_rejected", kind=str(msg.kind)[:64], src=msg.src, site=msg.src, msg_epoch=msg.epoch,
                   reason=reason, **extra)
 
@@ -270,11 +141,11 @@ class Rules:
         if msg.epoch < 0 or msg.epoch > self.membership.epoch:
             # Never announced: no site can be in a later epoch than the coordinator (it journals an
             # epoch before anyone hears of it, and recovers it from the journal after a crash).
-            self._reject(msg, f"future_epoch: message epoch {msg.epoch} was never announced "
-                              f"(current epoch {self.membership.epoch})")
+            self.reject(msg, f"future_epoch: message epoch {msg.epoch} was never announced "
+                             f"(current epoch {self.membership.epoch})")
             return
         typed = parse(msg.kind, msg.body)
-        getattr(self, HANDLERS[msg.kind])(msg, typed, now_ns)
+        HANDLERS[msg.kind](self, msg, typed, now_ns)
 
     def _on_join(self, msg: Received, j: Join, now_ns: int) -> None:
         if (msg.src, msg.inc) in self.oracle_dropped:
@@ -318,8 +189,8 @@ class Rules:
 
     def _on_heartbeat(self, msg: Received, hb: Heartbeat, now_ns: int) -> None:
         if hb.epoch > self.membership.epoch:
-            self._reject(msg, f"future_epoch: heartbeat says epoch {hb.epoch}, never announced "
-                              f"(current epoch {self.membership.epoch})")
+            self.reject(msg, f"future_epoch: heartbeat says epoch {hb.epoch}, never announced "
+                             f"(current epoch {self.membership.epoch})")
             return
         # A coordinator restarted from its journal does not know the members' incarnations (0) until
         # they speak: learn it from the first heartbeat, or a drain would hold out incarnation 0 and
@@ -354,26 +225,26 @@ class Rules:
 
     def _on_checkpoint_durable(self, msg: Received, c: CheckpointDurable, _now_ns: int) -> None:
         if msg.epoch != self.membership.epoch and msg.epoch not in self.epoch_members:
-            self._reject(msg, f"stale epoch {msg.epoch}")
+            self.reject(msg, f"stale epoch {msg.epoch}")
             return
         # Only the epoch's leader checkpoints (site_agent/adoption.py: the plan's first member), and only
         # rounds near the commit record and past the frontier: another member's report, or one far ahead,
         # would let one site choose the state the cluster recovers to (and grow the pending set).
         members = self.membership.members if msg.epoch == self.membership.epoch else self.epoch_members[msg.epoch]
         if not members or msg.src != members[0]:
-            self._reject(msg, f"not the leader: only epoch {msg.epoch}'s leader "
-                              f"({members[0] if members else 'none'}) reports a durable checkpoint", round=c.round)
+            self.reject(msg, f"not the leader: only epoch {msg.epoch}'s leader "
+                             f"({members[0] if members else 'none'}) reports a durable checkpoint", round=c.round)
             return
         if c.round > self.committed_round + ROUND_WINDOW:
-            self._reject(msg, f"round {c.round} is more than {ROUND_WINDOW} rounds past the commit record "
-                              f"({self.committed_round})", round=c.round)
+            self.reject(msg, f"round {c.round} is more than {ROUND_WINDOW} rounds past the commit record "
+                             f"({self.committed_round})", round=c.round)
             return
         f = self.frontier
         if f is not None and (c.round, c.cursor, c.manifest_hash) == (f.round, f.cursor, f.manifest_hash):
             return  # the frontier's own report again (a resend): nothing changes
         if f is not None and c.round <= f.round:
-            self._reject(msg, f"round {c.round} is not past the frontier (round {f.round}): the frontier never "
-                              "goes back", round=c.round)
+            self.reject(msg, f"round {c.round} is not past the frontier (round {f.round}): the frontier never "
+                             "goes back", round=c.round)
             return
         commit = next((x.commit_id for x in reversed(self.commits) if x.round == c.round and x.cursor_end == c.cursor),
                       None)
@@ -389,147 +260,13 @@ class Rules:
             self.emit("frontier_deferred", round=c.round, cursor=c.cursor, manifest_hash=c.manifest_hash,
                       reason="round not in the commit record yet: becomes the frontier when it commits")
             return
-        self._set_frontier(Frontier(c.round, c.cursor, c.manifest_hash, commit))
+        self.set_frontier(Frontier(c.round, c.cursor, c.manifest_hash, commit))
 
-    def _set_frontier(self, f: Frontier) -> None:
+    def set_frontier(self, f: Frontier) -> None:
         self.frontier = f
         self.pending_frontiers = {k: v for k, v in self.pending_frontiers.items() if k[0] > f.round}
         self.out.append(Journal({"type": "frontier", **asdict(f)}))
         self.emit("frontier", **asdict(f))
-
-    def _on_peer_unreachable(self, msg: Received, p: PeerUnreachable, now_ns: int) -> None:
-        if msg.epoch != self.membership.epoch:
-            self._reject(msg, f"stale epoch {msg.epoch}")
-            return
-        sites = self.membership.sites
-        if msg.src == p.peer or not (msg.src in self.membership.members and p.peer in self.membership.members
-                                     and sites[msg.src].state == membership.SiteState.ACTIVE
-                                     and sites[p.peer].state == membership.SiteState.ACTIVE):
-            return
-        # One member's word does not fail another (an insider would evict every other member, one
-        # epoch at a time): the claim waits for corroboration (coordinator/claims.py).
-        self.claims = claims.current(self.claims, self.membership.epoch)
-        self.claims[(msg.src, p.peer)] = (self.membership.epoch, now_ns)
-        evidence = claims.own_evidence(sites[p.peer], now_ns, self.mcfg.heartbeat_timeout_ms)
-        verdict = claims.judge(self.claims, self.accusations, msg.src, p.peer, evidence)
-        if verdict is None:
-            self.emit("claim_pending", site=p.peer, reporter=msg.src, detail=p.detail,
-                      reason=f"{msg.src}'s word alone: waits for {p.peer}'s own report, another member's, the "
-                             f"coordinator's evidence, or {self.mcfg.heartbeat_timeout_ms} ms")
-            return
-        self._fail_on_claim(*verdict)
-
-    def _fail_on_claim(self, victim: str, accuser: str | None, why: str) -> None:
-        self.claims = {k: v for k, v in self.claims.items() if victim not in k}
-        if accuser is not None:
-            self.accusations[accuser] = self.accusations.get(accuser, 0) + 1
-        self.membership = membership.set_state(self.membership, victim, "announced_failure")
-        self.emit("site_failed", site=victim, reason=why)
-
-    def _refute_claims(self, members: tuple[str, ...]) -> None:
-        """A round both sides of a claim were members of committed after the claim: its collective
-        finished, so the reporter did hear from the accused; the claim is dropped, never decided (an
-        insider that keeps training while it claims would otherwise fail one honest member per run)."""
-        refuted, kept = claims.refuted_by(self.claims, member_set(members))
-        self.claims = kept
-        for reporter, accused in refuted:
-            self.emit("claim_refuted", site=accused, reporter=reporter,
-                      reason=f"a round with {reporter} and {accused} committed after {reporter}'s claim")
-
-    def _claims_due(self, now_ns: int) -> None:
-        """A claim nobody corroborated within the heartbeat timeout is decided (tick): the run must go on."""
-        self.claims = claims.current(self.claims, self.membership.epoch)
-        for verdict in claims.overdue(self.claims, self.accusations, now_ns, self.mcfg.heartbeat_timeout_ms):
-            victim = verdict[0]
-            if victim in self.membership.members and self.membership.sites[victim].state == membership.SiteState.ACTIVE:
-                self._fail_on_claim(*verdict)
-
-    def _on_round_done(self, msg: Received, r: RoundDone, _now_ns: int) -> None:
-        rnd = r.round
-        if rnd > self.committed_round + ROUND_WINDOW:
-            self._reject(msg, f"round {rnd} is more than {ROUND_WINDOW} rounds past the commit record "
-                              f"({self.committed_round})", round=rnd)
-            return
-        if rnd <= self.committed_round:
-            # Committed already (a commit needs every member's report, so this is a duplicate or a
-            # forgery): kept, it would hold a set of reports that can never complete, one per round
-            # number an insider cares to send (issue 54: bounded above only).
-            self._reject(msg, f"stale: round {rnd} is not past the commit record ({self.committed_round})", round=rnd)
-            return
-        # The current epoch, or the previous one for the round it still had in flight when a
-        # change was scheduled for the next boundary (nothing in flight is thrown away).
-        if self.plan is not None and msg.epoch == self.membership.epoch \
-                and msg.src in member_set(self.membership.members):
-            epoch, members = self.membership.epoch, self.membership.members
-        elif (msg.epoch in self.epoch_members and msg.src in member_set(self.epoch_members[msg.epoch])
-              and self.plan is not None and rnd < self.plan.start_round and rnd == self.committed_round + 1):
-            epoch, members = msg.epoch, self.epoch_members[msg.epoch]
-        else:
-            self._reject(msg, f"epoch {msg.epoch} is not current {self.membership.epoch} or not a member", round=rnd)
-            return
-        key = (epoch, rnd)
-        got = self._reports_of(key)
-        got[msg.src] = r
-        # The site's own timings of the cycle: the controller's evidence, never a condition of the commit.
-        body = msg.body
-        self.settings.on_cycle(epoch, rnd, msg.src, body.get("cycle") if isinstance(body, (dict, Built)) else None)
-        # The count first (O(1)); the sets only when it matches (once per round).
-        if len(got) != len(members) or set(got) != set(members):
-            return
-        del self.reports[key]
-        self._try_commit(epoch, rnd, members, got, _now_ns)
-
-    def _reports_of(self, key: tuple[int, int]) -> dict[str, RoundDone]:
-        """The reports of (epoch, round), this working copy's own to add to (made if none)."""
-        got = self.reports.get(key)
-        if got is None or key not in self._own_reports:  # copy on write (see __init__)
-            got = self.reports[key] = dict(got) if got is not None else {}
-            self._own_reports.add(key)
-        return got
-
-    def _try_commit(self, epoch: int, rnd: int, members: tuple[str, ...], got: dict[str, RoundDone],
-                    now_ns: int) -> None:
-        hashes = {s: r.param_hash for s, r in got.items()}
-        if len(set(hashes.values())) != 1:
-            self.emit("commit_refused", round=rnd, reason="parameter hashes differ", hashes=hashes)
-            return
-        starts = {r.cursor_start for r in got.values()}
-        ends = {r.cursor_end for r in got.values()}
-        if starts != {self.committed_cursor} or len(ends) != 1:
-            # The lineage must cover the samples without a gap or an overlap: resync everyone.
-            self.emit("commit_refused", round=rnd, reason=f"cursors {sorted(starts)}..{sorted(ends)} do not "
-                                                          f"continue the commit record at {self.committed_cursor}")
-            self.resync = True
-            return
-        first = got[members[0]]
-        commit = Commit(commit_id=f"e{epoch}r{rnd}", parent=self.tip, round=rnd, step=first.step, epoch=epoch,
-                        members=members, param_hash=first.param_hash, cursor_start=first.cursor_start,
-                        cursor_end=first.cursor_end, tokens={s: r.tokens for s, r in got.items()},
-                        flops={s: r.flops for s, r in got.items()},
-                        useful_tokens=tokens_of_samples(self.cfg, first.cursor_end),
-                        setting=es.setting if (es := self.settings.of(epoch)) is not None else None)
-        record = commit.to_json()
-        self.out.append(Journal(record))  # durable before anyone is told
-        self.commits.append(commit)
-        self._advance(commit)
-        self.out.append(Context({"step": commit.step}))
-        self.emit("commit", **{k: v for k, v in record.items() if k != "type"})
-        if self.claims:
-            self._refute_claims(members)
-        pending = self.pending_frontiers.pop((rnd, commit.cursor_end), None)
-        if pending is not None:  # its checkpoint was durable before the round committed
-            self._set_frontier(Frontier(rnd, commit.cursor_end, pending, commit.commit_id))
-        obs, decision = self.settings.after_commit(epoch, rnd, members, now_ns)
-        if obs is not None:
-            self.emit("cycle_observed", **obs.to_json())
-        if decision is not None:
-            self._emit_decision(rnd, epoch, decision)
-
-    def _emit_decision(self, rnd: int, epoch: int, decision: Any) -> None:
-        """The controller's decision on round `rnd` (after it committed, or while in flight: evidence.in_cycle)."""
-        self.emit("controller_decision", round=rnd, commit_epoch=epoch, action=decision.action,
-                  setting=decision.setting.to_json(), current=self.settings.current.to_json(),
-                  reason=decision.reason, evidence=decision.evidence)
 
     def send_plan(self, to: list[str]) -> None:
         if self.plan is None:
@@ -607,7 +344,7 @@ class Rules:
                                                 if sites[s].incarnation),
                        params_hash=self._committed_params(plan))
         self.plan = plan
-        self._apply_plan_lineage(plan)
+        commits.apply_plan_lineage(self, plan)
         if setting is None:
             setting = setting_for_epoch(self.cfg, before, plan.start_round, plan.start_cursor)
         es = self.settings.plan_epoch(epoch, plan.start_round, self.committed_round, setting)
@@ -617,12 +354,12 @@ class Rules:
         # older epoch commits when its last report comes (dropping them lost that round for good).
         self.reports = {k: v for k, v in self.reports.items() if k[0] == epoch or k[0] in self.epoch_members}
         # The previous epoch's members may still report the round they had in flight when this
-        # epoch was scheduled; _on_round_done decides precisely which of those reports count.
+        # epoch was scheduled; commits.on_round_done decides precisely which of those reports count.
         self.out.append(Fence(self.recent.fence))
         self.out.append(Context({"epoch": epoch}))
         self.out.append(Journal(EpochRecord(epoch, plan, reason, tuple(held_out), first, es.setting, es.start_step,
                                             es.prev_mode).to_json()))
-        self._emit_epoch(plan, reason, es)
+        self.emit_epoch(plan, reason, es)
         if es.setting != before and not first_epoch:
             self.emit("setting_changed", old=before.to_json(), new=es.setting.to_json(), start_round=plan.start_round,
                       start_cursor=plan.start_cursor, start_step=es.start_step, reason=reason)
@@ -650,7 +387,7 @@ class Rules:
             return None
         return c.param_hash
 
-    def _emit_epoch(self, plan: Plan, reason: str, es: Any, **extra: Any) -> None:
+    def emit_epoch(self, plan: Plan, reason: str, es: Any, **extra: Any) -> None:
         self.emit("membership_epoch", members=list(plan.members), paused=plan.paused, start_round=plan.start_round,
                   start_cursor=plan.start_cursor, restore=plan.restore.value, donor=plan.donor,
                   joiners=list(plan.joiners), manifest_hash=plan.manifest_hash, parent_commit=plan.parent_commit,
@@ -660,7 +397,7 @@ class Rules:
         # Read after the messages: a member heard since its connection closed is no longer listed.
         self.membership = membership.on_connections(self.membership, dict(t.lost))
         if self.claims:
-            self._claims_due(now_ns)
+            claims.decide_overdue(self, now_ns)
         self.step_membership(now_ns)
         self._check_complete()
 
@@ -718,7 +455,7 @@ class Rules:
             return
         d = self.settings.in_cycle(v.committed_round + 1, now_ns)
         if d is not None:
-            self._emit_decision(v.committed_round + 1, self.membership.epoch, d)
+            commits.emit_decision(self, v.committed_round + 1, self.membership.epoch, d)
         change = due_change(self.cfg, self.settings.current, (v.committed_round + 2, cursor), self.settings.decision)
         if change is not None:
             self.new_epoch(Plan(v.members, False, v.committed_round + 2, cursor, Restore.NONE), change[1], now_ns,
@@ -734,3 +471,10 @@ class Rules:
             for s in sorted(self.membership.sites):
                 self.out.append(Send(s, "shutdown", {"reason": "all sites done"}, self.membership.epoch))
             self.shutdown_sent = True
+
+
+# The message kinds and their handlers, looked up once per message.
+HANDLERS: dict[str, Callable[[Rules, Received, Any, int], None]] = {
+    "join": Rules._on_join, "heartbeat": Rules._on_heartbeat, "round_done": commits.on_round_done,
+    "site_done": Rules._on_site_done, "telemetry": Rules._on_telemetry, "preempt_notice": Rules._on_preempt_notice,
+    "checkpoint_durable": Rules._on_checkpoint_durable, "peer_unreachable": claims.on_peer_unreachable}
