@@ -53,7 +53,8 @@ An insider (a holder of one cluster key) can neither crash, wedge nor impersonat
 
 The node's pieces: delivery state (inboxes, sequence windows, pending sends) in `wan.delivery`,
 sending and resending in `wan.sender`, receiving and acking in `wan.receiver`, socket monitor
-events and connection tracking in `wan.monitor`; this module owns the sockets and the I/O loop.
+events and connection tracking in `wan.monitor`, the sockets made and configured in `wan.sockets`;
+this module owns them and the I/O loop.
 """
 
 from __future__ import annotations
@@ -61,7 +62,6 @@ from __future__ import annotations
 import collections
 import os
 import random
-import secrets
 import threading
 import time
 from typing import Any, Callable, Sequence
@@ -70,33 +70,20 @@ import numpy as np
 import zmq
 
 from wan import keys as keymod
+from wan import sockets
 from wan.counters import ByteCounters
-from wan.delivery import (HELD_ACKS_MAX, INBOX_MAX_BYTES, INBOX_MAX_MESSAGES, INCARNATIONS_KEPT, SEQ_WINDOW, Inbox,
-                          SeqWindow)
+from wan.delivery import HELD_ACKS_MAX, INBOX_MAX_BYTES, INBOX_MAX_MESSAGES, Inbox, SeqWindow
 from wan.reliable import ReliableChannel
 from wan.frames import UNFENCED_KINDS, Fence, encode
 from wan.monitor import ConnectionMonitorMixin
-from wan.receiver import ROUTING_ID_SEP, ReceivingMixin
-from wan.sender import DOUBT_WINDOW_NS, SendingMixin
+from wan.receiver import ReceivingMixin
+from wan.sender import SendingMixin
 from wan.zmq_text import describe_error
 from ground.config import WanConfig
 from ground.topology import Route
 from ground.eventlog import EventLog
 
-# Re-exported: importable from wan.node as before the split.
-__all__ = ["DOUBT_WINDOW_NS", "FAST_RECONNECT_PEERS", "INBOX_MAX_BYTES", "INBOX_MAX_MESSAGES", "INCARNATIONS_KEPT",
-           "RECONNECT_IVL_MS", "ROUTING_ID_SEP", "SEQ_WINDOW", "WAN_CRASH_EXIT_CODE", "Inbox", "Route", "WanNode",
-           "terminate_process"]
-_SeqWindow = SeqWindow
-
 WAN_CRASH_EXIT_CODE = 70  # EX_SOFTWARE: the process's WAN I/O thread died (a bug), see `terminate_process`
-# A DEALER to the coordinator retries a closed connection this often (ZeroMQ's default, kept for
-# the other routes, is 100 ms; both plus up to as much random jitter). A live site whose connection
-# closed (a healed blackhole) is back and heard well within the coordinator's disconnect grace
-# (coordinator/membership.py). Only that route: a retry to a dead peer through its proxy is
-# accepted, then closed, and logged; there is no point in doing that faster elsewhere.
-RECONNECT_IVL_MS = 40
-FAST_RECONNECT_PEERS = frozenset({"coord"})  # ground.topology.COORD (not imported: topology imports this module)
 
 
 def terminate_process(reason: str) -> None:
@@ -386,19 +373,6 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
                 except zmq.ZMQError:
                     pass
 
-    def _configure(self, s: zmq.Socket) -> None:
-        w = self.wan
-        s.setsockopt(zmq.LINGER, w.linger_ms)
-        # ZMTP heartbeats notice a silent blackhole where TCP stays up (values in ms).
-        s.setsockopt(zmq.HEARTBEAT_IVL, w.zmq_heartbeat_ivl_ms)
-        # Timeout and TTL well past the longest stop a fault gives a process (ground/config.py).
-        s.setsockopt(zmq.HEARTBEAT_TIMEOUT, w.zmq_heartbeat_timeout_ms)
-        s.setsockopt(zmq.HEARTBEAT_TTL, w.zmq_heartbeat_timeout_ms)
-        # Checked per frame before allocation; the header frame limit is separate and smaller.
-        s.setsockopt(zmq.MAXMSGSIZE, w.max_frame_bytes + 1024)
-        s.setsockopt(zmq.SNDHWM, 10_000)
-        s.setsockopt(zmq.RCVHWM, 10_000)
-
     def _open(self) -> None:
         ctx = self._ctx
         self._wake_rx = ctx.socket(zmq.PAIR)
@@ -415,15 +389,9 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
         self._router: zmq.Socket | None = None
         self._monitors: dict[zmq.Socket, tuple[str, zmq.Socket]] = {}
         if self.bind is not None:
-            r = ctx.socket(zmq.ROUTER)
-            self._configure(r)
-            r.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to a vanished peer raises instead of dropping
-            r.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a rejoining peer may reuse its identity
             if keypair is not None:
                 self._auth = keymod.start_authenticator(ctx, self._keys_dir)
-                r.curve_server = True
-                r.curve_publickey = keypair.public
-                r.curve_secretkey = keypair.secret
+            r = sockets.router(ctx, self.wan, keypair)
             self._monitors[r.get_monitor_socket()] = ("server", r)
             r.bind(self.bind)
             self._router = r
@@ -432,28 +400,15 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
         self._ever_up: dict[str, bool] = {}
         self._down: dict[str, bool] = {}
         for peer, route in self.routes.items():
-            d = ctx.socket(zmq.DEALER)
-            self._configure(d)
-            # A fresh unguessable id per socket: see the module docstring (identity is the key's).
-            d.setsockopt(zmq.ROUTING_ID, f"{self.name}{ROUTING_ID_SEP}{secrets.token_hex(8)}".encode())
-            if peer in FAST_RECONNECT_PEERS:
-                d.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
-            if keypair is not None:
-                d.curve_publickey = keypair.public
-                d.curve_secretkey = keypair.secret
-                d.curve_serverkey = keymod.load_public(self._keys_dir, peer)
+            d = sockets.dealer(ctx, self.wan, self.name, peer, keypair, self._keys_dir)
             self._monitors[d.get_monitor_socket()] = (peer, d)
             d.connect(route.address)
             self._dealers[peer] = d
             self._dealer_peer[d] = peer
         self._poller = zmq.Poller()
-        self._poller.register(self._wake_rx, zmq.POLLIN)
-        if self._router is not None:
-            self._poller.register(self._router, zmq.POLLIN)
-        for d in self._dealers.values():
-            self._poller.register(d, zmq.POLLIN)
-        for m in self._monitors:
-            self._poller.register(m, zmq.POLLIN)
+        for sock in (self._wake_rx, self._router, *self._dealers.values(), *self._monitors):
+            if sock is not None:
+                self._poller.register(sock, zmq.POLLIN)
 
     def _run(self, ready: threading.Event, errors: list[BaseException]) -> None:
         try:
