@@ -34,20 +34,43 @@ def run_cluster(tmp: Path, overrides: dict[str, Any]) -> tuple[Path, dict]:
     return launch(cfg, quiet=True, timeout_s=600)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test that starts something real `live` (tests/live_marking.py); `make test-fast`
-    deselects them."""
+TESTS = Path(__file__).resolve().parent
+
+
+def _starts_something(item: pytest.Item) -> bool:
+    """tests/live_marking.py's verdict on a test: its source, its fixtures and their helpers."""
     from tests.live_marking import is_live
 
+    fn = getattr(item, "function", None)
+    if fn is None:
+        return False
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs if info is not None else {}
+    fixtures = [d[-1].func for name in getattr(item, "fixturenames", ()) for d in [defs.get(name)] if d]
+    return is_live(fn, fixtures, item.get_closest_marker("integration") is not None)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test under tests/live is marked `live` by its folder (`make test-fast` runs tests/unit). A
+    test under tests/unit that starts something (tests/live_marking.py), or a test file directly in
+    tests/, is a collection error that names it and says where it goes."""
+    from tests.live_marking import misplaced
+
+    problems = []
     for item in items:
-        fn = getattr(item, "function", None)
-        if fn is None:
-            continue
-        info = getattr(item, "_fixtureinfo", None)
-        defs = info.name2fixturedefs if info is not None else {}
-        fixtures = [d[-1].func for name in getattr(item, "fixturenames", ()) for d in [defs.get(name)] if d]
-        if is_live(fn, fixtures, item.get_closest_marker("integration") is not None):
+        try:
+            parts = item.path.resolve().relative_to(TESTS).parts
+        except ValueError:
+            continue  # not this suite's test
+        folder = parts[0] if len(parts) > 1 else None
+        if folder == "live":
             item.add_marker(pytest.mark.live)
+            continue
+        problem = misplaced(item.nodeid, folder, folder == "unit" and _starts_something(item))
+        if problem:
+            problems.append(problem)
+    if problems:
+        raise pytest.UsageError("tests in the wrong folder (tests/live_marking.py):\n" + "\n".join(problems))
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,12 @@
 """Which tests are live: they start real processes, a real Toxiproxy, real sockets or real training.
 
-`make test-fast` runs the others (`pytest -m "not live"`), the pure-logic unit tests, while editing;
-`make test` runs everything. A test is live when it carries the `integration` marker, or when its
-own source, a fixture it uses, or a module-level helper either of them calls (followed through the
-names they reference, in the test's module and in conftest) starts one of those things.
+The suite is two folders: tests/unit/ holds the pure-logic tests (`make test-fast` runs them while
+editing), tests/live/ the tests that start something; `make test` runs both. tests/conftest.py marks
+every test under tests/live `live` by its folder, and uses `is_live` here as a guard on tests/unit: a
+test there that is live is a collection error naming it (`misplaced`). A test is live when it carries
+the `integration` marker, or when its own source, a fixture it uses, or a module-level helper either of
+them calls (followed through the names they reference, in the test's module and in conftest) starts
+one of those things.
 """
 
 from __future__ import annotations
@@ -14,11 +17,11 @@ import types
 from typing import Any, Callable, Iterable
 
 # What starting a real thing looks like in this suite's code: a process, the launcher or a
-# comparison, a Toxiproxy server, ZeroMQ sockets, a WAN node, a browser, a compose engine.
+# comparison, a Toxiproxy server, ZeroMQ sockets, a WAN node, a browser, a compose engine, the fork server.
 LIVE_SOURCE = re.compile(
     r"subprocess\.|Popen\(|BackgroundRun\(|ToxiproxyServer\(|run_comparison\(|\blaunch\(|Launcher\(|run_cluster\("
     r"|zmq\.Context|WanNode\(|multiprocessing|sync_playwright|xdc_main\(\[\"(?:run|compare|demo|prepare|study)\""
-    r"|docker|mp\.spawn|LocalCluster|ProcessPool|run_local\(|socket\.socket|BenchCluster\(|soak_one\(")
+    r"|docker|mp\.spawn|LocalCluster|ProcessPool|run_local\(|socket\.socket|BenchCluster\(|soak_one\(|ForkServer\(")
 
 
 def _source(obj: Any) -> str:
@@ -73,3 +76,15 @@ def is_live(test: Callable[..., Any], fixtures: Iterable[Callable[..., Any]], ha
     return starts_something(test, namespace) or any(
         starts_something(f, getattr(f, "__globals__", {})) for f in fixtures
         if getattr(f, "__module__", "").startswith("tests"))  # pytest's own fixtures start nothing
+
+
+def misplaced(nodeid: str, folder: str | None, live: bool) -> str | None:
+    """Why a collected test is in the wrong folder, or None. `folder` is the first folder under tests/
+    ("unit", "live"), None for a file directly in tests/; `live` is `is_live` of the test."""
+    if folder is None:
+        return (f"{nodeid}: a test file directly in tests/; put it in tests/unit/ (pure logic) or tests/live/ "
+                "(it starts real processes, Toxiproxy, sockets or training)")
+    if folder == "unit" and live:
+        return (f"{nodeid}: starts a process, a server, a socket, a browser or the engine, or is marked "
+                "`integration` (tests/live_marking.py); move it to tests/live/ (tests/unit/ is pure logic only)")
+    return None

@@ -1,0 +1,136 @@
+"""The compose cluster, checked without a Docker engine: the committed compose files are what the one
+topology generates, they parse, every xdc command is real (run with --help), images/environment/volumes
+agree with the topology, the GPU override reserves the GPU for every site, the Dockerfiles' bases are
+pinned build args, and compose/missing_requirements.py names only what is absent. The topology-only
+checks: tests/unit/test_compose_file.py."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from xdc.cli import main as xdc_main
+from ground.topology import COMPOSE_TOXIPROXY, COORD, STORE, service_name
+from xdc.compose import BASE_IMAGE, DOCKER_CLI_IMAGE, TOXIPROXY_IMAGE, compose_spec
+from tests.helpers_compose_file import COMPOSE, SITES, _env_default, _xdc_commands, doc  # noqa: F401  (doc: the fixture)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_committed_files_are_generated_from_the_topology(tmp_path: Path) -> None:
+    assert xdc_main(["compose", "generate", "--check"]) == 0
+    assert xdc_main(["compose", "generate", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "docker-compose.yml").read_text() == COMPOSE.read_text()
+    assert (tmp_path / "docker-compose.gpu.yml").read_text() == (ROOT / "compose" / "docker-compose.gpu.yml").read_text()
+    assert yaml.safe_load(COMPOSE.read_text()) == compose_spec(SITES)
+
+
+def test_the_file_parses_and_has_every_service(doc: dict) -> None:
+    svcs = doc["services"]
+    assert set(svcs) == {COMPOSE_TOXIPROXY, "init", "sampler", "store", "coordinator", "site-a", "site-b", "site-c",
+                         "finish"}
+    # pinned upstream images by default; `make compose-setup` may name local stand-ins in compose/.env
+    assert svcs[COMPOSE_TOXIPROXY]["image"] == f"${{XDC_TOXIPROXY_IMAGE:-{TOXIPROXY_IMAGE}}}"
+    assert re.fullmatch(r"ghcr\.io/shopify/toxiproxy:\d+\.\d+\.\d+", TOXIPROXY_IMAGE)
+    args = svcs["init"]["build"]["args"]
+    assert args["XDC_BASE_IMAGE"] == f"${{XDC_BASE_IMAGE:-{BASE_IMAGE}}}"
+    assert args["XDC_DOCKER_CLI_IMAGE"] == f"${{XDC_DOCKER_CLI_IMAGE:-{DOCKER_CLI_IMAGE}}}"
+    assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+", BASE_IMAGE) and re.fullmatch(r"docker:\d+\.\d+\.\d+-cli", DOCKER_CLI_IMAGE)
+    assert "volumes" not in doc  # no named volume: the runs directory is the host's (bound), so nothing stays behind
+    for name in ("toxiproxy", "sampler", "store", "coordinator", "site-a", "site-b", "site-c"):
+        assert "healthcheck" in svcs[name], name
+    # no service on demand: `up` runs the whole journey, the end of the run included (`finish`)
+    assert not any("profiles" in s for s in svcs.values())
+    assert svcs["finish"]["depends_on"] == {"init": {"condition": "service_completed_successfully"}}
+    # Toxiproxy is quiet and not attached: `up` shows the run and returns once the attached services exited
+    assert svcs[COMPOSE_TOXIPROXY]["attach"] is False and svcs[COMPOSE_TOXIPROXY]["environment"]["LOG_LEVEL"] == "info"
+    assert all(s.get("attach", True) for n, s in svcs.items() if n != COMPOSE_TOXIPROXY)
+    # no service holds the Docker socket (chaos runs from the host)
+    assert not any("docker.sock" in v for s in svcs.values() for v in s.get("volumes", []))
+
+
+def test_every_command_is_a_real_xdc_command(doc: dict) -> None:
+    cmds = _xdc_commands(doc)
+    assert set(cmds) == set(doc["services"]) - {COMPOSE_TOXIPROXY}
+    for name, argv in cmds.items():
+        sub = argv[1]
+        r = subprocess.run([sys.executable, "-m", "xdc.cli", sub, *(["generate"] if sub == "compose" else []),
+                            "--help"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert r.returncode == 0, (name, r.stderr)
+        for flag in (a for a in argv[2:] if a.startswith("--")):
+            assert flag in r.stdout, (name, flag)
+    # files the commands name exist in the image (they are copied from the repository)
+    assert (ROOT / _env_default("${XDC_CONFIG:-compose/run.yaml}")).exists()
+
+
+def test_images_environment_volumes_agree(doc: dict) -> None:
+    svcs = doc["services"]
+    xdc_svcs = [n for n in svcs if n != COMPOSE_TOXIPROXY]
+    images = {svcs[n]["image"] for n in xdc_svcs}
+    assert images == {"${XDC_IMAGE:-xdc:local}"}
+    assert [n for n in xdc_svcs if "build" in svcs[n]] == ["init"]  # built once
+    assert (ROOT / svcs["init"]["build"]["context"].replace("..", ".") / svcs["init"]["build"]["dockerfile"]).exists()
+    for n in xdc_svcs:
+        assert svcs[n]["volumes"] == ["${XDC_RUNS_DIR:-../runs}:/runs"], n
+        assert svcs[n]["environment"]["XDC_RUN_ID"] == "${XDC_RUN_ID:-compose-run}", n
+        assert svcs[n]["environment"]["XDC_NARRATE"] == "1", n  # one human line per event on stdout
+        assert svcs[n]["restart"] == "no", n  # a killed site stays down until chaos restarts it
+        assert any("/runs/${XDC_RUN_ID:-compose-run}" == a for a in svcs[n]["command"]), n
+    # start order: init after toxiproxy is healthy; every process after init; sites after the services
+    assert svcs["init"]["depends_on"][COMPOSE_TOXIPROXY]["condition"] == "service_healthy"
+    for n in ("sampler", "store", "coordinator", "site-a", "site-b", "site-c"):
+        assert svcs[n]["depends_on"]["init"]["condition"] == "service_completed_successfully"
+    # the energy sampler first (its idle baseline before the run) and so, under `docker compose stop`, last
+    for n in ("store", "coordinator"):
+        assert svcs[n]["depends_on"]["sampler"]["condition"] == "service_healthy"
+    assert "sampler_ready" in " ".join(svcs["sampler"]["healthcheck"]["test"])
+    assert svcs["sampler"]["network_mode"] == "none" and "networks" not in svcs["sampler"]
+    assert svcs["sampler"]["pid"] == "host"  # it reads the CPU time of the other services' processes
+    for s in SITES:
+        dep = svcs[service_name(s)]["depends_on"]
+        assert dep["coordinator"]["condition"] == dep["store"]["condition"] == "service_healthy"
+    # a restarted process gets a pid of its own (the logs name incarnations by pid): the host's PID namespace
+    for p in (COORD, STORE, *SITES):
+        assert svcs[service_name(p)]["pid"] == "host"
+    assert all("pid" not in svcs[n] for n in ("init", "finish", COMPOSE_TOXIPROXY))
+    # the printed paths are the host's: the same directory the services bind
+    assert svcs["finish"]["environment"]["XDC_HOST_RUNS_DIR"] == "${XDC_RUNS_DIR:-../runs}"
+    # the health checks read the log file each process writes
+    for p in (COORD, STORE, *SITES):
+        assert f"/logs/{p}.jsonl" in " ".join(svcs[service_name(p)]["healthcheck"]["test"])
+
+
+def test_gpu_override_reserves_the_gpu_for_every_site() -> None:
+    gpu = yaml.safe_load((ROOT / "compose" / "docker-compose.gpu.yml").read_text())
+    assert set(gpu["services"]) == {service_name(s) for s in SITES} | {"sampler"}  # the sampler reads NVML
+    for s in gpu["services"].values():
+        (dev,) = s["deploy"]["resources"]["reservations"]["devices"]
+        assert dev["capabilities"] == ["gpu"] and dev["driver"] == "nvidia"
+
+
+def test_dockerfile_bases_are_build_args_pinned_upstream_non_root() -> None:
+    text = (ROOT / "compose" / "Dockerfile").read_text()
+    assert f"ARG XDC_BASE_IMAGE={BASE_IMAGE}\n" in text and f"ARG XDC_DOCKER_CLI_IMAGE={DOCKER_CLI_IMAGE}\n" in text
+    assert re.findall(r"^FROM (.+)$", text, re.M) == ["${XDC_DOCKER_CLI_IMAGE} AS dockercli", "${XDC_BASE_IMAGE}"]
+    assert "COPY --from=dockercli /usr/local/bin/docker /usr/local/bin/docker" in text
+    assert re.search(r"^USER \$\{XDC_UID\}$", text, re.M) and "ARG XDC_UID=10001" in text
+    # only what the base lacks is installed; the project itself without an index
+    assert "missing_requirements.py" in text and "--no-deps --no-build-isolation /app" in text
+    for d in ("xdc", "coordinator", "site_agent", "wan", "checkpoint_store", "analysis", "chaos", "scenarios"):
+        assert f"COPY {d} /app/{d}" in text
+
+
+def test_missing_requirements_names_only_what_is_absent(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text('[project]\ndependencies = ["pyyaml>=6", "pyyaml>=999", '
+                                             '"no-such-dist-xdc>=1", "pytest[extra]>=1"]\n')
+    r = subprocess.run([sys.executable, str(ROOT / "compose" / "missing_requirements.py"),
+                        str(tmp_path / "pyproject.toml")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["pyyaml>=999", "no-such-dist-xdc>=1"]
+    r = subprocess.run([sys.executable, str(ROOT / "compose" / "missing_requirements.py"), str(ROOT / "pyproject.toml")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.stdout == ""  # this venv (what the local base image carries) lacks nothing
