@@ -4,7 +4,7 @@ Triggers (injection and heal): `at_s` (seconds after the first epoch forms, when
 starts), `at_useful_tokens` and `at_step` (at the first commit past them, `fault_poll_s` later:
 the driver polls the coordinator's log); or `duration_s` after the injection. A run with fault
 gates (ground/gates.py) has its sites wait after the round whose commit fires an `at_useful_tokens`
-fault until every fault at those tokens is injected and its action done (sim/rounds.py `gate`),
+fault until every fault at those tokens is injected and its action done (sim/gates.py),
 as the driver releases them. Kinds modeled:
 
   site_crash    SIGKILL: the site's work in flight is lost, its connection closes; with
@@ -225,7 +225,7 @@ class SimChaos:
         (ground/gates.py), after the action (a crash's: until the process exited); the sites waiting
         there go on."""
         assert self.scenario is not None and self.log is not None
-        if tokens not in self.w.rounds.gates or any(
+        if tokens not in self.w.rounds.gates.tokens or any(
                 self.status.get(j) is None for j, g in enumerate(self.scenario.faults)
                 if g.trigger.key == "at_useful_tokens" and int(g.trigger.value) == tokens):
             return
@@ -236,7 +236,7 @@ class SimChaos:
     def _released(self, tokens: int, progress: dict[str, Any]) -> None:
         assert self.log is not None
         self.log.emit("fault_gate_released", gate_tokens=tokens, reason="injected", progress=progress)
-        self.w.rounds.release_gate(tokens)
+        self.w.rounds.gates.release(tokens)
 
     def _uncut(self, i: int) -> None:
         """A cut proxy passes data again: what waited for it is delivered, stalled collectives go on."""

@@ -21,10 +21,12 @@ between its collective span and its next compute span (20-40 ms: the outer step,
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping
 
+from control.observations import SiteCycle
 from ground.config import ModelConfig, RunConfig
 
 # The tied-head TinyGPT of site_agent/model.py, by formula (checked against an emulator run's
@@ -176,6 +178,24 @@ def payload_bytes_sent(n: int, payload_values: int, compression: str = "none") -
     if n <= 1:
         return 0
     return 2 * (n - 1) * math.ceil(payload_values / n) * payload_bytes_per_value(compression)
+
+
+@functools.lru_cache(maxsize=64)
+def all_reduce_payload(n: int, n_params: int, compression: str, chunk_bytes: int) -> tuple[int, int]:
+    """(bytes one member sends, message parts) of one all-reduce among n members."""
+    sent = payload_bytes_sent(n, n_params, compression)
+    parts = 2 * (n - 1) * max(1, math.ceil(sent / max(1, 2 * (n - 1)) / chunk_bytes)) if n > 1 else 0
+    return sent, parts
+
+
+@functools.lru_cache(maxsize=8)
+def cycle_extra(compute_s: float, h_steps: int, comm_s: float, sent: int, loss: float,
+                update_cosine: float) -> dict[str, Any]:
+    """A round report's `extra`: {"cycle": the site's SiteCycle}. Every member of a plain round reports
+    the same timings: one (immutable) SiteCycle and one map for all (nothing writes to either)."""
+    c = update_cosine
+    return {"cycle": SiteCycle(float(compute_s), h_steps, float(comm_s), int(sent), float(loss), 1.0, float(c * c),
+                               float(c), 0)}
 
 
 def state_bytes(m: ModelConfig, cursor: int) -> int:

@@ -1,42 +1,31 @@
 """A site's rounds on the virtual clock: compute (H inner steps), the all-reduce rendezvous, the report.
 
-As site_agent/agent.py `_train`: a round starts only if no newer plan takes effect by it; its
+A round starts only if no newer plan takes effect by it (site_core.epochs `interrupts`); its
 samples are ground.schedule's; the collective completes when every member has arrived, plus
 the modeled collective time; the round's report (`round_done`, with the cycle timings the
 adaptive controller reads) goes to the coordinator; the leader evaluates and checkpoints on the
 config's cadence; after the last round the site says `site_done` once its background work ends.
 
-Carried rounds, as site_agent/carry.py: a site records the inner steps it takes in the round in
-flight (`Progress`); when a failure's survivors take that round over (`Plan.carry`), a survivor
-keeps the leading steps the new layout (ground.schedule.carried_steps) asks of it unchanged, logs
-them as `work_carried`, and computes only the rest. As the agent, it keeps all its matching steps
-when it took no others, else as many as its mid-round copy holds (ground.schedule.kept_steps). One
-difference in time, not in work: the agent notices a new epoch between inner steps, the simulated
-site at once, counting the step it had begun as taken (it was attempted either way).
-
-Fault gates (ground/gates.py), as the agent: a round whose samples reach a gate's tokens is
-followed by a wait, before the next round, until the chaos part releases the gate (`gate`,
-`release_gate`; sim/faults.py releases it once the fault's action is done).
+Carried rounds: sim/progress.py (the steps taken in the round in flight, what a carried epoch keeps);
+fault gates: sim/gates.py.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from control.observations import SiteCycle
 from ground import gates
 from ground.messages import Built, RoundDone
 from ground.plans import EpochPlan
-from ground.schedule import (carried_steps, kept_steps, round_is_whole, round_span, site_round_layout,
-                             site_round_positions, steps_to_keep)
+from ground.schedule import carried_steps, round_is_whole, round_span, site_round_layout, site_round_positions
 from ground.setting import step_after_round
 from sim.engine import ns
-from sim.model import payload_bytes_sent
+from sim.model import all_reduce_payload, cycle_extra
 from ground.values import builder
-from site_core.adoption import may_carry
 from site_core.epochs import interrupts
+from sim.gates import GateWaits
+from sim.progress import Step, carried, carry_over, new_progress, take_whole
 
 if TYPE_CHECKING:
     from ground.config import RunConfig
@@ -46,74 +35,21 @@ if TYPE_CHECKING:
 
 ROUND_DONE = builder(RoundDone)  # RoundDone(...): every member's report of every round
 
-Step = tuple[range, int]  # one inner step: (sample positions, lr frontier in samples), as the agent's
-
-
-@dataclass(slots=True)
-class Progress:
-    """The inner steps a site took in the round in flight (site_agent.carry.RoundProgress). Slots: one
-    is made per member and round (a million an hour at 1,000 sites), and slots make that cheaper."""
-
-    round: int
-    cursor: int
-    steps_h: int
-    # ground.schedule.kept_steps' arguments: the step before which the agent takes its mid-round
-    # copy (`keep`), worked out only if a carried epoch asks (None: no copy).
-    keep_of: tuple[Any, ...] | None
-    done: list[Step] = field(default_factory=list)
-    epochs: list[int] = field(default_factory=list)  # the epoch each step was taken in
-    # Steps taken after `done` and not made yet: (a whole round's site_round_layout arguments, first
-    # step, end, epoch). A run without logs takes whole rounds this way (`Rounds.work`): the steps are
-    # made only if a carried epoch asks for them (`taken`), which few rounds see.
-    lazy: tuple[tuple[Any, ...], int, int, int] | None = None
-
-    def taken(self) -> tuple[list[Step], list[int]]:
-        """(done, epochs): every step taken so far, made if it was recorded lazily."""
-        if self.lazy is not None:
-            spec, lo, hi, epoch = self.lazy
-            self.lazy = None
-            self.done += site_round_layout(*spec)[lo:hi]
-            self.epochs += [epoch] * (hi - lo)
-        return self.done, self.epochs
-
-    def keep(self) -> int:
-        """The step before which the agent takes its mid-round copy (0: none)."""
-        return kept_steps(*self.keep_of) if self.keep_of is not None else 0
-
-
-def new_progress(rnd: int, cursor: int, steps_h: int, keep_of: tuple[Any, ...] | None) -> Progress:
-    """Progress(rnd, cursor, steps_h, keep_of), nothing taken yet, its slots filled by hand: one per
-    member and round (a million an hour at 1,000 sites), where the generated __init__ with its default
-    factories costs twice as much (tests/test_sim.py checks that the two are equal)."""
-    p = _NEW(Progress)
-    p.round, p.cursor, p.steps_h, p.keep_of, p.done, p.epochs, p.lazy = rnd, cursor, steps_h, keep_of, [], [], None
-    return p
-
-
-_NEW = object.__new__
-
 
 class Rounds:
     def __init__(self, w: World) -> None:
         self.w = w
         self.rendezvous: dict[tuple[int, int], dict[str, int]] = {}  # (epoch, round) -> member -> arrival ns
         self.cut_colls: dict[tuple[int, int], tuple[Any, ...]] = {}  # collectives waiting on a cut proxy
-        self._payload: dict[tuple[int, str], tuple[int, int]] = {}
         self._carried: dict[tuple[Any, ...], dict[str, list[Step]]] = {}  # the carried layout of the newest plan
         self._round: tuple[Any, ...] = (None,) * 4  # start's newest round (`_round_of`)
         self._setting: tuple[Any, Any] = (None, None)  # _recipe's newest setting and its recipe
-        # reduced's last SiteCycle: (its values, the report's `extra` holding it)
-        self._cycle: tuple[tuple[Any, ...] | None, dict[str, Any]] = (None, {})
         # The members of a round finish their compute and their all-reduce at the same instant: the
         # clock keeps each instant's as one entry (sim/engine.Clock.at_group), run here in order.
         self._computed, self._reduced = self.computed, self.reduced  # one object each: grouped by identity
         w.clock.batch(self._computed, self._computed_many)
         w.clock.batch(self._reduced, self._reduced_many)
-        # Fault gates (ground/gates.py): their tokens, those the chaos part released, and who waits at each:
-        # gate -> [(site, its generation, round, cursor start, end, the gates after this one, since ns)]
-        self.gates: tuple[int, ...] = tuple(w.cfg.recovery.fault_gates)
-        self.released: set[int] = set()
-        self.gated: dict[int, list[tuple[Any, ...]]] = {}
+        self.gates = GateWaits(w, self.start)  # fault gates (sim/gates.py)
 
     def _recipe(self, setting: Any) -> tuple[RunConfig, int, bool, float]:
         """(the effective config, inner steps a round, local mode with one worker, s per step) of a
@@ -125,7 +61,7 @@ class Rounds:
             t = cfg.train
             h_steps = t.inner_steps_h if t.mode != "sync" else 1
             t_step = max(w.model.compute_s_per_token * t.per_site_batch * cfg.model.seq_len,
-                         t.step_floor_ms / 1000.0)  # the emulated device's floor, as site_agent/rounds.py
+                         t.step_floor_ms / 1000.0)  # the emulated device's floor (train.step_floor_ms)
             got = self._setting = (setting, (cfg, h_steps, t.mode == "local" and t.workers_per_site == 1, t_step))
         return got[1]
 
@@ -140,8 +76,8 @@ class Rounds:
         n = len(plan.members)
         cs, ce = round_span(cfg, n, plan.start_round, plan.start_cursor, rnd, self.w.target)
         step = step_after_round(s.start_step, plan.start_round, rnd, setting) if rnd >= plan.start_round else None
-        carried = cfg.train.mode == "local" and self.carried(s, rnd)
-        got = self._round = (plan, rnd, setting, s.start_step, cfg, h_steps, local, t_step, n, cs, ce, step, carried,
+        carry = cfg.train.mode == "local" and carried(s, rnd)
+        got = self._round = (plan, rnd, setting, s.start_step, cfg, h_steps, local, t_step, n, cs, ce, step, carry,
                              self.w.member_index(plan.members))
         return got
 
@@ -189,15 +125,10 @@ class Rounds:
         s.cur = (rnd, cs, ce, h_steps, now, t_step, first, layout)
         w.clock.at_group(now + ns(busy * t_step), self._computed, s, s.gen, rnd, cs, ce, now, h_steps, step)
 
-    @staticmethod
-    def carried(s: SimSite, rnd: int) -> bool:
-        """Whether round `rnd` follows the carried layout (the first round of a carried epoch)."""
-        return bool(s.plan is not None and s.plan.carry and rnd == s.plan.start_round)
-
     def layout(self, s: SimSite, cfg: RunConfig, rnd: int, n: int, cs: int, ce: int, h_steps: int) -> list[Step]:
         """This site's inner steps of round `rnd` (site_agent.rounds' step_layout, positions for ids)."""
         assert s.plan is not None
-        if cfg.train.mode == "local" and self.carried(s, rnd):
+        if cfg.train.mode == "local" and carried(s, rnd):
             return self._carried_layout(s, cfg, cs, ce, h_steps)
         idx = self.w.member_index(s.plan.members)[s.name]
         return site_round_layout(cfg, n, cs, ce, idx, h_steps)
@@ -215,38 +146,15 @@ class Rounds:
         return list(whole[s.name])
 
     def carry_over(self, s: SimSite, plan: EpochPlan, sp: dict[str, Any]) -> bool:
-        """Keep the inner steps already taken in the round a carried epoch takes over (the agent's
-        carry_over): True if some were kept; they are logged as `work_carried` in the new epoch."""
-        prog = s.progress
-        cfg = self.w.effective(s.setting)
-        held = (prog.round, prog.cursor, "local", prog.steps_h) if prog is not None else None  # (local rounds only)
-        if not may_carry(plan, s.next_round, held, cfg.train.mode, cfg.train.inner_steps_h)[0]:
-            return False
-        assert prog is not None
-        n = len(plan.members)
-        cs, ce = round_span(cfg, n, plan.start_round, plan.start_cursor, plan.start_round, self.w.target)
-        wanted = self.layout(s, cfg, plan.start_round, n, cs, ce, prog.steps_h)
-        done, epochs = prog.taken()
-        k, from_copy = steps_to_keep(done, wanted, prog.keep())
-        if k == 0:
-            return False
-        dropped = len(done) - k
-        seq = self.w.cfg.model.seq_len
-        for h in range(k):
-            ids = list(done[h][0])
-            s.log.emit("work_carried", round=prog.round, inner_step=h, from_epoch=epochs[h], samples=ids,
-                       tokens=len(ids) * seq)
-        del done[k:], epochs[k:]
-        s.resume = (prog.round, k)
-        sp.update(rolled_back=False, carried_steps=k, from_mid_copy=from_copy, dropped_steps=dropped)
-        return True
+        """sim/progress.py `carry_over`, with this round's layouts."""
+        return carry_over(self.w, s, plan, sp, self.layout)
 
     def work(self, s: SimSite, rnd: int, layout: list[Step] | tuple[Any, ...], lo: int, hi: int) -> list[int]:
         """Log the inner steps lo..hi-1 of `layout` as `work_attempted` (and record them as taken);
         the site's sample ids of those steps. `layout` may be a whole round's site_round_layout
         arguments (`start`, without logs): the steps are then recorded as Progress.lazy, unmade."""
         if type(layout) is tuple:
-            self.take_whole(s, rnd, layout, lo, hi)
+            take_whole(s, rnd, layout, lo, hi)
             cfg, n, cs, _ce, idx, _h = layout
             return site_round_positions(cfg, n, cs, idx, lo, hi)
         prog = s.progress if s.progress is not None and s.progress.round == rnd else None
@@ -267,15 +175,6 @@ class Rounds:
             out += ids
         return out
 
-    @staticmethod
-    def take_whole(s: SimSite, rnd: int, layout: tuple[Any, ...], lo: int, hi: int) -> None:
-        """Record the inner steps lo..hi-1 of a whole round (`layout`: its site_round_layout arguments)
-        as taken, unmade (Progress.lazy)."""
-        prog = s.progress
-        if prog is not None and prog.round == rnd:
-            prog.taken()  # (nothing is pending in a round taken whole; kept in order if it were)
-            prog.lazy = (layout, lo, hi, s.epoch)
-
     def computed(self, s: SimSite, gen: int, rnd: int, cs: int, ce: int, t0: int, h_steps: int, step: int) -> None:
         if gen != s.gen:
             return
@@ -285,7 +184,7 @@ class Rounds:
         s.cur = None
         if type(layout) is tuple:
             # A whole round without logs (`start`): its sample ids are never made (see `reduced`).
-            self.take_whole(s, rnd, layout, 0, h_steps)
+            take_whole(s, rnd, layout, 0, h_steps)
             mine: list[int] | tuple[()] = ()
             count = h_steps * layout[0].train.per_site_batch
         else:
@@ -397,7 +296,8 @@ class Rounds:
             return
         w, plan = self.w, s.plan
         assert plan is not None
-        sent, parts = self.payload(len(plan.members), s.setting.compression)
+        sent, parts = all_reduce_payload(len(plan.members), w.n_params, s.setting.compression,
+                                         w.cfg.wan.chunk_bytes)
         comm_s = (w.clock.now_ns - t_arrive) / 1e9
         if w.wan is not None and len(plan.members) > 1:  # an equal share of the parts to every peer
             peers = [m for m in plan.members if m != s.name]
@@ -428,7 +328,7 @@ class Rounds:
         if w.write_logs:
             s.log.emit("round_done", round=rnd, param_hash=s.phash, cursor_start=cs, cursor_end=ce,
                        retained_samples=ce, samples_sha256=w.prefix_sha(ce))
-        if w.wan is not None:  # as the agent: the round's telemetry message (counted, not simulated), the counters
+        if w.wan is not None:  # the round's telemetry message (counted, not simulated), the counters
             w.wan.control(s.name, "coord", reliable=False, cls="telemetry")
             w.wan.emit(s.log, s.name, s.pid, final=False)
         last = ce >= w.target
@@ -439,76 +339,13 @@ class Rounds:
             s.checkpoint(rnd, ce)
         if last:
             return self.finish(s)
-        if self.gates and self.gate(s, rnd, cs, ce):
+        if self.gates.tokens and self.gates.wait(s, rnd, cs, ce):
             return
         self.start(s, rnd + 1)
 
-    def gate(self, s: SimSite, rnd: int, cs: int, ce: int, todo: list[int] | None = None) -> bool:
-        """Round `rnd` reached fault gates (ground/gates.py): as the agent, wait at each not yet
-        released until the chaos part releases it (`release_gate`), before the next round's first
-        step. True while the site waits; `todo`: the gates left after one was released."""
-        w = self.w
-        if todo is None:
-            seq = w.cfg.model.seq_len
-            todo = gates.crossed(self.gates, cs * seq, ce * seq)
-        for i, g in enumerate(todo):
-            if g in self.released:
-                outcome = "open"
-            elif s.pending and interrupts(s.pending, s.epoch, rnd + 1):
-                outcome = "left"  # a newer epoch already waits (the oracle's drain): the next round's start acts on it
-            else:
-                s.busy, s.inflight = True, rnd + 1  # a newer epoch or a SIGTERM ends the wait (SimSite.on_control)
-                self.gated.setdefault(g, []).append((s, s.gen, rnd, cs, ce, todo[i + 1:], w.clock.now_ns))
-                return True
-            if w.write_logs:
-                s.log.emit("fault_gate", round=rnd, gate_tokens=g, outcome=outcome, waited_s=0.0)
-        return False
-
-    def leave_gate(self, s: SimSite, go_on: bool = True) -> None:
-        """A newer epoch (or a SIGTERM: `go_on` False, the site's own code acts on it) arrived while the
-        site waits at a fault gate: as the agent, it leaves the wait (and every gate after it) and its
-        next round's start acts on the epoch."""
-        w = self.w
-        for g, waiting in list(self.gated.items()):
-            for e in waiting:
-                if e[0] is s and e[1] == s.gen:
-                    waiting.remove(e)
-                    _s, _gen, rnd, _cs, _ce, rest, t0 = e
-                    if w.write_logs:
-                        for h in (g, *rest):
-                            s.log.emit("fault_gate", round=rnd, gate_tokens=h, outcome="left",
-                                       waited_s=round((w.clock.now_ns - t0) / 1e9, 6) if h == g else 0.0)
-                    if go_on:
-                        self.start(s, rnd + 1)
-                    return
-
-    def waiting_at_gate(self, s: SimSite) -> bool:
-        """The site (this incarnation, this generation) waits at a fault gate now."""
-        return any(e[0] is s and e[1] == s.gen for waiting in self.gated.values() for e in waiting)
-
-    def release_gate(self, g: int) -> None:
-        """The driver injected every fault at gate `g`: the sites waiting there go on (a site killed,
-        preempted or moved to a newer epoch meanwhile is no longer waiting: its generation moved on)."""
-        w = self.w
-        self.released.add(g)
-        for s, gen, rnd, cs, ce, rest, t0 in self.gated.pop(g, []):
-            if gen != s.gen or not s.alive:
-                continue
-            if w.write_logs:
-                s.log.emit("fault_gate", round=rnd, gate_tokens=g, outcome="released",
-                           waited_s=round((w.clock.now_ns - t0) / 1e9, 6))
-            if not self.gate(s, rnd, cs, ce, rest):
-                self.start(s, rnd + 1)
-
     def _cycle_of(self, compute_s: float, h_steps: int, comm_s: float, sent: int, loss: float) -> dict[str, Any]:
-        """A report's `extra`: {"cycle": the site's SiteCycle}. Every member of a plain round reports the
-        same timings: one (immutable) SiteCycle and one map for all (nothing writes to either)."""
-        cyc = self.w.model.update_cosine
-        ckey = (compute_s, h_steps, comm_s, sent, loss, cyc)
-        if self._cycle[0] != ckey:
-            self._cycle = (ckey, {"cycle": SiteCycle(float(compute_s), h_steps, float(comm_s), int(sent), float(loss),
-                                                     1.0, float(cyc * cyc), float(cyc), 0)})
-        return self._cycle[1]
+        """A report's `extra` (sim/model.py `cycle_extra`)."""
+        return cycle_extra(compute_s, h_steps, comm_s, sent, loss, self.w.model.update_cosine)
 
     def _reduced_many(self, items: list[tuple[Any, ...]]) -> None:
         """`reduced` for the entries of one instant, in order. The members of a round without logs or
@@ -519,7 +356,7 @@ class Rounds:
         s0, _g, rnd, cs, ce, _ta, h_steps, step = items[0]
         plan, setting = s0.plan, s0.setting
         seq = w.cfg.model.seq_len
-        plain = not w.write_logs and w.wan is None and not (self.gates and gates.crossed(self.gates, cs * seq, ce * seq))
+        plain = not w.write_logs and w.wan is None and not (self.gates.tokens and gates.crossed(self.gates.tokens, cs * seq, ce * seq))
         if plain:
             for s, gen, r, c, e, _ta, h, st in items:
                 if gen != s.gen or s.plan is not plan or s.setting is not setting or r != rnd or c != cs \
@@ -534,7 +371,8 @@ class Rounds:
                 self.reduced(*args)
             return
         assert plan is not None
-        sent, _parts = self.payload(len(plan.members), setting.compression)
+        sent, _parts = all_reduce_payload(len(plan.members), w.n_params, setting.compression,
+                                          w.cfg.wan.chunk_bytes)
         now, apply_round = w.clock.now_ns, w.apply_round
         seq, fpt = w.cfg.model.seq_len, w.flops_per_token
         loss = w.learning.train_loss(ce, h_steps)
@@ -627,17 +465,6 @@ class Rounds:
         if ns(h * t_step) in lat:  # a report would arrive at the next round's instant: one by one
             return None
         return r, lat
-
-    def payload(self, n: int, compression: str) -> tuple[int, int]:
-        """(bytes one member sends, message parts) of one all-reduce among n members (kept per n)."""
-        key = (n, compression)
-        got = self._payload.get(key)
-        if got is None:
-            w = self.w
-            sent = payload_bytes_sent(n, w.n_params, compression)
-            parts = 2 * (n - 1) * max(1, math.ceil(sent / max(1, 2 * (n - 1)) / w.cfg.wan.chunk_bytes)) if n > 1 else 0
-            got = self._payload[key] = (sent, parts)
-        return got
 
     def abandon(self, s: SimSite, killed: bool = False) -> None:
         """The compute stops: the inner steps done so far were attempted (and lost). A newer epoch or a

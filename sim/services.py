@@ -45,7 +45,7 @@ class SimStore:
             s.upload_until_ns = UPLOAD_BLOCKED_NS
             return w.hold((s.name, "store"), self._write_after_cut, (s, s.inc, rnd, cursor))
         nbytes = state_bytes(w.cfg.model, cursor)
-        t0 = max(w.clock.now_ns, s.upload_until_ns)  # one upload at a time, as site_agent's uploader
+        t0 = max(w.clock.now_ns, s.upload_until_ns)  # one upload at a time (the agent's uploader has one thread)
         t1 = t0 + ns(m.checkpoint_fixed_s + nbytes / m.checkpoint_write_bytes_per_s)
         s.upload_until_ns = t1
         w.clock.at(t1, self._durable, s, s.inc, s.epoch, rnd, cursor, s.phash, nbytes, t0)

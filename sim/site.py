@@ -23,7 +23,7 @@ from site_core.adoption import Adopt, Rollback, decide_adoption, decide_rollback
 from site_core.epochs import interrupts, next_plan, not_for_this_process
 
 if TYPE_CHECKING:
-    from sim.rounds import Progress, Step
+    from sim.progress import Progress, Step
     from sim.world import World
 
 INITIAL = "initial weights"
@@ -97,7 +97,7 @@ class SimSite:
             self.w.coord.connection_lost(self.name)
 
     def terminate(self) -> None:
-        """SIGTERM (a preemption notice): as the agent, stop at the next check, tell the coordinator
+        """SIGTERM (a preemption notice): stop at the next check, tell the coordinator
         (if a member still training), wait for its ack, exit; the connection then closes."""
         if not self.alive:
             return
@@ -105,9 +105,9 @@ class SimSite:
         # Between inner steps the agent notices the signal at its next check (preempt_exit_s); waiting
         # at a fault gate, within the wait's poll (ground/gates.py).
         notice_s = self.w.model.preempt_exit_s
-        if self.w.rounds.waiting_at_gate(self):
+        if self.w.rounds.gates.waiting(self):
             notice_s = gates.POLL_S
-            self.w.rounds.leave_gate(self, go_on=False)
+            self.w.rounds.gates.leave(self, go_on=False)
         self.w.rounds.abandon(self)
         self.gen += 1
         self.busy, self.inflight, self.waiting_state = True, None, None  # no new plan is acted on now
@@ -148,7 +148,7 @@ class SimSite:
                           rc=0)
             return
         plan = self.w.parse_plan(body, msg_epoch)
-        other = not_for_this_process(plan, self.name, self.inc)  # as the agent's _poll_ctl
+        other = not_for_this_process(plan, self.name, self.inc)  # site_core.epochs: a plan for another incarnation
         if other is not None:
             self.log.emit("membership_skipped", skipped_epoch=plan.epoch, start_round=plan.start_round, reason=other)
             return
@@ -157,18 +157,18 @@ class SimSite:
             self.next_control()
         elif self.waiting_state is not None and self.plan is not None and interrupts(self.pending, self.epoch,
                                                                                     self.plan.start_round):
-            # As the agent's receive_from_donor: only an epoch from this plan's first round on voids the state.
+            # Only an epoch from this plan's first round on voids the state.
             self.log.emit("restore_abandoned", epoch=self.epoch, reason="a newer epoch arrived while we restored")
             self._idle()
         elif self.inflight is not None and interrupts(self.pending, self.epoch, self.inflight):
-            if self.w.rounds.waiting_at_gate(self):
-                self.w.rounds.leave_gate(self)
+            if self.w.rounds.gates.waiting(self):
+                self.w.rounds.gates.leave(self)
             else:
                 self._interrupt()
 
     def next_control(self) -> None:
         if self.upload_until_ns > self.w.clock.now_ns:
-            # As the agent's adopt(): the checkpoint in flight belongs to the epoch we leave; it ends first.
+            # The checkpoint in flight belongs to the epoch we leave; it ends first.
             self.after_upload(self._control_later, self.inc)
             return
         plan, waiting, skipped = next_plan(self.pending, self.epoch, self.name, self.plan)

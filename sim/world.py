@@ -109,7 +109,7 @@ class World:
         return self.links.one_way_s(site, service, nbytes)
 
     def to_coord(self, src: str, inc: int, epoch: int, kind: str, body: dict[str, Any]) -> None:
-        if self.wan is not None:  # heartbeats are sent unreliably, as the agent's
+        if self.wan is not None:  # heartbeats are sent unreliably (reliable=False)
             self.wan.control(src, "coord", reliable=kind != "heartbeat")
         if self.coord.down or (self.links.cuts and self.links.is_cut(src, "coord")):
             return self.hold((src, "coord"), self._deliver, (src, inc, epoch, kind, body))
