@@ -176,7 +176,7 @@ def test_a_batch_of_heartbeats_is_one_received_heartbeat_each_in_order() -> None
 
 def test_a_batch_of_round_reports_is_one_received_report_each_in_order() -> None:
     """core.Messages of round reports gives the state and outputs of one Received each, in order, in every
-    case `Rules._round_reports` either hands to the report's handler directly or to `handle`: members'
+    case `commits.round_reports` either hands to the report's handler directly or to `handle`: members'
     built reports (the last one commits the round), a raw report, an unannounced header epoch, a
     non-member's report, a built body of the wrong type, a bad raw body, a report too far ahead, and a
     message of another kind in the batch; reports with a built cycle, a cycle map (good or malformed)

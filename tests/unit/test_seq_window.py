@@ -1,4 +1,4 @@
-"""Duplicate detection per (source, incarnation): `_SeqWindow` in wan/node.py.
+"""Duplicate detection per (source, incarnation): `SeqWindow` in wan/delivery.py.
 
 Reliable sequence numbers start at 1; `seen_before` answers False exactly once per number.
 """
@@ -7,18 +7,18 @@ from __future__ import annotations
 
 import random
 
-from wan.node import _SeqWindow
+from wan.delivery import SeqWindow
 
 
 def test_in_order_sequences_are_new_and_compact_into_the_low_mark() -> None:
-    w = _SeqWindow()
+    w = SeqWindow()
     assert [w.seen_before(s) for s in range(1, 11)] == [False] * 10
     assert w.low == 10
     assert w.above == set()
 
 
 def test_in_order_repeat_is_a_duplicate() -> None:
-    w = _SeqWindow()
+    w = SeqWindow()
     assert w.seen_before(1) is False
     assert w.seen_before(1) is True
     assert w.seen_before(2) is False
@@ -27,7 +27,7 @@ def test_in_order_repeat_is_a_duplicate() -> None:
 
 
 def test_out_of_order_sequences_are_new_and_held_until_the_gap_fills() -> None:
-    w = _SeqWindow()
+    w = SeqWindow()
     assert w.seen_before(3) is False
     assert w.seen_before(5) is False
     assert (w.low, w.above) == (0, {3, 5})
@@ -40,7 +40,7 @@ def test_out_of_order_sequences_are_new_and_held_until_the_gap_fills() -> None:
 
 
 def test_duplicates_are_detected_above_and_below_the_low_mark() -> None:
-    w = _SeqWindow()
+    w = SeqWindow()
     for s in (1, 2, 7):
         assert w.seen_before(s) is False
     assert w.seen_before(7) is True  # held above the low mark
@@ -51,7 +51,7 @@ def test_duplicates_are_detected_above_and_below_the_low_mark() -> None:
 
 def test_sequence_zero_is_at_or_below_the_low_mark() -> None:
     # 0 marks unreliable messages, which the node never de-duplicates; the window treats it as seen.
-    assert _SeqWindow().seen_before(0) is True
+    assert SeqWindow().seen_before(0) is True
 
 
 def test_shuffled_stream_with_retransmissions_accepts_each_number_once() -> None:
@@ -59,7 +59,7 @@ def test_shuffled_stream_with_retransmissions_accepts_each_number_once() -> None
     n = 500
     stream = list(range(1, n + 1)) + [rng.randint(1, n) for _ in range(300)]  # originals + retransmits
     rng.shuffle(stream)
-    w = _SeqWindow()
+    w = SeqWindow()
     accepted = [s for s in stream if not w.seen_before(s)]
     assert sorted(accepted) == list(range(1, n + 1))
     # first occurrence of each number is the one accepted
@@ -71,6 +71,6 @@ def test_shuffled_stream_with_retransmissions_accepts_each_number_once() -> None
 
 
 def test_windows_are_independent() -> None:
-    a, b = _SeqWindow(), _SeqWindow()
+    a, b = SeqWindow(), SeqWindow()
     assert a.seen_before(1) is False
     assert b.seen_before(1) is False  # e.g. a restarted peer's new incarnation

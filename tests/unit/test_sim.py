@@ -217,7 +217,7 @@ def test_a_run_without_logs_is_the_same_run_as_with_logs(tmp_path: Path, period_
     with logs one site at a time: the same clock entries, so the same run. At a 5 ms period each
     beat arrives at the coordinator (5 ms away) at the instant of the next beat: the bulk path's
     one-by-one case. Without logs a whole round's steps are made only when a carried epoch asks
-    for them (sim/rounds.Progress.taken): the survivors of the crash keep the same steps."""
+    for them (sim/progress.Progress.taken): the survivors of the crash keep the same steps."""
     from sim.rounds import Rounds
 
     cfg = cfg_for("elastic")
@@ -335,16 +335,17 @@ def test_an_instants_messages_of_one_kind_as_one_core_input_are_the_same_run_as_
     reports through their common case in one pass. With every message a Received of its own instead,
     the run is the same: every core output at the same virtual time, every commit, epoch, site state
     and the core's whole state."""
+    from coordinator import commits
     from coordinator.rules import Rules
     from coordinator.core import RECEIVED
     from sim.coord import SimCoordinator
 
     cfg, scen = _case_24(scenario, policy, mode)
     batches: dict[str, list[int]] = {"heartbeat": [], "round_done": []}
-    for name, kind in (("_heartbeats", "heartbeat"), ("_round_reports", "round_done")):
-        real = getattr(Rules, name)
-        monkeypatch.setattr(Rules, name, lambda self, msgs, now, _f=real, _k=kind: batches[_k].append(len(msgs))
-                            or _f(self, msgs, now))
+    for owner, name, kind in ((Rules, "_heartbeats", "heartbeat"), (commits, "round_reports", "round_done")):
+        real = getattr(owner, name)
+        monkeypatch.setattr(owner, name, lambda w, msgs, now, _f=real, _k=kind: batches[_k].append(len(msgs))
+                            or _f(w, msgs, now))
     batched = _whole_run(cfg, scen, monkeypatch)
 
     def one_each(self: SimCoordinator, msgs: list[tuple[object, ...]], now: int, heard_lost: bool) -> None:
@@ -397,11 +398,11 @@ def test_ticks_left_out_after_calm_heartbeats_and_put_off_deadlines_change_nothi
 
 
 def test_a_round_progress_made_fast_is_the_constructed_one() -> None:
-    """sim/rounds.new_progress fills the record's slots by hand: it must be what the constructor
+    """sim/progress.new_progress fills the record's slots by hand: it must be what the constructor
     makes, with fresh lists each time, and must know every field (a field added later fails here)."""
     from dataclasses import fields
 
-    from sim.rounds import Progress, new_progress
+    from sim.progress import Progress, new_progress
 
     assert [f.name for f in fields(Progress)] == ["round", "cursor", "steps_h", "keep_of", "done", "epochs", "lazy"]
     for keep_of in (None, ("cfg", 3, 1, 0, 96)):
