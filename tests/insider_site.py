@@ -1,4 +1,4 @@
-"""Site c as an insider, for tests/test_insider_live.py: `python -m tests.insider_site --run-dir R --site c`.
+"""Site c as an insider, for tests/live/test_insider_live.py: `python -m tests.insider_site --run-dir R --site c`.
 
 The real site agent: it joins, trains, reports and checkpoints as any member does, with its own
 cluster key. Beside it, one thread attacks the coordinator and the store through c's own WAN node,

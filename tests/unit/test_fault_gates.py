@@ -1,6 +1,6 @@
 """Fault gates (ground/gates.py): which round reaches a gate, how a site's wait ends, and the chaos
 driver releasing a gate only once every fault at its tokens is injected (virtual clock, fake
-coordinator log, RecordingHandle). The gates on a real cluster: tests/test_recovery_policies.py."""
+coordinator log, RecordingHandle). The gates on a real cluster: tests/live/test_recovery_policies.py."""
 
 from __future__ import annotations
 

@@ -620,7 +620,7 @@ def test_step_all_is_a_fold_of_step_on_a_simulated_runs_inputs(tmp_path: Path) -
 
 
 def test_survivors_keep_their_steps_of_the_round_in_flight_as_the_emulators_sites_do(tmp_path: Path) -> None:
-    """Plan.carry in the simulator (sim/rounds.py), as tests/test_carry_live.py checks it on real sites:
+    """Plan.carry in the simulator (sim/rounds.py), as tests/live/test_carry_live.py checks it on real sites:
     b is SIGKILLed during its 4th inner step of round 2 while a and c have taken their 4 and wait in
     the collective; elastic's two survivors take round 2 over and keep the steps the carried layout
     asks of them (a keeps 3, c keeps 2), log them as `work_carried`, and redo only the rest. Lost:
@@ -891,7 +891,7 @@ def test_a_site_preempted_while_it_waits_at_a_fault_gate_announces_at_once(tmp_p
 
 
 def test_the_oracles_sites_leave_a_fault_gate_at_once_as_its_drain_waits(tmp_path: Path) -> None:
-    """As on the emulator's sites (tests/test_recovery_policies.py): the oracle's drain of b is planned
+    """As on the emulator's sites (tests/live/test_recovery_policies.py): the oracle's drain of b is planned
     for the round after the triggering commit, so a, b and c find a newer epoch waiting at the gate
     and leave it without waiting."""
     from ground.eventlog import process_events
