@@ -50,7 +50,7 @@ TARGET_TOKENS = 480_000
 FIXED_H = 16
 SYNC_GOAL, FIXED_GOAL, NLL_GAP_GOAL = 1.5, 1.1, 0.02
 BASE: dict[str, Any] = {
-    # The small model of tests/test_controller_live.py (125k parameters) keeps a collapsed sync step
+    # The small model of tests/live/test_controller_live.py (125k parameters) keeps a collapsed sync step
     # near a second instead of the default model's many.
     "model": {"d_model": 64, "n_layers": 2, "n_heads": 2},
     "train": {"per_site_batch": 4, "inner_steps_h": 4, "target_useful_tokens": TARGET_TOKENS,

@@ -156,7 +156,7 @@ def heard(site: SiteRecord, now_ns: int, incarnation: int = 0) -> SiteRecord:
     """The record after a heartbeat at `now_ns` (the incarnation learned if given). Built by
     ground.values.builder, not `dataclasses.replace` or the constructor: it runs once per heartbeat,
     millions of times in a simulated hour of 1,000 sites; replace costs five times the constructor,
-    the constructor three times the builder (tests/test_membership.py checks that the record is the
+    the constructor three times the builder (tests/unit/test_membership.py checks that the record is the
     one replace makes, field for field)."""
     return SITE_RECORD(site.name, site.state, now_ns, incarnation or site.incarnation, site.disconnected_ns)
 

@@ -31,7 +31,7 @@ rollback below its cursor never makes the oracle anticipate it again. Hence, on 
 visible faults that meet (1)-(4), the oracle loses no work: never more than any policy on the
 same schedule. Faults it cannot see (wall-time triggers, links, the store, the coordinator) or
 cannot drain for are met as `elastic` meets them, and may cost work like any policy's.
-(`tests/test_oracle_guarantee.py` checks this on random multi-fault schedules.)
+(`tests/unit/test_oracle_guarantee.py` checks this on random multi-fault schedules.)
 """
 
 from __future__ import annotations

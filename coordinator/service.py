@@ -11,7 +11,7 @@ Every rule (membership epochs, failure detection, recovery plans, the commit rec
 is in the core; this module owns the sockets, the journal file, the event log and the real clock.
 It logs every input that reached the core as a `coord_input` event (a message: its header and
 body; a tick: the closed connections) right after the decisions it produced, so a run's
-coordinator log replays through the core to the same decisions (tests/test_coordinator_core.py).
+coordinator log replays through the core to the same decisions (tests/{unit,live}/test_coordinator_core.py).
 On restart the core rebuilds its state from the journal (`core.recover`), so the commit record
 survives a coordinator crash.
 """

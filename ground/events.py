@@ -4,7 +4,7 @@ An event line is `{"id", "event", "wall_ns", "mono_ns", "run_id", "process", "pi
 ...fields}` (ground/eventlog.py stamps the first nine). `EVENTS` names every event any module of this
 repo emits, the modules that emit it, and the fields its call sites name (a span adds its four
 bounds; some events add more fields from a record they carry, e.g. `commit`, or only sometimes). A new event is one
-entry here: tests/test_event_registry.py fails on an event emitted in the code, or found in a real
+entry here: tests/{unit,live}/test_event_registry.py fails on an event emitted in the code, or found in a real
 run's logs, that is not registered.
 """
 

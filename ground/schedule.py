@@ -196,7 +196,7 @@ def kept_steps(cfg: RunConfig, n_members: int, site_index: int, cursor_start: in
     b, steps = cfg.train.per_site_batch, steps_per_round(cfg)
     end = min(cursor_end, cursor_start + (n_members - 1) * b * steps)
     # Step k is kept while cursor_start + k n b + site_index b + b <= end: k <= room / (n b). In closed
-    # form (a thousand sites a round in the simulator); tests/test_carry.py checks it against the count.
+    # form (a thousand sites a round in the simulator); tests/unit/test_carry.py checks it against the count.
     room, nb = end - cursor_start - site_index * b - b, n_members * b
     if steps <= 0 or room < 0:
         return 0

@@ -149,7 +149,7 @@ class SimCoordinator:
         clears nothing: nobody is suspect), no rule's deadline has passed since (the deadline tick is
         scheduled for the first), and everything else a tick reads (states, members, the commit record,
         the setting) is what the last tick read. Nor would it move the deadline (heartbeats only make
-        it later, and a later one is not rescheduled). tests/test_sim.py runs with and without this."""
+        it later, and a later one is not rescheduled). tests/unit/test_sim.py runs with and without this."""
         if self.settled and self.calm and not heard_lost and self.deadline_ns > now and not any(outs) \
                 and kinds.count("heartbeat") == len(kinds):
             return False

@@ -60,7 +60,7 @@ class Progress:
 def new_progress(rnd: int, cursor: int, steps_h: int, keep_of: tuple[Any, ...] | None) -> Progress:
     """Progress(rnd, cursor, steps_h, keep_of), nothing taken yet, its slots filled by hand: one per
     member and round (a million an hour at 1,000 sites), where the generated __init__ with its default
-    factories costs twice as much (tests/test_sim.py checks that the two are equal)."""
+    factories costs twice as much (tests/unit/test_sim.py checks that the two are equal)."""
     p = _NEW(Progress)
     p.round, p.cursor, p.steps_h, p.keep_of, p.done, p.epochs, p.lazy = rnd, cursor, steps_h, keep_of, [], [], None
     return p

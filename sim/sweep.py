@@ -16,7 +16,7 @@ existing Dask distributed cluster given its scheduler address (`--scheduler tcp:
 Dask rather than Ray: a cell is a pure function of a small picklable value, which is exactly
 `Client.map`; `dask-scheduler` / `dask-worker` are plain processes one can start on any host with
 this package installed, and `LocalCluster` lets the test suite start a real cluster in seconds.
-Both paths run the same `run_cell`, so their results are equal (tests/test_sim_sweep.py).
+Both paths run the same `run_cell`, so their results are equal (tests/{unit,live}/test_sim_sweep.py).
 
 Failure rates at scale are a `prior`: FLEET_PRIOR (Llama 3's 419 unexpected interruptions in 54
 days on 16,384 GPUs) as a per-GPU rate, times the GPUs behind one site. `oracle` sees only

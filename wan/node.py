@@ -277,7 +277,7 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
         (or stale notice) of one of this process's messages from anywhere. Other messages on the
         ROUTER do not count: an insider holding `member`'s key could send them from a connection of
         its own with any incarnation and make a waiting request believe its process restarted
-        (tests/test_insider_fuzz.py found this); an ack names this process's random incarnation,
+        (tests/live/test_insider_fuzz.py found this); an ack names this process's random incarnation,
         which only a process that received its messages knows."""
         return self._peer_inc.get(member)
 

@@ -4,7 +4,7 @@ A `ReliableChannel` numbers the reliable messages to its destination, keeps each
 the destination acks it, forgets what the destination's fence refuses for ever (a stale-epoch
 notice), and says when its unacked messages are due for a resend. It does no I/O and reads no
 clock: every call that depends on time takes `now_ns` (monotonic ns), so it is tested on a virtual
-clock (tests/test_reliable_channel.py). The node (wan/node.py) owns one per destination and its
+clock (tests/unit/test_reliable_channel.py). The node (wan/node.py) owns one per destination and its
 lock; its sending half (wan/sender.py) hands what the channel says to ZeroMQ.
 
 Resend rule: messages to one destination travel one connection in order and are acked in order.
