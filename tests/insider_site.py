@@ -28,11 +28,23 @@ import numpy as np
 
 import site_agent.agent as agent
 from ground.topology import COORD, STORE
+from wan.frames import encode
 
 TELEMETRY_FLOOD = 3_000
 UPLOADS = 40
 READS = 150
 FORGED_HASH = "f0" * 32  # no manifest has it
+
+
+def _send_unchecked(node: Any, dest: str, kind: str, cls: str, body: dict[str, Any]) -> None:
+    """One message in frames of the insider's own making, past the checks an honest `WanNode.send`
+    makes (it refuses a message no receiver would accept): queued once on c's node as an unreliable
+    message is, so the bytes cross c's own link and the receiver's limits are what is tested."""
+    frames = encode(kind=kind, cls=cls, run=node.run_id, epoch=node.epoch, step=node.step, src=node.name,
+                    inc=node.inc, seq=0, body=body)
+    with node._lock:
+        node._outbox.append((dest, frames, cls, False, 0, None))
+    node._wake()
 
 
 def _attack(site: Any, run_dir: Path) -> None:
@@ -56,8 +68,8 @@ def _attack(site: Any, run_dir: Path) -> None:
     sent["forged_durable"] = {"manifest_hash": FORGED_HASH, "round": rnd}
     forged = dict(honest, ckpt_id="insider", round=int(honest["round"]) + 1, blobs={f"n{i}": big for i in range(64)})
     node.send(STORE, "ckpt_manifest", "checkpoint", {"req": "insider-m64", "manifest": forged})
-    node.send(STORE, "ckpt_manifest", "checkpoint",
-              {"req": "insider-m900", "manifest": dict(forged, blobs={f"n{i}": big for i in range(900)})})
+    _send_unchecked(node, STORE, "ckpt_manifest", "checkpoint",
+                    {"req": "insider-m900", "manifest": dict(forged, blobs={f"n{i}": big for i in range(900)})})
     sent["manifests"] = ["insider-m64", "insider-m900"]
     one = np.frombuffer(b"\x00" * 1024, dtype=np.uint8)
     for i in range(UPLOADS):

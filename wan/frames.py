@@ -152,6 +152,20 @@ def _dtype_name(dt: np.dtype) -> str:
     raise ValueError(f"dtype {dt} cannot be sent")
 
 
+def undeliverable(frames: Sequence[Any], *, max_frame_bytes: int, max_header_bytes: int) -> str | None:
+    """Why a receiver with these limits would refuse the encoded message `frames` before reading its
+    header (`decode`'s size checks, same reasons), or None: a sender checks before it sends, since a
+    refused frame is never acked and would be resent for ever."""
+    if len(frames) > MAX_BUFFERS + 1:
+        return f"buffer_count: message has {len(frames) - 1} buffer frames, limit {MAX_BUFFERS}"
+    sizes = [_buffer(f).nbytes for f in frames]
+    if sizes[0] > max_header_bytes:
+        return f"header_too_large: header is {sizes[0]} bytes, limit {max_header_bytes}"
+    if sum(sizes) > max_frame_bytes:
+        return f"too_large: message is {sum(sizes)} bytes, limit {max_frame_bytes}"
+    return None
+
+
 def decode(frames: Sequence[Any], *, max_frame_bytes: int, max_header_bytes: int) -> Message:
     """Parse and validate one multipart message; raise FrameError (and nothing else) with a precise reason."""
     if not frames:

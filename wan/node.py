@@ -74,7 +74,7 @@ from wan import sockets
 from wan.counters import ByteCounters
 from wan.delivery import HELD_ACKS_MAX, INBOX_MAX_BYTES, INBOX_MAX_MESSAGES, Inbox, SeqWindow
 from wan.reliable import ReliableChannel
-from wan.frames import UNFENCED_KINDS, Fence, encode
+from wan.frames import UNFENCED_KINDS, Fence, encode, undeliverable
 from wan.monitor import ConnectionMonitorMixin
 from wan.receiver import ReceivingMixin
 from wan.sender import SendingMixin
@@ -160,6 +160,8 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
         self.retransmits = 0
         self.superseded = 0  # unacked reliable messages dropped: their receiver's fence moved past their epoch
         self.refused_over_cap = 0  # reliable messages refused: their destination held too much unacked (WanConfig)
+        self.refused_undeliverable = 0  # messages refused: over a receiver's size limits (frames.undeliverable)
+        self.refused_by_peer = 0  # reliable messages a peer refused for good (`refused` notices, wan.receiver)
         # ROUTER connections, for the coordinator's failure detection (`lost_connections`): the
         # member each connection (file descriptor, ZMQ_SRCFD) last authenticated as, the newest
         # connection of each member, and member -> mono ns at which its newest connection closed,
@@ -213,7 +215,9 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
         epoch: int | None = None,
         step: int | None = None,
     ) -> int:
-        """Queue a message for `dest`; returns its seq (0 if unreliable). Arrays are copied once."""
+        """Queue a message for `dest`; returns its seq (0 if unreliable). Arrays are copied once. A reliable
+        message past `dest`'s unacked cap, or any message over a receiver's size limits, is refused:
+        logged as `send_refused`, nothing queued, 0 returned."""
         owned = [np.frombuffer(np.ascontiguousarray(a).tobytes(), dtype=a.dtype).reshape(a.shape) for a in arrays]
         with self._lock:
             seq = 0
@@ -227,11 +231,19 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
                         self.log.emit("send_refused", dest=dest, kind=kind,
                                       reason=f"{dest} holds {why}: not served until it acks ({n} refused so far)")
                     return 0
-                seq = ch.next_seq()
+                seq = ch.peek_seq()  # taken below, once the message is known to be deliverable
             ep = self.epoch if epoch is None else epoch
             frames = encode(kind=kind, cls=cls, run=self.run_id, epoch=ep,
                             step=self.step if step is None else step, src=self.name, inc=self.inc, seq=seq,
                             body=body, arrays=owned)
+            why = undeliverable(frames, max_frame_bytes=self.wan.max_frame_bytes,
+                                max_header_bytes=self.wan.max_header_bytes)
+            if why is not None:  # every receiver would refuse it unread, never ack it: refused here, once
+                self.refused_undeliverable += 1
+                self.log.emit("send_refused", dest=dest, kind=kind, reason=f"undeliverable: {why}")
+                return 0
+            if reliable:
+                assert ch.next_seq() == seq
             self._outbox.append((dest, frames, cls, reliable, seq, None if kind in UNFENCED_KINDS else ep))
         self._wake()
         return seq

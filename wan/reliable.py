@@ -45,6 +45,11 @@ class ReliableChannel:
         self.held_bytes = 0  # wire bytes of the outstanding messages (kept as they come and go)
 
     # ---- sending ------------------------------------------------------------------------------
+    def peek_seq(self) -> int:
+        """The number `next_seq` gives out next (a message not yet known to be sendable is numbered
+        with it, and takes it only once it is queued)."""
+        return self.last_seq + 1
+
     def next_seq(self) -> int:
         """The sequence number of the next reliable message (given out when it is queued)."""
         self.last_seq += 1

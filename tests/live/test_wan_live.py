@@ -227,3 +227,39 @@ def test_a_destination_that_never_acks_is_refused_new_messages_past_its_cap(tmp_
     lines = [e for e in read_events(tmp_path / "a.jsonl") if e["event"] == "send_refused"]
     assert [e["reason"] for e in lines] == ["b holds 5 unacked messages (at most 5): not served until it acks (1 refused so far)",
                                             "b holds 5 unacked messages (at most 5): not served until it acks (1000 refused so far)"]
+
+
+def test_a_message_no_receiver_would_accept_is_refused_at_the_sender_and_takes_no_sequence_number(tmp_path):
+    """A message over the receivers' size limits (its header over `wan.max_header_bytes`, or the whole
+    over `wan.max_frame_bytes`) would be refused unread at every receiver and never acked, so resent
+    for ever: `send` refuses it (seq 0, `send_refused` with the receiver's reason), queues nothing, and
+    the next message takes the sequence number it would have had. Real sockets and a real peer."""
+    generate_cluster_keys(tmp_path / "keys", ["a", "b"])
+    port = free_port()
+    wan = WanConfig(max_header_bytes=4096, max_frame_bytes=1_048_576)
+    la, lb = EventLog(tmp_path / "a.jsonl", "r1", "a"), EventLog(tmp_path / "b.jsonl", "r1", "b")
+    a = WanNode(name="a", run_id="r1", wan=wan, log=la, routes=[Route("b", "a_to_b", f"tcp://127.0.0.1:{port}")],
+                members=["b"], keys_dir=str(tmp_path / "keys"))
+    b = WanNode(name="b", run_id="r1", wan=wan, log=lb, bind=f"tcp://127.0.0.1:{port}", members=["a"],
+                keys_dir=str(tmp_path / "keys"))
+    inbox = b.inbox("probe")
+    b.start()
+    a.start()
+    try:
+        assert a.send("b", "probe", "control", {"names": ["x" * 16] * 400}) == 0  # a 7 KB header
+        assert a.send("b", "probe", "control", {}, [np.zeros(2_000_000, dtype=np.uint8)]) == 0  # 2 MB in all
+        assert a.unacked("b") == 0 and a.queued("b") == 0 and a.refused_undeliverable == 2
+        assert a.send("b", "probe", "control", {"i": 1}) == 1  # the refused took no number
+        assert a.wait_acked(10.0, "b"), "the deliverable message was not acked"
+        got = inbox.get(timeout=5)
+        assert got.seq == 1 and got.body == {"i": 1}
+    finally:
+        a.close()
+        b.close()
+        la.close()
+        lb.close()
+    reasons = [e["reason"] for e in read_events(tmp_path / "a.jsonl") if e["event"] == "send_refused"]
+    assert len(reasons) == 2 and reasons[0].startswith("undeliverable: header_too_large: header is ")
+    assert reasons[1].startswith("undeliverable: too_large: message is 2000") and reasons[1].endswith("limit 1048576")
+    assert not [e for e in read_events(tmp_path / "b.jsonl") if e["event"] == "frame_rejected"]
+
