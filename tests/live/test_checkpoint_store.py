@@ -429,3 +429,92 @@ def test_a_read_cut_by_a_store_restart_fails_at_once_instead_of_waiting_out_its_
     # The new store serves: a fresh request from the same client is answered.
     assert client.frontier(timeout_s=30)[0] == _h
     assert store2.poll() is None
+
+
+def _vm_hwm_mib(pid: int) -> float:
+    """A live process's peak resident set size (VmHWM), MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmHWM for pid {pid}")
+
+
+def test_a_member_that_reads_and_never_acks_is_held_to_its_read_window_and_others_still_read(cluster: Cluster) -> None:
+    """Issue 54's read flood with acks withheld: member b holds a real cluster key, connects through its
+    own Toxiproxy link, asks for the largest part of a 16 MiB blob 150 times (1.2 GiB asked), takes
+    every reply off its socket and acks none. The store serves b up to its read window (32 MiB unacked),
+    drops the rest unanswered with the reason, stays under 250 MiB at its peak, and a still reads the
+    whole checkpoint. Real store process, real CURVE, real toxiproxy-server."""
+    import zmq
+
+    from checkpoint_store.service import READ_WINDOW_BYTES
+    from wan.frames import decode, encode
+    from wan.keys import load_keypair, load_public
+
+    run, srv = cluster.run, cluster.tox
+    generate_cluster_keys(run / "keys", ["b"])
+    store_bind = cluster.topo.binds["store"]
+    proxy = srv.create_proxy("b_to_store", "127.0.0.1:0", store_bind)
+    apply_link_spec(srv, "b_to_store", NORMAL)
+    links = {**cluster.topo.links, "b_to_store": Link("b_to_store", "b", "store", listen=proxy.listen,
+                                                      upstream=store_bind)}
+    Topology(sites=("a", "b"), host="127.0.0.1", binds=cluster.topo.binds, links=links,
+             toxiproxy_api=cluster.topo.toxiproxy_api).save(run / "topology.json")
+    store = cluster.start_store()
+    client = cluster.client(chunk_bytes=1024 * 1024)
+    w = torch.randn(4 * 1024 * 1024, generator=torch.Generator().manual_seed(5))  # 16 MiB of float32
+    fields = {"run_id": "t1", "ckpt_id": 1, "round": 0, "step": 0, "epoch": 0, "parent": None, "samples": 0,
+              "config": {}}
+    h, m = client.save({"model": {"w": w}}, fields, timeout_s=60)
+    sha = m["blobs"]["model"]
+    size = (run / "store" / "blobs" / sha).stat().st_size
+    assert size > 16 * 1024 * 1024
+
+    ctx = zmq.Context()
+    replies: list[int] = []
+    stop = threading.Event()
+    t: threading.Thread | None = None
+    try:
+        b = ctx.socket(zmq.DEALER)
+        b.setsockopt(zmq.LINGER, 0)
+        b.setsockopt(zmq.SNDTIMEO, 10_000)
+        b.setsockopt(zmq.ROUTING_ID, b"b#00000000000000b1")
+        kp = load_keypair(run / "keys", "b")
+        b.curve_publickey, b.curve_secretkey = kp.public, kp.secret
+        b.curve_serverkey = load_public(run / "keys", "store")
+        b.connect(f"tcp://{proxy.listen}")
+        asks = 150
+        for i in range(asks):
+            b.send_multipart(encode(kind="ckpt_blob_get", cls="checkpoint", run="t1", epoch=0, step=0, src="b",
+                                    inc=77, seq=i + 1, body={"req": f"flood-{i}", "sha256": sha, "offset": 0,
+                                                             "length": 8 * 1024 * 1024}))
+
+        def drain() -> None:  # every reply taken off the socket, none acked
+            while not stop.is_set():
+                if b.poll(100):
+                    msg = decode(b.recv_multipart(), max_frame_bytes=16 * 1024 * 1024, max_header_bytes=65536)
+                    if msg.kind == "ckpt_blob_part":
+                        replies.append(msg.wire_bytes)
+        t = threading.Thread(target=drain, daemon=True)
+        t.start()
+        end = time.monotonic() + 60
+        while time.monotonic() < end and not cluster.events("ckpt_request_failed", store.pid):
+            time.sleep(0.1)
+        time.sleep(2.0)  # what the store would still send b arrives by now
+        # The honest member reads the whole checkpoint meanwhile: b's window is b's alone.
+        back = client.load(m, timeout_s=60)
+        assert torch.equal(back["model"]["w"], w)
+        peak = _vm_hwm_mib(store.pid)
+    finally:
+        stop.set()
+        if t is not None:
+            t.join(timeout=5)  # the drain thread polls b: done before the context closes it
+        ctx.destroy(linger=0)
+    dropped = [e for e in cluster.events("ckpt_request_failed", store.pid) if e["src"] == "b"]
+    assert dropped and dropped[0]["reason"].startswith("read_window: "), dropped
+    assert "not acked yet (window 33,554,432 B); request 1 over it dropped unanswered" in dropped[0]["reason"]
+    served = len(replies)
+    assert 1 <= served <= READ_WINDOW_BYTES // (8 * 1024 * 1024) + 1, served  # the window, not 150 replies
+    assert sum(replies) <= READ_WINDOW_BYTES + 8 * 1024 * 1024 + 65536
+    assert peak < 250, f"the store peaked at {peak:.0f} MiB under the flood"
+    assert store.poll() is None, "the store exited under the flood"
