@@ -216,9 +216,9 @@ ensure_images() {
     fi
   fi
   # The runs directory the services bind (the host's ./runs: logs and report open from here) and the
-  # user they run as, who must be able to write there: the caller, but never root (the processes
-  # share the host's PID namespace, where root could signal any process): root's runs directory is
-  # handed to the image's own user instead.
+  # user they run as, who must be able to write there: the caller, but never root (a root process in
+  # a container is root on every file it can reach): root's runs directory is handed to the image's
+  # own user instead.
   local uid
   uid=$(id -u)
   [ "$uid" != 0 ] || uid=10001

@@ -42,9 +42,9 @@ docker compose version >/dev/null 2>&1 || die "needs the docker compose plugin: 
 set -a; . compose/.env; set +a  # the image names this machine uses
 "$BIN/xdc" compose generate --check
 
-# The containers run as the caller, so the run directory is the caller's; but never as root: the
-# processes share the host's PID namespace (see ground/topology.py), so root would see and could signal
-# every process of the host. Root's run directory is handed to the image's own user instead.
+# The containers run as the caller, so the run directory is the caller's; but never as root (a root
+# process in a container is root on the files it can reach). Root's run directory is handed to the
+# image's own user instead.
 uid=$(id -u)
 [ "$uid" != 0 ] || uid=10001
 export XDC_RUN_ID=$SMOKE_RUN XDC_RUNS_DIR=$PWD/runs XDC_UID=$uid

@@ -44,6 +44,7 @@ ENV = {"XDC_RUN_ID": "${XDC_RUN_ID:-compose-run}", "PYTHONUNBUFFERED": "1", "XDC
 RUNS_DIR = "${XDC_RUNS_DIR:-../runs}"
 RUNS_MOUNT = f"{RUNS_DIR}:/runs"
 TOXIPROXY_API = f"{COMPOSE_TOXIPROXY}:{COMPOSE_TOXIPROXY_API_PORT}"
+SHARED_PID = f"service:{COMPOSE_TOXIPROXY}"  # the PID namespace the project's processes share (not the host's)
 
 
 def _xdc_service(command: list[str], networks: list[str], **extra: object) -> dict:
@@ -109,7 +110,9 @@ def _process_services(topo: Topology) -> dict[str, dict]:
              COMPOSE_TOXIPROXY: {"condition": "service_healthy"}}
     # The logs name a process incarnation by its pid (analysis counts a restarted process's bytes and
     # work per pid). In its own PID namespace every container's process is pid 1, on every restart,
-    # so the processes share the host's: each incarnation has a pid of its own, as natively.
+    # so the processes share one namespace, Toxiproxy's (it lives from before the first process to
+    # after the last): each incarnation has a pid of its own, as natively, and no container sees or
+    # can signal a process of the host (`pid: host` let one, under the caller's uid).
     out: dict[str, dict] = {}
     for p in compose_processes():
         for name in p.names(topo.sites):
@@ -117,14 +120,14 @@ def _process_services(topo: Topology) -> dict[str, dict]:
             cmd = ["xdc", p.cli, "--run-dir", RUN_DIR_IN_CONTAINER, *p.args(name)]
             if p.binds:
                 out[service_name(name)] = _xdc_service(cmd, [network_name(name)], depends_on={**ready, **after},
-                                                       healthcheck=_healthy_when_logging(name), pid="host")
+                                                       healthcheck=_healthy_when_logging(name), pid=SHARED_PID)
                 continue
             # The energy sampler: no network at all (it reads /proc, /sys and the GPU driver, dials
-            # nobody); the host's PID namespace, so it sees the other services' processes (their CPU
+            # nobody); the processes' shared PID namespace, so it sees their processes (their CPU
             # time, `proc.cpu_time`); healthy once its idle baseline before the run is done. The
             # services wait for it, so `docker compose stop` stops it last (its idle baseline after).
             svc = _xdc_service(cmd, [], depends_on={"init": ready["init"]},
-                               healthcheck=_healthy_when_ready(name, "sampler_ready"), pid="host")
+                               healthcheck=_healthy_when_ready(name, "sampler_ready"), pid=SHARED_PID)
             svc.pop("networks")
             svc["network_mode"] = "none"
             svc["stop_grace_period"] = "20s"  # SIGTERM starts the idle baseline after the run, then it closes

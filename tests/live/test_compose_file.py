@@ -89,13 +89,15 @@ def test_images_environment_volumes_agree(doc: dict) -> None:
         assert svcs[n]["depends_on"]["sampler"]["condition"] == "service_healthy"
     assert "sampler_ready" in " ".join(svcs["sampler"]["healthcheck"]["test"])
     assert svcs["sampler"]["network_mode"] == "none" and "networks" not in svcs["sampler"]
-    assert svcs["sampler"]["pid"] == "host"  # it reads the CPU time of the other services' processes
+    assert svcs["sampler"]["pid"] == f"service:{COMPOSE_TOXIPROXY}"  # it reads the CPU time of the processes
     for s in SITES:
         dep = svcs[service_name(s)]["depends_on"]
         assert dep["coordinator"]["condition"] == dep["store"]["condition"] == "service_healthy"
-    # a restarted process gets a pid of its own (the logs name incarnations by pid): the host's PID namespace
+    # a restarted process gets a pid of its own (the logs name incarnations by pid): one PID namespace
+    # for the project's processes, Toxiproxy's, never the host's (a container could see and signal its processes)
     for p in (COORD, STORE, *SITES):
-        assert svcs[service_name(p)]["pid"] == "host"
+        assert svcs[service_name(p)]["pid"] == f"service:{COMPOSE_TOXIPROXY}"
+    assert not [n for n, s in svcs.items() if s.get("pid") == "host"]
     assert all("pid" not in svcs[n] for n in ("init", "finish", COMPOSE_TOXIPROXY))
     # the printed paths are the host's: the same directory the services bind
     assert svcs["finish"]["environment"]["XDC_HOST_RUNS_DIR"] == "${XDC_RUNS_DIR:-../runs}"
