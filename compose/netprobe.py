@@ -8,12 +8,14 @@ its JSON in RUN/netprobe.json. It tries, with short timeouts:
   - addresses beyond the project (`--outside`, e.g. the host's DNS server), which an `internal`
     network must not let any packet reach,
   - Toxiproxy by name, on the proxy port of one of this site's links (the one way out that must work),
+  - Toxiproxy's API (`--api`, by its name on this network and by its alias on the control network),
+    which must not answer here: it listens on the control network only,
 and records the container's routing table for the record (Docker 20.10 gives a container on an
 internal network a default route all the same; its packets beyond the subnet are dropped).
 
 Usage: python compose/netprobe.py --via toxiproxy:20000 --name site-b --ip site-b=172.20.0.3 \
            --outside 10.0.0.53:53 ...
-Prints {"names": {...}, "ips": {...}, "outside": {...}, "via": {...}, "default_route": bool};
+Prints {"names": {...}, "ips": {...}, "outside": {...}, "api": {...}, "via": {...}, "default_route": bool};
 each attempt is {"ok": bool, "error": str | null}. Exit 0 whatever it found: the caller judges.
 """
 
@@ -99,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", action="append", default=[], help="a service name that must not resolve")
     ap.add_argument("--ip", action="append", default=[], help="service=IP that must not be reachable")
     ap.add_argument("--outside", action="append", default=[], help="host:port beyond the project, must fail")
+    ap.add_argument("--api", action="append", default=[], help="host:port of Toxiproxy's API, must fail")
     ap.add_argument("--port", type=int, default=7000)
     ap.add_argument("--timeout-s", type=float, default=3.0)
     args = ap.parse_args(argv)
@@ -118,9 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     for target in args.outside:
         host, port = target.rsplit(":", 1)
         tasks[("outside", target)] = partial(_connect, host, int(port), args.timeout_s)
+    for target in args.api:
+        host, port = target.rsplit(":", 1)
+        tasks[("api", target)] = partial(_resolve_connect, host, int(port), args.timeout_s)
     # A resolve-then-connect takes at most two timeouts; a second on top for thread start-up.
     results = run_all(tasks, deadline_s=2 * args.timeout_s + 1.0)
-    out: dict = {"hostname": socket.gethostname(), "names": {}, "ips": {}, "outside": {}}
+    out: dict = {"hostname": socket.gethostname(), "names": {}, "ips": {}, "outside": {}, "api": {}}
     for (group, key), r in results.items():
         if group == "via":
             out["via"] = {"target": args.via, **r}

@@ -7,8 +7,8 @@
 #            coordinator, site-a/b/c and finish; it must return by itself, exit 0, when the run ends
 #   chaos    the scenario from the host: `xdc chaos SCENARIO --run RUN` (a compose run is recognised
 #            by its topology: kill / pause / restart through the Docker CLI), attached at once
-#   probe    from inside site-a: no other process is reachable by name or by IP, no default route;
-#            Toxiproxy is (compose/netprobe.py -> RUN/netprobe.json)
+#   probe    from inside site-a: no other process is reachable by name or by IP, nor Toxiproxy's API;
+#            Toxiproxy's proxies are (compose/netprobe.py -> RUN/netprobe.json)
 #   finish   the `finish` service ends the run as the launcher does (stop requests), reads Toxiproxy's
 #            counters, writes the summary, artifact and report into the bound runs directory
 #   check    compose/smoke_check.py on the artifact (target reached, every checker passing, bytes
@@ -124,6 +124,7 @@ ip_of() {
     "$("${COMPOSE[@]}" ps -q "$1")" | awk '{print $1}'
 }
 probe_args=(--via "toxiproxy:$("$BIN/python" -c "import json; print(json.load(open('$RUN_DIR/topology.json'))['links']['a_to_b']['listen'].split(':')[1])")")
+probe_args+=(--api toxiproxy:8474 --api toxiproxy-api:8474)  # the API: on the control network only
 for svc in site-b site-c coordinator store; do
   probe_args+=(--name "$svc" --ip "$svc=$(ip_of "$svc")")
 done

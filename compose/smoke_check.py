@@ -13,9 +13,10 @@ run inside site-a), RUN/networks.json and, with --up-log, what `docker compose u
     names the hash, and the run's energy is `measured` or `unavailable` with the reason (never a
     bare number without a meter);
   - the probe: no other process resolvable or reachable from site-a, no address beyond the project
-    reachable, Toxiproxy reachable;
+    reachable, nor Toxiproxy's API; Toxiproxy's proxies reachable;
   - the networks (RUN/networks.json, from docker network inspect): every per-process network is
-    internal, and the one that is not has Toxiproxy alone on it;
+    internal, the control network (Toxiproxy's API) carries no process, and the one network that is
+    not internal has the API's relay alone on it;
   - with --native: the native run of the same config and scenario ends at the same matched-frontier
     hash (from both runs' summary.json);
   - with --up-log: the person's view: a commit line with a train loss, the completion line, the
@@ -88,22 +89,32 @@ def probe_problems(probe: dict[str, Any]) -> list[str]:
     for target, r in probe.get("outside", {}).items():
         if r["ok"]:
             out.append(f"site-a reaches {target}, beyond the project")
+    if not probe.get("api"):
+        out.append("the probe did not try Toxiproxy's API")
+    for target, r in probe.get("api", {}).items():
+        if r["ok"]:
+            out.append(f"site-a reaches Toxiproxy's API at {target} (it must listen on the control network only)")
     if not probe["via"]["ok"]:
         out.append(f"site-a cannot reach Toxiproxy at {probe['via']['target']}: {probe['via']['error']}")
     return out
 
 
-def network_problems(networks: dict[str, dict[str, Any]], api_network: str = "net-toxiproxy-api") -> list[str]:
-    """networks: compose network name -> {"internal": bool, "services": [service, ...]}."""
+def network_problems(networks: dict[str, dict[str, Any]], api_network: str = "net-toxiproxy-api",
+                     control_network: str = "net-control") -> list[str]:
+    """networks: compose network name -> {"internal": bool, "services": [service, ...]}. Every network
+    internal but the API's, which carries the relay of Toxiproxy's API alone; the control network
+    (Toxiproxy's API) carries Toxiproxy, the relay, init and finish, and no process."""
     out = []
-    if api_network not in networks or len(networks) < 2:
+    if api_network not in networks or control_network not in networks or len(networks) < 3:
         out.append(f"unexpected networks: {sorted(networks)}")
     for name, n in networks.items():
         if name == api_network:
-            if n["services"] != ["toxiproxy"]:
-                out.append(f"{name} (not internal) carries {n['services']}, not Toxiproxy alone")
+            if n["services"] != ["toxiproxy-api-relay"]:
+                out.append(f"{name} (not internal) carries {n['services']}, not the API's relay alone")
         elif not n["internal"]:
             out.append(f"network {name} is not internal")
+        elif name == control_network and not set(n["services"]) <= {"toxiproxy", "toxiproxy-api-relay", "init", "finish"}:
+            out.append(f"{name} (Toxiproxy's API) carries {n['services']}")
     return out
 
 

@@ -235,12 +235,13 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     run_dir = _chaos_run_dir(args.run)
     # A person's terminal: the driver says each fault as it is injected and healed (ground/narrate.py).
     os.environ.setdefault("XDC_NARRATE", "1")
-    # A compose run (its topology dials the Toxiproxy service by name) is driven through the Docker
-    # CLI from here, with Toxiproxy's API where compose publishes it on the host's loopback.
+    # A compose run (its links' proxies are the Toxiproxy service's, by name) is driven through the
+    # Docker CLI from here, with Toxiproxy's API where compose publishes it on the host's loopback.
     if not args.docker:
         if wait_for_topology(run_dir, 120.0, 0.5) is None:
             return 2
-        args.docker = Topology.load(run_dir / "topology.json").toxiproxy_api.startswith(f"{COMPOSE_TOXIPROXY}:")
+        links = Topology.load(run_dir / "topology.json").links.values()
+        args.docker = bool(links) and all(link.listen.startswith(f"{COMPOSE_TOXIPROXY}:") for link in links)
     if args.docker:
         from chaos.docker_handle import main as docker_chaos_main
 

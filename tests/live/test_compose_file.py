@@ -15,7 +15,7 @@ import yaml
 
 from xdc.cli import main as xdc_main
 from ground.topology import COMPOSE_TOXIPROXY, COORD, STORE, service_name
-from xdc.compose import BASE_IMAGE, DOCKER_CLI_IMAGE, TOXIPROXY_IMAGE, compose_spec
+from xdc.compose import API_RELAY, BASE_IMAGE, DOCKER_CLI_IMAGE, TOXIPROXY_IMAGE, compose_spec
 from tests.helpers_compose_file import COMPOSE, SITES, _env_default, _xdc_commands, doc  # noqa: F401  (doc: the fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,8 +31,8 @@ def test_committed_files_are_generated_from_the_topology(tmp_path: Path) -> None
 
 def test_the_file_parses_and_has_every_service(doc: dict) -> None:
     svcs = doc["services"]
-    assert set(svcs) == {COMPOSE_TOXIPROXY, "init", "sampler", "store", "coordinator", "site-a", "site-b", "site-c",
-                         "finish"}
+    assert set(svcs) == {COMPOSE_TOXIPROXY, API_RELAY, "init", "sampler", "store", "coordinator", "site-a", "site-b",
+                         "site-c", "finish"}
     # pinned upstream images by default; `make compose-setup` may name local stand-ins in compose/.env
     assert svcs[COMPOSE_TOXIPROXY]["image"] == f"${{XDC_TOXIPROXY_IMAGE:-{TOXIPROXY_IMAGE}}}"
     assert re.fullmatch(r"ghcr\.io/shopify/toxiproxy:\d+\.\d+\.\d+", TOXIPROXY_IMAGE)
@@ -46,16 +46,19 @@ def test_the_file_parses_and_has_every_service(doc: dict) -> None:
     # no service on demand: `up` runs the whole journey, the end of the run included (`finish`)
     assert not any("profiles" in s for s in svcs.values())
     assert svcs["finish"]["depends_on"] == {"init": {"condition": "service_completed_successfully"}}
-    # Toxiproxy is quiet and not attached: `up` shows the run and returns once the attached services exited
+    # Toxiproxy (and its API's relay) are quiet and not attached: `up` shows the run and returns once the
+    # attached services exited
     assert svcs[COMPOSE_TOXIPROXY]["attach"] is False and svcs[COMPOSE_TOXIPROXY]["environment"]["LOG_LEVEL"] == "info"
-    assert all(s.get("attach", True) for n, s in svcs.items() if n != COMPOSE_TOXIPROXY)
+    assert svcs[API_RELAY]["attach"] is False
+    assert all(s.get("attach", True) for n, s in svcs.items() if n not in (COMPOSE_TOXIPROXY, API_RELAY))
     # no service holds the Docker socket (chaos runs from the host)
     assert not any("docker.sock" in v for s in svcs.values() for v in s.get("volumes", []))
 
 
 def test_every_command_is_a_real_xdc_command(doc: dict) -> None:
     cmds = _xdc_commands(doc)
-    assert set(cmds) == set(doc["services"]) - {COMPOSE_TOXIPROXY}
+    assert set(cmds) == set(doc["services"]) - {COMPOSE_TOXIPROXY, API_RELAY}
+    assert (ROOT / doc["services"][API_RELAY]["command"][1].replace("/app/", "")).exists()  # the relay, copied
     for name, argv in cmds.items():
         sub = argv[1]
         r = subprocess.run([sys.executable, "-m", "xdc.cli", sub, *(["generate"] if sub == "compose" else []),
@@ -69,7 +72,8 @@ def test_every_command_is_a_real_xdc_command(doc: dict) -> None:
 
 def test_images_environment_volumes_agree(doc: dict) -> None:
     svcs = doc["services"]
-    xdc_svcs = [n for n in svcs if n != COMPOSE_TOXIPROXY]
+    assert svcs[API_RELAY]["image"] == "${XDC_IMAGE:-xdc:local}" and "volumes" not in svcs[API_RELAY]
+    xdc_svcs = [n for n in svcs if n not in (COMPOSE_TOXIPROXY, API_RELAY)]
     images = {svcs[n]["image"] for n in xdc_svcs}
     assert images == {"${XDC_IMAGE:-xdc:local}"}
     assert [n for n in xdc_svcs if "build" in svcs[n]] == ["init"]  # built once

@@ -112,14 +112,23 @@ def test_compose_smoke_passes_and_matches_the_native_run(tmp_path: Path) -> None
     assert any(e.get("event") == "fault_injected" for e in chaos), [e.get("event") for e in chaos]
 
     # per-site networks, seen from inside site-a: no other process by name or address, nothing beyond
-    # the project, Toxiproxy yes; and as the engine has them: internal, but for Toxiproxy's API
+    # the project, Toxiproxy's proxies yes; and as the engine has them: internal, but for the relay of
+    # Toxiproxy's API to the host
     probe = json.loads((run / "netprobe.json").read_text())
     assert set(probe["names"]) == set(probe["ips"]) == {"site-b", "site-c", "coordinator", "store"}
     assert not any(r["ok"] for r in [*probe["names"].values(), *probe["ips"].values(), *probe["outside"].values()])
     assert probe["via"]["ok"], probe
     nets = json.loads((run / "networks.json").read_text())
     assert {n for n, v in nets.items() if not v["internal"]} == {"net-toxiproxy-api"}, nets
-    assert nets["net-toxiproxy-api"]["services"] == ["toxiproxy"]
+    assert nets["net-toxiproxy-api"]["services"] == ["toxiproxy-api-relay"]
+    # (`init` has exited by the time the engine is asked: an exited container is on no network)
+    assert {"toxiproxy", "toxiproxy-api-relay"} <= set(nets["net-control"]["services"]) <= {
+        "toxiproxy", "toxiproxy-api-relay", "init", "finish"}, nets
+    # Toxiproxy's API does not answer from a site: by its name there (refused: it listens on the
+    # control network only) nor by its alias on the control network (not even resolved)
+    assert set(probe["api"]) == {"toxiproxy:8474", "toxiproxy-api:8474"}, probe
+    assert not any(r["ok"] for r in probe["api"].values()), probe["api"]
+    assert probe["api"]["toxiproxy-api:8474"]["address"] is None, probe["api"]
     assert nets["net-site-a"]["services"] == ["site-a", "toxiproxy"], nets
 
     # the native run of the same config and scenario ends at the same matched-frontier hash

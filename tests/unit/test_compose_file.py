@@ -12,7 +12,7 @@ import pytest
 
 from ground.topology import (COMPOSE_BIND_PORT, COMPOSE_TOXIPROXY, COMPOSE_TOXIPROXY_API_PORT, COORD, STORE, Topology,
                              link_map, plan_topology, service_name)
-from xdc.compose import API_NETWORK, network_name
+from xdc.compose import API_ALIAS, API_NETWORK, API_RELAY, CONTROL_NETWORK, TOXIPROXY_API, network_name
 from tests.helpers_compose_file import SITES, _env_default, _xdc_commands, doc  # noqa: F401  (doc: the fixture)
 
 
@@ -50,20 +50,26 @@ def test_the_commands_parse_with_the_real_parser(doc: dict, monkeypatch: pytest.
     seen.clear()
     cli.main(_xdc_commands(doc)["init"][1:])
     args = seen["cmd_prepare"]
-    assert args.topology == "compose" and args.toxiproxy == f"{COMPOSE_TOXIPROXY}:{COMPOSE_TOXIPROXY_API_PORT}"
+    assert args.topology == "compose" and args.toxiproxy == TOXIPROXY_API == f"{API_ALIAS}:{COMPOSE_TOXIPROXY_API_PORT}"
     assert args.sites.split(",") == list(SITES)
 
 
 def test_ports_agree_with_the_topology(doc: dict) -> None:
     topo = plan_topology(SITES, "compose")
     tp = doc["services"][COMPOSE_TOXIPROXY]
-    assert f"-port={COMPOSE_TOXIPROXY_API_PORT}" in tp["command"] and "-host=0.0.0.0" in tp["command"]
+    # the API listens on the control network's address only (its alias there), never on 0.0.0.0
+    assert f"-port={COMPOSE_TOXIPROXY_API_PORT}" in tp["command"] and f"-host={API_ALIAS}" in tp["command"]
+    assert tp["networks"][CONTROL_NETWORK] == {"aliases": [API_ALIAS]}
+    assert all(not v for n, v in tp["networks"].items() if n != CONTROL_NETWORK)  # the alias nowhere else
+    assert API_ALIAS in " ".join(tp["healthcheck"]["test"])
     assert topo.toxiproxy_api == f"{COMPOSE_TOXIPROXY}:{COMPOSE_TOXIPROXY_API_PORT}"
     assert sorted(int(p) for p in tp["expose"]) == sorted(int(l.listen.rsplit(":", 1)[1]) for l in topo.links.values())
-    # only the Toxiproxy API is published, on loopback; no process is reachable from outside
-    assert [_env_default(p) for p in tp["ports"]] == [f"127.0.0.1:{COMPOSE_TOXIPROXY_API_PORT}:{COMPOSE_TOXIPROXY_API_PORT}"]
+    # only the Toxiproxy API is published, on loopback, through the relay; no process is reachable from outside
+    relay = doc["services"][API_RELAY]
+    assert [_env_default(p) for p in relay["ports"]] == [f"127.0.0.1:{COMPOSE_TOXIPROXY_API_PORT}:{COMPOSE_TOXIPROXY_API_PORT}"]
+    assert relay["command"][-2:] == ["--to", TOXIPROXY_API] and "volumes" not in relay
     for n, s in doc["services"].items():
-        if n != COMPOSE_TOXIPROXY:
+        if n != API_RELAY:
             assert "ports" not in s, n
     assert set(topo.binds.values()) == {f"0.0.0.0:{COMPOSE_BIND_PORT}"}
 
@@ -73,13 +79,16 @@ def test_every_site_reaches_every_other_only_through_toxiproxy(doc: dict) -> Non
     topo = plan_topology(SITES, "compose")
     nets = {n: set(s.get("networks", ())) for n, s in svcs.items()}
     procs = topo.processes()
-    assert set(doc["networks"]) == {network_name(p) for p in procs} | {API_NETWORK}
-    assert nets[COMPOSE_TOXIPROXY] == set(doc["networks"])
-    # no route out of a process's network; the one network with a gateway carries only Toxiproxy's API
+    assert set(doc["networks"]) == {network_name(p) for p in procs} | {CONTROL_NETWORK, API_NETWORK}
+    assert nets[COMPOSE_TOXIPROXY] == set(doc["networks"]) - {API_NETWORK}
+    # no route out of a process's network, nor out of the control network (Toxiproxy's API, init and
+    # finish); the one network with a gateway carries only the relay of the API to the host's loopback
     for p in procs:
         assert doc["networks"][network_name(p)] == {"internal": True}
-    assert [n for n, s in svcs.items() if API_NETWORK in s.get("networks", ())] == [COMPOSE_TOXIPROXY]
-    assert svcs[COMPOSE_TOXIPROXY]["networks"][-1] == API_NETWORK
+    assert doc["networks"][CONTROL_NETWORK] == {"internal": True}
+    assert [n for n, s in svcs.items() if API_NETWORK in s.get("networks", ())] == [API_RELAY]
+    assert sorted(n for n, s in svcs.items() if CONTROL_NETWORK in s.get("networks", ())) == sorted(
+        [COMPOSE_TOXIPROXY, API_RELAY, "init", "finish"])
     for p in procs:
         assert nets[service_name(p)] == {network_name(p)}
     for p in procs:

@@ -20,10 +20,13 @@ FAIL = {"ok": False, "error": "gaierror: [Errno -2] Name or service not known", 
 PROBE = {"names": {"site-b": FAIL}, "ips": {"site-b": {"address": "172.20.0.3", "ok": False, "error": "unreachable"}},
          "outside": {"10.255.255.53:53": {"ok": False, "error": "TimeoutError: timed out"}},
          "via": {"target": "toxiproxy:20000", "ok": True, "error": None, "address": "172.19.0.2"},
+         "api": {"toxiproxy:8474": {"ok": False, "error": "ConnectionRefusedError: refused", "address": "172.19.0.2"},
+                 "toxiproxy-api:8474": FAIL},
          "default_route": True}
 NETS = {"net-site-a": {"internal": True, "services": ["site-a", "toxiproxy"]},
         "net-coordinator": {"internal": True, "services": ["coordinator", "toxiproxy"]},
-        "net-toxiproxy-api": {"internal": False, "services": ["toxiproxy"]}}
+        "net-control": {"internal": True, "services": ["finish", "init", "toxiproxy", "toxiproxy-api-relay"]},
+        "net-toxiproxy-api": {"internal": False, "services": ["toxiproxy-api-relay"]}}
 
 
 def test_a_good_run_passes() -> None:
@@ -86,6 +89,10 @@ def test_each_probe_failure_is_named() -> None:
     escaped = copy.deepcopy(PROBE)
     escaped["outside"]["10.255.255.53:53"]["ok"] = True
     assert "beyond the project" in check.probe_problems(escaped)[0]
+    api = copy.deepcopy(PROBE)
+    api["api"]["toxiproxy:8474"]["ok"] = True
+    assert "reaches Toxiproxy's API at toxiproxy:8474" in check.probe_problems(api)[0]
+    assert "did not try Toxiproxy's API" in check.probe_problems(dict(PROBE, api={}))[0]
     cut_off = copy.deepcopy(PROBE)
     cut_off["via"]["ok"] = False
     assert "cannot reach Toxiproxy" in check.probe_problems(cut_off)[0]
@@ -97,8 +104,11 @@ def test_each_network_failure_is_named() -> None:
     open_net["net-site-a"]["internal"] = False
     assert check.network_problems(open_net) == ["network net-site-a is not internal"]
     crowded = copy.deepcopy(NETS)
-    crowded["net-toxiproxy-api"]["services"] = ["site-a", "toxiproxy"]
-    assert "not Toxiproxy alone" in check.network_problems(crowded)[0]
+    crowded["net-toxiproxy-api"]["services"] = ["site-a", "toxiproxy-api-relay"]
+    assert "not the API's relay alone" in check.network_problems(crowded)[0]
+    control = copy.deepcopy(NETS)
+    control["net-control"]["services"].append("site-a")
+    assert "(Toxiproxy's API) carries" in check.network_problems(control)[0]
     assert check.network_problems({"net-site-a": NETS["net-site-a"]})
 
 
