@@ -13,6 +13,8 @@ with ZAP status 400 (the client's and the server's monitors see HANDSHAKE_FAILED
 
 from __future__ import annotations
 
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,8 +55,31 @@ def generate_cluster_keys(keys_dir: str | Path, processes: list[str]) -> None:
         path.chmod(0o600)
 
 
+# A process's secret key lives in the run directory's keys/private, unless this names a folder of
+# its own (compose: each process's service mounts its own key alone there, read-only).
+SECRET_KEYS_ENV = "XDC_SECRET_KEYS_DIR"
+
+
+def secret_key_path(keys_dir: str | Path, name: str) -> Path:
+    override = os.environ.get(SECRET_KEYS_ENV)
+    return Path(override) / f"{name}.key_secret" if override else Path(keys_dir) / "private" / f"{name}.key_secret"
+
+
+def deal_secret_keys(keys_dir: str | Path, out_dir: str | Path, names: list[str]) -> None:
+    """Move each process's secret key out of the run directory into `out_dir/<i>/` (i: its place in
+    `names`; a 0700 folder, a 0600 file): compose mounts that folder's volume into the process's own
+    service alone, so no other container (and nothing that reads the shared runs directory) holds it."""
+    for i, name in enumerate(names):
+        folder = Path(out_dir) / str(i)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder.chmod(0o700)
+        dst = folder / f"{name}.key_secret"
+        shutil.move(str(Path(keys_dir) / "private" / f"{name}.key_secret"), dst)
+        dst.chmod(0o600)
+
+
 def load_keypair(keys_dir: str | Path, name: str) -> Keypair:
-    path = Path(keys_dir) / "private" / f"{name}.key_secret"
+    path = secret_key_path(keys_dir, name)
     if not path.exists():
         raise CurveKeyError(f"no secret key for {name!r} at {path}")
     mode = path.stat().st_mode & 0o777

@@ -300,6 +300,9 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             if name in existing:
                 client.delete_proxy(name)
         topo = provision_run_dir(cfg, run_dir, plan, client, log, toxiproxy_api=f"{host}:{port}")
+        if args.secret_keys_out:  # compose: each service mounts its own key alone (wan/keys.py)
+            from wan.keys import deal_secret_keys
+            deal_secret_keys(run_dir / "keys", args.secret_keys_out, plan.processes())
     except ToxiproxyError as e:
         print(f"toxiproxy error: {e}", file=sys.stderr)
         return 1

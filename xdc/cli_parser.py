@@ -74,6 +74,8 @@ def _process_commands(sub: argparse._SubParsersAction) -> None:
     p_prep.add_argument("--toxiproxy", required=True, metavar="HOST:PORT", help="Toxiproxy's API")
     p_prep.add_argument("--sites", help="comma-separated site names (default: the config's cluster.sites)")
     p_prep.add_argument("--wait-s", type=float, default=30.0, help="how long to wait for Toxiproxy")
+    p_prep.add_argument("--secret-keys-out", metavar="DIR",
+                        help="move each process's secret key to DIR/<process>/, out of the run directory")
     for proc in compose_processes():  # one command per process of the table an `xdc` command runs
         # `sampler` beside a hand-started cluster: start it first, stop it last with Ctrl-C
         p = sub.add_parser(proc.cli, help=f"run {'one' if proc.per_site else 'the'} {proc.role} in the foreground")

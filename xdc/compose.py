@@ -7,6 +7,7 @@ process reads; this roof module only renders it as a docker-compose document (`x
 from __future__ import annotations
 
 from ground.processes import compose_processes
+from wan.keys import SECRET_KEYS_ENV
 from ground.topology import (COMPOSE_TOXIPROXY, COMPOSE_TOXIPROXY_API_PORT, Topology, plan_topology,
                              service_name)
 
@@ -50,6 +51,17 @@ ENV = {"XDC_RUN_ID": "${XDC_RUN_ID:-compose-run}", "PYTHONUNBUFFERED": "1", "XDC
 RUNS_DIR = "${XDC_RUNS_DIR:-../runs}"
 RUNS_MOUNT = f"{RUNS_DIR}:/runs"
 TOXIPROXY_API = f"{API_ALIAS}:{COMPOSE_TOXIPROXY_API_PORT}"
+# The processes' secret keys: one named volume per process; `init` fills each, mounted at /keys/<i>
+# (i: the process's place in the topology's order; the image makes /keys/0../keys/63 its user's, so a
+# fresh volume there is too), and the process's own service alone mounts it, read-only, at /keys; no
+# other container holds a secret key. (A volume each, not a `subpath` of one: this compose plugin
+# ignores `volume.subpath` and would mount every key into every service.)
+KEYS_DIR = "/keys"
+KEYS_SLOTS = 64  # /keys/0../keys/63 in the image (compose/Dockerfile)
+
+
+def keys_volume(process: str) -> str:
+    return f"keys-{process}"
 SHARED_PID = f"service:{COMPOSE_TOXIPROXY}"  # the PID namespace the project's processes share (not the host's)
 
 
@@ -112,9 +124,12 @@ def _api_relay_service() -> dict:
 def _init_service(topo: Topology) -> dict:
     init = _xdc_service(["xdc", "prepare", "--run-dir", RUN_DIR_IN_CONTAINER, "--topology", "compose",
                          "--toxiproxy", TOXIPROXY_API,
-                         "--config", "${XDC_CONFIG:-compose/run.yaml}", "--sites", ",".join(topo.sites)],
+                         "--config", "${XDC_CONFIG:-compose/run.yaml}", "--sites", ",".join(topo.sites),
+                         "--secret-keys-out", KEYS_DIR],
                         [CONTROL_NETWORK],
                         depends_on={COMPOSE_TOXIPROXY: {"condition": "service_healthy"}})
+    assert len(topo.processes()) <= KEYS_SLOTS, "more processes than key slots in the image"
+    init["volumes"] = [RUNS_MOUNT, *(f"{keys_volume(p)}:{KEYS_DIR}/{i}" for i, p in enumerate(topo.processes()))]
     init.pop("pull_policy")
     init["build"] = {"context": "..", "dockerfile": "compose/Dockerfile",
                      "args": {"XDC_UID": "${XDC_UID:-10001}",
@@ -138,8 +153,11 @@ def _process_services(topo: Topology) -> dict[str, dict]:
             after = {service_name(a): {"condition": "service_healthy"} for a in p.after}
             cmd = ["xdc", p.cli, "--run-dir", RUN_DIR_IN_CONTAINER, *p.args(name)]
             if p.binds:
-                out[service_name(name)] = _xdc_service(cmd, [network_name(name)], depends_on={**ready, **after},
-                                                       healthcheck=_healthy_when_logging(name), pid=SHARED_PID)
+                svc = _xdc_service(cmd, [network_name(name)], depends_on={**ready, **after},
+                                   healthcheck=_healthy_when_logging(name), pid=SHARED_PID)
+                svc["volumes"] = [RUNS_MOUNT, f"{keys_volume(name)}:{KEYS_DIR}:ro"]
+                svc["environment"][SECRET_KEYS_ENV] = KEYS_DIR
+                out[service_name(name)] = svc
                 continue
             # The energy sampler: no network at all (it reads /proc, /sys and the GPU driver, dials
             # nobody); the processes' shared PID namespace, so it sees their processes (their CPU
@@ -173,6 +191,7 @@ def compose_spec(sites: tuple[str, ...] | list[str] = ("a", "b", "c")) -> dict:
         "services": services,
         "networks": {**{network_name(p): {"internal": True} for p in topo.processes()},
                      CONTROL_NETWORK: {"internal": True}, API_NETWORK: {}},
+        "volumes": {keys_volume(p): {} for p in topo.processes()},
     }
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from xdc.cli import main as xdc_main
-from ground.topology import COMPOSE_TOXIPROXY, COORD, STORE, service_name
+from ground.topology import COMPOSE_TOXIPROXY, COORD, STORE, plan_topology, service_name
 from xdc.compose import API_RELAY, BASE_IMAGE, DOCKER_CLI_IMAGE, TOXIPROXY_IMAGE, compose_spec
 from tests.helpers_compose_file import COMPOSE, SITES, _env_default, _xdc_commands, doc  # noqa: F401  (doc: the fixture)
 
@@ -40,7 +40,9 @@ def test_the_file_parses_and_has_every_service(doc: dict) -> None:
     assert args["XDC_BASE_IMAGE"] == f"${{XDC_BASE_IMAGE:-{BASE_IMAGE}}}"
     assert args["XDC_DOCKER_CLI_IMAGE"] == f"${{XDC_DOCKER_CLI_IMAGE:-{DOCKER_CLI_IMAGE}}}"
     assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+", BASE_IMAGE) and re.fullmatch(r"docker:\d+\.\d+\.\d+-cli", DOCKER_CLI_IMAGE)
-    assert "volumes" not in doc  # no named volume: the runs directory is the host's (bound), so nothing stays behind
+    # named volumes: the secret keys' alone, one per process (removed by `down --volumes`); the runs
+    # directory is the host's (bound)
+    assert all(v.startswith("keys-") for v in doc["volumes"])
     for name in ("toxiproxy", "sampler", "store", "coordinator", "site-a", "site-b", "site-c"):
         assert "healthcheck" in svcs[name], name
     # no service on demand: `up` runs the whole journey, the end of the run included (`finish`)
@@ -79,7 +81,7 @@ def test_images_environment_volumes_agree(doc: dict) -> None:
     assert [n for n in xdc_svcs if "build" in svcs[n]] == ["init"]  # built once
     assert (ROOT / svcs["init"]["build"]["context"].replace("..", ".") / svcs["init"]["build"]["dockerfile"]).exists()
     for n in xdc_svcs:
-        assert svcs[n]["volumes"] == ["${XDC_RUNS_DIR:-../runs}:/runs"], n
+        assert svcs[n]["volumes"][0] == "${XDC_RUNS_DIR:-../runs}:/runs", n
         assert svcs[n]["environment"]["XDC_RUN_ID"] == "${XDC_RUN_ID:-compose-run}", n
         assert svcs[n]["environment"]["XDC_NARRATE"] == "1", n  # one human line per event on stdout
         assert svcs[n]["restart"] == "no", n  # a killed site stays down until chaos restarts it
@@ -140,3 +142,21 @@ def test_missing_requirements_names_only_what_is_absent(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, str(ROOT / "compose" / "missing_requirements.py"), str(ROOT / "pyproject.toml")],
                        capture_output=True, text=True, timeout=60)
     assert r.stdout == ""  # this venv (what the local base image carries) lacks nothing
+
+
+def test_no_service_but_its_owner_holds_a_secret_key(doc: dict) -> None:
+    """Issue 54: every container could read every secret key in the shared runs directory. Now `init`
+    alone writes the keys' volumes (and moves the keys out of the run directory); each process's
+    service mounts its own key's volume alone, read-only, and reads its key there; no other service
+    mounts one."""
+    svcs = doc["services"]
+    procs = plan_topology(SITES, "compose").processes()
+    assert set(doc["volumes"]) == {f"keys-{p}" for p in procs}
+    mounts = {n: [v for v in s.get("volumes", []) if v.startswith("keys-")] for n, s in svcs.items()}
+    assert mounts.pop("init") == [f"keys-{p}:/keys/{i}" for i, p in enumerate(procs)]  # the order prepare deals in
+    assert svcs["init"]["command"][-2:] == ["--secret-keys-out", "/keys"]
+    owners = {service_name(p): p for p in procs}
+    assert {n for n, m in mounts.items() if m} == set(owners)
+    for n, p in owners.items():
+        assert mounts[n] == [f"keys-{p}:/keys:ro"], n
+        assert svcs[n]["environment"]["XDC_SECRET_KEYS_DIR"] == "/keys", n

@@ -114,6 +114,10 @@ def test_compose_smoke_passes_and_matches_the_native_run(tmp_path: Path) -> None
     # per-site networks, seen from inside site-a: no other process by name or address, nothing beyond
     # the project, Toxiproxy's proxies yes; and as the engine has them: internal, but for the relay of
     # Toxiproxy's API to the host
+    # no secret key in the shared run directory: init moved each to its process's own volume
+    assert sorted(p.name for p in (run / "keys" / "public").glob("*.key")) == sorted(
+        f"{p}.key" for p in ("a", "b", "c", "coord", "store"))
+    assert not list((run / "keys" / "private").glob("*")), list((run / "keys" / "private").glob("*"))
     probe = json.loads((run / "netprobe.json").read_text())
     assert set(probe["names"]) == set(probe["ips"]) == {"site-b", "site-c", "coordinator", "store"}
     assert not any(r["ok"] for r in [*probe["names"].values(), *probe["ips"].values(), *probe["outside"].values()])

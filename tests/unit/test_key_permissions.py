@@ -8,7 +8,8 @@ import stat
 
 import pytest
 
-from wan.keys import CurveKeyError, generate_cluster_keys, load_keypair
+from wan.keys import (SECRET_KEYS_ENV, CurveKeyError, deal_secret_keys, generate_cluster_keys, load_keypair,
+                      secret_key_path)
 
 
 def mode(path) -> int:
@@ -34,3 +35,23 @@ def test_a_world_readable_secret_key_is_refused_naming_the_file(tmp_path):
         load_keypair(keys, "coord")
     generate_cluster_keys(keys, ["coord"])  # regenerating (idempotent) mends the mode of a key it keeps
     assert mode(secret) == 0o600 and load_keypair(keys, "coord").public
+
+
+def test_dealt_keys_leave_the_run_directory_and_each_process_reads_its_own(tmp_path, monkeypatch):
+    """Compose's `init` (`xdc prepare --secret-keys-out`): every secret key moves out of the run directory
+    into a 0700 folder of its process's own (0600; by its place in the order), the folder whose volume
+    compose mounts into that process's service alone; with XDC_SECRET_KEYS_DIR naming it, the process loads its key there."""
+    keys, out = tmp_path / "run" / "keys", tmp_path / "vol"
+    generate_cluster_keys(keys, ["coord", "a"])
+    before = load_keypair(keys, "a")
+    deal_secret_keys(keys, out, ["coord", "a"])
+    assert list((keys / "private").glob("*")) == []  # nothing secret left in the shared run directory
+    assert sorted(p.name for p in (keys / "public").glob("*.key")) == ["a.key", "coord.key"]
+    for i, name in enumerate(("coord", "a")):
+        assert mode(out / str(i)) == 0o700 and mode(out / str(i) / f"{name}.key_secret") == 0o600
+        assert [p.name for p in (out / str(i)).iterdir()] == [f"{name}.key_secret"]  # its own key alone
+    monkeypatch.setenv(SECRET_KEYS_ENV, str(out / "1"))
+    assert secret_key_path(keys, "a") == out / "1" / "a.key_secret"
+    assert load_keypair(keys, "a") == before
+    with pytest.raises(CurveKeyError, match="no secret key for 'coord'"):
+        load_keypair(keys, "coord")  # another process's key is not in this one's folder
