@@ -76,7 +76,10 @@ def provision_run_dir(cfg: RunConfig, run_dir: str | Path, plan: Topology, clien
     loopback port that something else took meanwhile is replaced by a fresh one (twice at most).
     """
     run_dir = Path(run_dir)
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    # The services' own folders too (the coordinator's journal, the store's blobs): under compose only
+    # their owners may write them, mounted over in every other service (xdc/compose.py).
+    for d in ("logs", "coordinator", "store"):
+        (run_dir / d).mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.json")
     if cfg.wan.curve:
         generate_cluster_keys(run_dir / "keys", plan.processes())

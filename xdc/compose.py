@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ground.processes import compose_processes
 from wan.keys import SECRET_KEYS_ENV
-from ground.topology import (COMPOSE_TOXIPROXY, COMPOSE_TOXIPROXY_API_PORT, Topology, plan_topology,
+from ground.topology import (COMPOSE_TOXIPROXY, COMPOSE_TOXIPROXY_API_PORT, COORD, STORE, Topology, plan_topology,
                              service_name)
 
 # ------------------------------------------------------------------------------ compose
@@ -62,7 +62,29 @@ KEYS_SLOTS = 64  # /keys/0../keys/63 in the image (compose/Dockerfile)
 
 def keys_volume(process: str) -> str:
     return f"keys-{process}"
+
+
 SHARED_PID = f"service:{COMPOSE_TOXIPROXY}"  # the PID namespace the project's processes share (not the host's)
+
+# Folders of the run directory only their owner writes: the coordinator's journal (which the store
+# reads to know the announced epochs) and the store's blobs, manifests and FRONTIER (which a later
+# run or study starts from). Every other service that binds the runs directory has an empty tmpfs
+# over them; the store reads the journal through a read-only bind of its own.
+OWNED = {COORD: "coordinator", STORE: "store"}
+
+
+def _owned_mounts(process: str | None) -> dict:
+    """What a service binding the runs directory gets over the folders it does not own: an empty tmpfs
+    over each, but for the journal in the store's service (a read-only bind: it reads the epochs)."""
+    tmpfs, ro = [], []
+    for owner, folder in OWNED.items():
+        if owner == process:
+            continue
+        if (process, owner) == (STORE, COORD):
+            ro.append(f"{RUNS_DIR}/${{XDC_RUN_ID:-compose-run}}/{folder}:{RUN_DIR_IN_CONTAINER}/{folder}:ro")
+        else:
+            tmpfs.append(f"{RUN_DIR_IN_CONTAINER}/{folder}")
+    return {**({"tmpfs": tmpfs} if tmpfs else {}), **({"volumes": ro} if ro else {})}
 
 
 def _xdc_service(command: list[str], networks: list[str], **extra: object) -> dict:
@@ -155,7 +177,10 @@ def _process_services(topo: Topology) -> dict[str, dict]:
             if p.binds:
                 svc = _xdc_service(cmd, [network_name(name)], depends_on={**ready, **after},
                                    healthcheck=_healthy_when_logging(name), pid=SHARED_PID)
-                svc["volumes"] = [RUNS_MOUNT, f"{keys_volume(name)}:{KEYS_DIR}:ro"]
+                own = _owned_mounts(name)
+                svc["volumes"] = [RUNS_MOUNT, *own.get("volumes", []), f"{keys_volume(name)}:{KEYS_DIR}:ro"]
+                if "tmpfs" in own:
+                    svc["tmpfs"] = own["tmpfs"]
                 svc["environment"][SECRET_KEYS_ENV] = KEYS_DIR
                 out[service_name(name)] = svc
                 continue
@@ -167,6 +192,7 @@ def _process_services(topo: Topology) -> dict[str, dict]:
                                healthcheck=_healthy_when_ready(name, "sampler_ready"), pid=SHARED_PID)
             svc.pop("networks")
             svc["network_mode"] = "none"
+            svc["tmpfs"] = _owned_mounts(None)["tmpfs"]
             svc["stop_grace_period"] = "20s"  # SIGTERM starts the idle baseline after the run, then it closes
             out[service_name(name)] = svc
     return out
@@ -178,7 +204,7 @@ def _finish_service() -> dict:
     where they are on the host. When it exits every attached service has exited, so `up` returns."""
     return _xdc_service(["xdc", "finish", "--run-dir", RUN_DIR_IN_CONTAINER, "--toxiproxy", TOXIPROXY_API],
                         [CONTROL_NETWORK], depends_on={"init": {"condition": "service_completed_successfully"}},
-                        environment={**ENV, "XDC_HOST_RUNS_DIR": RUNS_DIR})
+                        environment={**ENV, "XDC_HOST_RUNS_DIR": RUNS_DIR}, **_owned_mounts(None))
 
 
 def compose_spec(sites: tuple[str, ...] | list[str] = ("a", "b", "c")) -> dict:

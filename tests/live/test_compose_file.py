@@ -160,3 +160,26 @@ def test_no_service_but_its_owner_holds_a_secret_key(doc: dict) -> None:
     for n, p in owners.items():
         assert mounts[n] == [f"keys-{p}:/keys:ro"], n
         assert svcs[n]["environment"]["XDC_SECRET_KEYS_DIR"] == "/keys", n
+
+
+def test_the_journal_and_the_store_are_written_by_their_owners_alone(doc: dict) -> None:
+    """Issue 54: any container could write the coordinator's journal (which the store trusts for the
+    announced epochs) and rewrite the store's files (its FRONTIER is a later study's start state). Every
+    service that binds the runs directory has an empty tmpfs over the folders it does not own; the
+    store reads the journal through a read-only bind."""
+    svcs = doc["services"]
+    run = "/runs/${XDC_RUN_ID:-compose-run}"
+    binders = [n for n, s in svcs.items() if "${XDC_RUNS_DIR:-../runs}:/runs" in s.get("volumes", [])]
+    assert set(binders) >= {"init", "sampler", "finish", "store", "coordinator", *(service_name(s) for s in SITES)}
+    for n in binders:
+        over = set(svcs[n].get("tmpfs", []))
+        ro = {"/runs" + v[:-len(":ro")].split(":/runs", 1)[1] for v in svcs[n]["volumes"]
+              if isinstance(v, str) and v.endswith(":ro") and v.startswith("${XDC_RUNS_DIR")}
+        if n == "init":  # it makes both folders (cluster/launcher.py provision_run_dir), before anyone starts
+            assert not over and not ro
+        elif n == "coordinator":
+            assert over == {f"{run}/store"} and not ro
+        elif n == "store":
+            assert not over and ro == {f"{run}/coordinator"}
+        else:
+            assert over == {f"{run}/coordinator", f"{run}/store"} and not ro, n
