@@ -156,29 +156,33 @@ def undeliverable(frames: Sequence[Any], *, max_frame_bytes: int, max_header_byt
     """Why a receiver with these limits would refuse the encoded message `frames` before reading its
     header (`decode`'s size checks, same reasons), or None: a sender checks before it sends, since a
     refused frame is never acked and would be resent for ever."""
-    if len(frames) > MAX_BUFFERS + 1:
-        return f"buffer_count: message has {len(frames) - 1} buffer frames, limit {MAX_BUFFERS}"
-    sizes = [_buffer(f).nbytes for f in frames]
-    if sizes[0] > max_header_bytes:
-        return f"header_too_large: header is {sizes[0]} bytes, limit {max_header_bytes}"
-    if sum(sizes) > max_frame_bytes:
-        return f"too_large: message is {sum(sizes)} bytes, limit {max_frame_bytes}"
+    try:
+        _sized_views(frames, max_frame_bytes=max_frame_bytes, max_header_bytes=max_header_bytes)
+    except FrameError as e:
+        return str(e)
     return None
 
 
-def decode(frames: Sequence[Any], *, max_frame_bytes: int, max_header_bytes: int) -> Message:
-    """Parse and validate one multipart message; raise FrameError (and nothing else) with a precise reason."""
+def _sized_views(frames: Sequence[Any], *, max_frame_bytes: int, max_header_bytes: int) -> list[memoryview]:
+    """The frames as byte views, once their count and sizes are within the limits (else FrameError)."""
     if not frames:
         raise FrameError("empty", "message has no frames")
     if len(frames) > MAX_BUFFERS + 1:
         raise FrameError("buffer_count", f"message has {len(frames) - 1} buffer frames, limit {MAX_BUFFERS}")
     views = [_buffer(f) for f in frames]
     sizes = [v.nbytes for v in views]
-    total = sum(sizes)
     if sizes[0] > max_header_bytes:
         raise FrameError("header_too_large", f"header is {sizes[0]} bytes, limit {max_header_bytes}")
-    if total > max_frame_bytes:
-        raise FrameError("too_large", f"message is {total} bytes, limit {max_frame_bytes}")
+    if sum(sizes) > max_frame_bytes:
+        raise FrameError("too_large", f"message is {sum(sizes)} bytes, limit {max_frame_bytes}")
+    return views
+
+
+def decode(frames: Sequence[Any], *, max_frame_bytes: int, max_header_bytes: int) -> Message:
+    """Parse and validate one multipart message; raise FrameError (and nothing else) with a precise reason."""
+    views = _sized_views(frames, max_frame_bytes=max_frame_bytes, max_header_bytes=max_header_bytes)
+    sizes = [v.nbytes for v in views]
+    total = sum(sizes)
     header = _unpack_header(views[0])
     _check_envelope(header)
     meta = header["bufs"]

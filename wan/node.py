@@ -243,7 +243,8 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
                 self.log.emit("send_refused", dest=dest, kind=kind, reason=f"undeliverable: {why}")
                 return 0
             if reliable:
-                assert ch.next_seq() == seq
+                taken = ch.next_seq()  # not inside the assert: `python -O` would drop the call
+                assert taken == seq
             self._outbox.append((dest, frames, cls, reliable, seq, None if kind in UNFENCED_KINDS else ep))
         self._wake()
         return seq
