@@ -101,6 +101,36 @@ def _learning(runs: list[dict[str, Any]]) -> dict[str, str]:
                      "baselines": r["record"].get("baselines") or {}} for r in runs])
 
 
+def _pair_learning(evalpairs: list[dict[str, Any]], runs_by_key: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """The learning verdict a learning gate reads: a pair says nothing about learning only when *both* its
+    runs ended short of the bigram baseline (two models that learned little). A pair where only one did
+    is a measured difference (that run learned less) and counts as one; the study-wide verdict
+    (`_learning`) still describes every run."""
+    from analysis.learning import verdict
+
+    empty, one_sided = [], []
+    for q in evalpairs:
+        t, c = runs_by_key.get(q["treatment_key"]), runs_by_key.get(q["control_key"])
+        if t is None or c is None:
+            continue
+        st = [_learning([r])["status"] for r in (t, c)]
+        if "unavailable" in st:
+            return _learning([t, c])
+        if all(x != "learned" for x in st):
+            empty.append(q["stratum"])
+        elif any(x != "learned" for x in st):
+            one_sided.append(f"{q['stratum']} ({'treatment' if st[0] != 'learned' else 'control'})")
+    if empty:
+        runs = [runs_by_key[q[k]] for q in evalpairs if q["stratum"] in empty for k in ("treatment_key", "control_key")]
+        v = verdict([{"policy": r["key"], "final_nll": r["record"].get("final_heldout_nll"),
+                      "baselines": r["record"].get("baselines") or {}} for r in runs])
+        return {"status": v["status"], "text": f"in {len(empty)} of {len(evalpairs)} pairs ({', '.join(empty)}) both "
+                                               f"runs ended short of learning: {v['text']}"}
+    note = (f"; in {len(one_sided)} pair(s) one run ended short of the bigram baseline and the other did not: "
+            f"{', '.join(one_sided)} (a measured difference, counted)") if one_sided else ""
+    return {"status": "learned", "text": f"no pair has both its runs short of the bigram baseline{note}"}
+
+
 def _trajectory(p: Protocol, runs: list[dict[str, Any]]) -> dict[str, list[dict[str, float]]]:
     """Per arm, the median over strata of (ticks, held-out NLL) at each evaluation index."""
     out: dict[str, list[dict[str, float]]] = {}
@@ -183,7 +213,8 @@ def _pairs(p: Protocol, by: dict[tuple[str, str], dict[str, Any]], floor: dict[s
 
 
 def _gates(p: Protocol, evalpairs: list[dict[str, Any]], learning: dict[str, str],
-           by: dict[tuple[str, str], dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+           by: dict[tuple[str, str], dict[str, Any]] | None = None,
+           runs_by_key: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Every registered gate decided over the evaluation split's pairs, or, for a gate on a named
     contrast, over the evaluation split's blocks (studies/factorial.py)."""
     from studies.factorial import block_values
@@ -204,8 +235,14 @@ def _gates(p: Protocol, evalpairs: list[dict[str, Any]], learning: dict[str, str
         else:
             diffs = [q["values"][g.metric]["difference"] for q in evalpairs]
         is_learning = g.metric in LEARNING_METRICS
-        gates.append(decide_gate(gd, diffs, learning_status=learning["status"] if is_learning else None,
-                                 learning_text=learning["text"] if is_learning else ""))
+        # A contrast gate spans blocks of several arms: the study-wide verdict applies to it.
+        lv = (_pair_learning(evalpairs, runs_by_key) if is_learning and not g.contrast and runs_by_key is not None
+              else learning)
+        gate = decide_gate(gd, diffs, learning_status=lv["status"] if is_learning else None,
+                           learning_text=lv["text"] if is_learning else "")
+        if is_learning and lv is not learning:
+            gate["learning_pairs"] = lv["text"]
+        gates.append(gate)
     return gates
 
 
@@ -223,7 +260,7 @@ def build_artifact(p: Protocol, entry: dict[str, Any], finished: dict[str, dict[
     pairs = _pairs(p, by, floor)
     evalpairs = [q for q in pairs if q["split"] == p.evaluation_split]
     learning = _learning([r for r in runs if not r["control"] and split_of[r["stratum"]].split == p.evaluation_split])
-    gates = _gates(p, evalpairs, learning, by)
+    gates = _gates(p, evalpairs, learning, by, {r["key"]: r for r in runs if not r["control"]})
     intervals = {m: {**bootstrap_interval([q["values"][m]["difference"] for q in evalpairs
                                            if q["values"][m]["difference"] is not None]),
                      "what": f"{p.treatment} - {p.control}, mean over {p.evaluation_split} pairs (description only)"}

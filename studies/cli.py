@@ -5,6 +5,8 @@
   xdc study run FILE [--out DIR] [--registry R] [--max-runs N] [--timeout-s S]
                                              run what the study's ledger has not finished, then report
   xdc study report DIR [--registry R]        artifact.json + report/index.html from the study's ledger
+  xdc study paired-floor ARTIFACT            a published pilot's paired differences, for the next version's
+                                             registration check (studies/paired_floor.py)
 
 `run` refuses a protocol whose canonical hash is not its latest registration, and an arm whose run
 config the config loader refuses (e.g. `train.mode: adaptive` before the adaptive controller lands).
@@ -147,11 +149,24 @@ def pre_run_checks(p: Protocol) -> dict[str, Any]:
     control arm's noise floor (studies/decidability.py)."""
     from studies.decidability import check_protocol
 
+    from studies.paired_floor import find_record
+
     floor = control_noise_floor(p)
     n_pairs = sum(1 for s in p.strata if s.split == p.evaluation_split)
+    controls = list(p.comparator.choose_from) if p.comparator is not None else [p.control]
+    pilot = find_record(p.name, p.version, p.treatment, controls)
+    # A gate on a named contrast (a factorial block) is not a treatment - control pair: no pilot applies.
     gates = [{"name": g.name, "metric": g.metric, "kind": g.kind, "margin": g.margin, "alpha": g.alpha,
-              "relative": g.relative} for g in p.gates]
-    return {"noise_floor": floor, "n_pairs": n_pairs, "gates": check_protocol(gates, n_pairs, floor)}
+              "relative": g.relative, "direction": g.direction, "contrast": g.contrast} for g in p.gates]
+    plain = check_protocol([g for g in gates if not g["contrast"]], n_pairs, floor, pilot)
+    contrast = check_protocol([g for g in gates if g["contrast"]], n_pairs, floor)
+    by_name = {c["gate"]: c for c in plain + contrast}
+    return {"noise_floor": floor, "n_pairs": n_pairs,
+            "paired_floor": ({"evidence": "measured", "record_file": pilot["record_file"], **pilot["source"]}
+                             if pilot else {"evidence": "unavailable",
+                                            "reason": f"no pilot for {p.name} v{p.version} in bench/results "
+                                                      f"(xdc study paired-floor results/{p.name}-v<N>/artifact.json)"}),
+            "gates": [by_name[g["name"]] for g in gates]}
 
 
 def cmd_register(a: argparse.Namespace) -> int:
@@ -240,6 +255,27 @@ def cmd_report(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_paired_floor(a: argparse.Namespace) -> int:
+    from studies.paired_floor import write_record
+
+    src = Path(a.artifact)
+    if not src.is_file():
+        raise ProtocolError(f"{src}: no such artifact (a published study: results/<study>-v<N>/artifact.json)")
+    try:
+        out = write_record(src)
+    except (ValueError, KeyError) as e:
+        raise ProtocolError(f"{src}: not a study artifact with paired differences ({type(e).__name__}: {e})") from e
+    rec = json.loads(out.read_text())
+    for m, v in sorted(rec["metrics"].items()):
+        if v.get("evidence") != "unavailable":
+            rel = v.get("relative_robust_sd")
+            print(f"  {m:<20} n {v['n']}  robust sd {v['robust_sd']:.4g}"
+                  + (f"  relative {rel:.4g}" if rel is not None else ""))
+    print(f"paired floor of {rec['source']['study']} v{rec['source']['version']} "
+          f"({rec['source']['treatment']} - {rec['source']['control']}): {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from chaos.scenario import ScenarioError
     from chaos.reach import ScenarioBeyondRun
@@ -258,9 +294,13 @@ def main(argv: list[str] | None = None) -> int:
     sp = sub.add_parser("report")
     sp.add_argument("dir", help="a study directory")
     sp.add_argument("--registry", default=str(REGISTRY))
+    sp = sub.add_parser("paired-floor", help="the paired differences of a published pilot, for the next version's "
+                                             "registration check (bench/results/paired_floor_<study>-v<N>.json)")
+    sp.add_argument("artifact", help="a published study artifact (results/<study>-v<N>/artifact.json)")
     a = ap.parse_args(argv)
     try:
-        return {"register": cmd_register, "check": cmd_check, "run": cmd_run, "report": cmd_report}[a.cmd](a)
+        return {"register": cmd_register, "check": cmd_check, "run": cmd_run, "report": cmd_report,
+                "paired-floor": cmd_paired_floor}[a.cmd](a)
     except ProtocolError as e:
         print(f"protocol error: {e}", file=sys.stderr)
         return 2
