@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chaos.scenario import KINDS, Scenario
+from chaos.scenario import Scenario
+from ground.faults import FAULT_KINDS as KINDS
 from ground.eventlog import read_events
 from ground.provenance import code_revision
 

@@ -45,15 +45,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-# Every name below stays importable from here (studies, the simulator, bench and tests import them).
-from chaos.scenario_check import FAULT_KEYS, TOP_KEYS, FieldPath, _dotted, _tname, _Validator  # noqa: F401
-from chaos.scenario_model import TRIGGER_KEYS, Fault, Scenario, ScenarioError, Trigger, _plain  # noqa: F401
+from chaos.scenario_check import ScenarioValidator
+from chaos.fault_parts import Fault, ScenarioError, Trigger
+from chaos.scenario_model import Scenario
 from chaos.scenario_text import _toml_lines, _yaml_tree
-from ground.faults import FAULT_KINDS as KINDS  # noqa: F401
-from ground.faults import NAME_RE as _NAME_RE  # noqa: F401
-from ground.faults import SERVICES, SLICER_KEYS, LinkTarget, Param, parse_link_target  # noqa: F401
-from ground.faults import FaultKind as KindSpec  # noqa: F401
-from ground.processes import COORD, STORE  # noqa: F401
+
+# The scenario API: the frozen objects live in chaos/scenario_model.py, the checks in scenario_check.py.
+__all__ = ["Fault", "Scenario", "ScenarioError", "Trigger", "load_scenario", "parse_scenario", "unreachable_triggers"]
 
 # ------------------------------------------------------------------------------ reachability
 
@@ -110,7 +108,7 @@ def parse_scenario(text: str, source: str = "<string>", *, fmt: str = "yaml",
         raise ValueError(f"unknown scenario format {fmt!r}; use 'yaml' or 'toml'")
     if data is None:
         data = {}
-    return _Validator(source, lines, sites, make=Scenario).scenario(data)
+    return ScenarioValidator(source, lines, sites, make=Scenario).scenario(data)
 
 
 def load_scenario(path: str | Path, sites: Iterable[str] | None = None) -> Scenario:

@@ -1,99 +1,55 @@
 """The scenario validator: a parsed tree (from YAML, TOML or the Python builder) into frozen
 Scenario / Fault / Trigger objects, each error a ScenarioError naming file, line and dotted field.
 It accepts exactly the kinds of the registry (ground/faults.py) and fills in their defaults.
-studies/protocol.py extends it for study protocols."""
+Its generic checks are chaos/fields.py's (the study protocol's validator uses them too)."""
 
 from __future__ import annotations
 
 import difflib
-import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Generic, Iterable, Mapping, TypeVar
 
-from chaos.fault_parts import TRIGGER_KEYS, Fault, ScenarioError, Trigger
+from chaos.fault_parts import TRIGGER_KEYS, Fault, Trigger
+from chaos.fields import FieldChecker, FieldPath, tname
 from ground.faults import FAULT_KINDS as KINDS
 from ground.faults import NAME_RE as _NAME_RE
 from ground.faults import SERVICES, SLICER_KEYS, FaultKind, parse_link_target
 from ground.processes import COORD, STORE
 
-if TYPE_CHECKING:
-    from chaos.scenario_model import Scenario
-
 FAULT_KEYS = ("kind", "target", *TRIGGER_KEYS, "duration_s", "heal", "params", "note")
 TOP_KEYS = ("name", "description", "seed", "faults")
 
-FieldPath = tuple[Any, ...]
+S = TypeVar("S")  # the Scenario class the validator makes (chaos/scenario_model.py imports this module)
 
 
-def _dotted(path: FieldPath) -> str:
-    out = ""
-    for p in path:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
-    return out
+class ScenarioValidator(FieldChecker, Generic[S]):
+    """A scenario tree into a Scenario made by `make`, checking every fault against the registry."""
 
-
-class _Validator:
     def __init__(self, source: str, lines: Mapping[FieldPath, int], sites: Iterable[str] | None, *,
-                 make: Callable[..., Scenario]) -> None:
-        self.make = make  # the Scenario class (chaos/scenario_model.py imports this module, not the reverse)
-        self.source = source
-        self.lines = lines
+                 make: Callable[..., S]) -> None:
+        super().__init__(source, lines)
+        self.make = make
         self.sites = tuple(sites) if sites is not None else None
-
-    def line(self, path: FieldPath) -> int | None:
-        p = tuple(path)
-        while True:
-            if p in self.lines:
-                return self.lines[p]
-            if not p:
-                return None
-            p = p[:-1]
-
-    def err(self, path: FieldPath, reason: str) -> ScenarioError:
-        return ScenarioError(self.source, self.line(path), _dotted(path), reason)
-
-    def mapping(self, v: Any, path: FieldPath, what: str) -> Mapping[str, Any]:
-        if not isinstance(v, Mapping):
-            raise self.err(path, f"expected {what} (a mapping), got {_tname(v)}")
-        return v
-
-    def unknown(self, d: Mapping[str, Any], known: Iterable[str], path: FieldPath) -> None:
-        known = list(known)
-        for k in d:
-            if k not in known:
-                hint = difflib.get_close_matches(str(k), known, n=1)
-                extra = f" (did you mean {hint[0]!r}?)" if hint else ""
-                raise self.err((*path, k), f"unknown field{extra}; known: {known}")
-
-    def number(self, v: Any, path: FieldPath, *, minimum: float | None = 0, exclusive: bool = False,
-               integer: bool = False, what: str = "a number") -> Any:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
-            raise self.err(path, f"expected {what}, got {_tname(v)} {v!r}")
-        if isinstance(v, float) and not math.isfinite(v):
-            raise self.err(path, f"expected a finite number, got {v!r}")
-        if minimum is not None and (v < minimum or (exclusive and v == minimum)):
-            raise self.err(path, f"must be {'>' if exclusive else '>='} {minimum:g}, got {v!r}")
-        return v
 
     # ---- pieces ------------------------------------------------------------------------
 
-    def scenario(self, data: Any) -> Scenario:
+    def scenario(self, data: Any) -> S:
         d = self.mapping(data, (), "a scenario")
         self.unknown(d, TOP_KEYS, ())
         name = d.get("name", None if self.source.startswith("<") else Path(self.source).stem)
         if name is None:
             raise self.err(("name",), "missing: a scenario needs a name")
         if not isinstance(name, str) or not name.strip():
-            raise self.err(("name",), f"expected a non-empty string, got {_tname(name)} {name!r}")
+            raise self.err(("name",), f"expected a non-empty string, got {tname(name)} {name!r}")
         desc = d.get("description", "")
         if not isinstance(desc, str):
-            raise self.err(("description",), f"expected a string, got {_tname(desc)}")
+            raise self.err(("description",), f"expected a string, got {tname(desc)}")
         seed = self.number(d.get("seed", 0), ("seed",), integer=True, what="an integer")
         faults_raw = d.get("faults", [])
         if faults_raw is None:
             faults_raw = []
         if not isinstance(faults_raw, (list, tuple)):
-            raise self.err(("faults",), f"expected a list of faults, got {_tname(faults_raw)}")
+            raise self.err(("faults",), f"expected a list of faults, got {tname(faults_raw)}")
         faults = tuple(self.fault(f, ("faults", i)) for i, f in enumerate(faults_raw))
         return self.make(name=name.strip(), description=" ".join(desc.split()), faults=faults, seed=seed)
 
@@ -125,7 +81,7 @@ class _Validator:
             raise self.err((*path, "target"), f"missing: {kind} needs a target ({what})")
         tpath = (*path, "target")
         if not isinstance(raw, str):
-            raise self.err(tpath, f"expected a string, got {_tname(raw)} {raw!r}")
+            raise self.err(tpath, f"expected a string, got {tname(raw)} {raw!r}")
         t = raw.strip()
         if spec.target in ("store", "coord"):
             if t != spec.target:
@@ -165,7 +121,7 @@ class _Validator:
             v = d[name]
             if p.type == "bool":
                 if not isinstance(v, bool):
-                    raise self.err(fp, f"expected true/false, got {_tname(v)} {v!r}")
+                    raise self.err(fp, f"expected true/false, got {tname(v)} {v!r}")
             elif p.type in ("number", "int"):
                 v = self.number(v, fp, minimum=p.minimum, exclusive=p.exclusive_min, integer=p.type == "int",
                                 what="an integer" if p.type == "int" else "a number")
@@ -231,12 +187,6 @@ class _Validator:
                                                   f"({floor}) is {params[floor]:g} s; use duration_s >= {floor}")
         note = d.get("note", "")
         if not isinstance(note, str):
-            raise self.err((*path, "note"), f"expected a string, got {_tname(note)}")
+            raise self.err((*path, "note"), f"expected a string, got {tname(note)}")
         return Fault(kind=kind, target=target, trigger=trig, duration_s=duration, heal=heal, params=params,
                      note=" ".join(note.split()))
-
-
-def _tname(v: Any) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
-            float: "a number", type(None): "nothing"}.get(type(v), type(v).__name__)
-

@@ -8,8 +8,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from chaos.fault_parts import TRIGGER_KEYS, Fault, ScenarioError, Trigger, _plain  # noqa: F401
-from chaos.scenario_check import _Validator
+from chaos.fault_parts import Fault, Trigger
+from chaos.scenario_check import ScenarioValidator
 from ground.processes import COORD, STORE
 
 
@@ -100,5 +100,5 @@ class Scenario:
         return self.add("noop", target, **kw)
 
 
-def _validator(source: str, sites: Iterable[str] | None) -> _Validator:
-    return _Validator(source, {}, sites, make=Scenario)
+def _validator(source: str, sites: Iterable[str] | None) -> ScenarioValidator[Scenario]:
+    return ScenarioValidator(source, {}, sites, make=Scenario)

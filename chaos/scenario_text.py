@@ -7,8 +7,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from chaos.scenario_check import FieldPath, _dotted
-from chaos.scenario_model import ScenarioError
+from chaos.fields import FieldPath
+from chaos.fields import dotted as _dotted
+from chaos.fault_parts import ScenarioError
 
 
 def _yaml_tree(text: str, source: str) -> tuple[Any, dict[FieldPath, int]]:

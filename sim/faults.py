@@ -55,7 +55,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from chaos.scenario import Fault, Scenario, Trigger, parse_link_target
+from chaos.scenario import Fault, Scenario, Trigger
+from ground.faults import parse_link_target
 from sim.engine import MONO_BASE_NS, ns
 
 if TYPE_CHECKING:

@@ -61,16 +61,18 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from chaos.scenario import FieldPath, Scenario, _Validator, _dotted, _tname
+from chaos.fields import FieldChecker, FieldPath
+from chaos.fields import dotted as _dotted
+from chaos.fields import tname as _tname
 from ground.config import POLICIES
 from studies.protocol_model import (ARM_KEYS, Arm, COMPARATOR_KEYS, CONTRAST_KEYS, Comparator, Contrast, GATE_KEYS, GATE_KINDS, Gate, INVALIDATORS, LINK_KEYS, METRICS, Protocol, ProtocolError, ROOT, SPLITS, START_KEYS, STRATUM_KEYS, Stratum, TESTS, TOP_KEYS, _plain)
 
-class _V(_Validator):
+class _V(FieldChecker):
     """The validator: every check raises ProtocolError at the line of the path it checks. The line
-    lookup and the mapping / unknown-field checks are the scenario validator's (chaos/scenario.py)."""
+    lookup and the mapping / unknown-field checks are chaos/fields.py's, shared with scenarios."""
 
     def __init__(self, source: str, lines: Mapping[FieldPath, int], base_dir: Path) -> None:
-        super().__init__(source, lines, None, make=Scenario)
+        super().__init__(source, lines)
         self.base_dir = base_dir
 
     def err(self, path: FieldPath, reason: str) -> ProtocolError:  # type: ignore[override]
@@ -360,7 +362,8 @@ class _V(_Validator):
 
 
 def parse_protocol(text: str, source: str = "<string>", base_dir: Path | None = None) -> Protocol:
-    from chaos.scenario import ScenarioError, _yaml_tree  # the same line-marked YAML reader as scenarios
+    from chaos.scenario import ScenarioError
+    from chaos.scenario_text import _yaml_tree  # the same line-marked YAML reader as scenarios
 
     try:
         data, lines = _yaml_tree(text, source)

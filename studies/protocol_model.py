@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 if TYPE_CHECKING:
-    from chaos.scenario_check import FieldPath
+    from chaos.fields import FieldPath
 
 
 ROOT = Path(__file__).resolve().parent.parent

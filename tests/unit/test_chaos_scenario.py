@@ -8,16 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from chaos.scenario import (
-    KINDS,
-    Fault,
-    Scenario,
-    ScenarioError,
-    Trigger,
-    load_scenario,
-    parse_link_target,
-    parse_scenario,
-)
+from chaos.scenario import Fault, Scenario, ScenarioError, Trigger, load_scenario, parse_scenario
+from ground.faults import FAULT_KINDS as KINDS
+from ground.faults import parse_link_target
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "scenarios"

@@ -7,7 +7,8 @@ import pytest
 
 from analysis.timeline import MARKS, SITE_FAULTS
 from chaos.nemesis import NEMESES, Nemesis, nemesis_for
-from chaos.scenario import KINDS, Scenario, ScenarioError
+from chaos.scenario import Scenario, ScenarioError
+from ground.faults import FAULT_KINDS as KINDS
 from ground.faults import DRAWN_AS, FAULT_KINDS, TARGETS, drawn_as, links_hit, site_kinds, takes_down
 
 TARGET_OF = {"site": "b", "link": "a<->b", "store": "store", "coord": "coord", "any": ""}
