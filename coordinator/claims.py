@@ -16,7 +16,7 @@ run, then against the reporter: one member's word fails another at most once.
 Of two members that claim each other, the one whose claims failed more sites before goes; on a tie,
 the one claimed first (as the coordinator acted before, on the first report). Pure functions over the
 core's state (coordinator/core_types.py `claims`, `accusations`), no clock of their own; below them, the
-rules that act on a claim, over the core's working copy (coordinator/rules.py `Rules`).
+rules that act on a claim, over the core's working copy (coordinator/working.py `WorkingCopy`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from coordinator.membership import SiteRecord, member_set
 from ground.messages import PeerUnreachable
 
 if TYPE_CHECKING:
-    from coordinator.rules import Rules
+    from coordinator.working import WorkingCopy
 
 Claims = dict[tuple[str, str], tuple[int, int]]  # (reporter, accused) -> (epoch, received at ns)
 Verdict = tuple[str, "str | None", str]  # (the site to fail, whose claim failed it (None: its own), the reason)
@@ -100,7 +100,7 @@ def refuted_by(claims: Mapping[tuple[str, str], tuple[int, int]],
 
 
 # ---------------------------------------------------------------- the rules acting on claims
-def on_peer_unreachable(w: Rules, msg: Received, p: PeerUnreachable, now_ns: int) -> None:
+def on_peer_unreachable(w: WorkingCopy, msg: Received, p: PeerUnreachable, now_ns: int) -> None:
     if msg.epoch != w.membership.epoch:
         w.reject(msg, f"stale epoch {msg.epoch}")
         return
@@ -123,7 +123,7 @@ def on_peer_unreachable(w: Rules, msg: Received, p: PeerUnreachable, now_ns: int
     fail_on_claim(w, *verdict)
 
 
-def fail_on_claim(w: Rules, victim: str, accuser: str | None, why: str) -> None:
+def fail_on_claim(w: WorkingCopy, victim: str, accuser: str | None, why: str) -> None:
     w.claims = {k: v for k, v in w.claims.items() if victim not in k}
     if accuser is not None:
         w.accusations[accuser] = w.accusations.get(accuser, 0) + 1
@@ -131,7 +131,7 @@ def fail_on_claim(w: Rules, victim: str, accuser: str | None, why: str) -> None:
     w.emit("site_failed", site=victim, reason=why)
 
 
-def refute(w: Rules, members: tuple[str, ...]) -> None:
+def refute(w: WorkingCopy, members: tuple[str, ...]) -> None:
     """A round both sides of a claim were members of committed after the claim: its collective
     finished, so the reporter did hear from the accused; the claim is dropped, never decided (an
     insider that keeps training while it claims would otherwise fail one honest member per run)."""
@@ -142,7 +142,7 @@ def refute(w: Rules, members: tuple[str, ...]) -> None:
                reason=f"a round with {reporter} and {accused} committed after {reporter}'s claim")
 
 
-def decide_overdue(w: Rules, now_ns: int) -> None:
+def decide_overdue(w: WorkingCopy, now_ns: int) -> None:
     """A claim nobody corroborated within the heartbeat timeout is decided (tick): the run must go on."""
     w.claims = current(w.claims, w.membership.epoch)
     for verdict in overdue(w.claims, w.accusations, now_ns, w.mcfg.heartbeat_timeout_ms):

@@ -1,7 +1,7 @@
 """The commit record: round reports collected per (epoch, round), a round committed when every member
 reported the same parameters over a gap-free span of samples, and the lineage a plan branches.
 
-Functions over the coordinator core's working copy (`coordinator/rules.py` `Rules`): they read and
+Functions over the coordinator core's working copy (`coordinator/working.py` `WorkingCopy`): they read and
 change it and append what the shell must do to its `out`. No I/O, no clock.
 """
 
@@ -20,13 +20,13 @@ from ground.records import Commit
 from ground.schedule import tokens_of_samples
 
 if TYPE_CHECKING:
-    from coordinator.rules import Rules
+    from coordinator.working import WorkingCopy
 
 # Members run at most about one round ahead of the commit record; a report further ahead is absurd.
 ROUND_WINDOW = 8
 
 
-def round_reports(w: Rules, messages: tuple[tuple[str, int, int, str, Any], ...], now_ns: int) -> None:
+def round_reports(w: WorkingCopy, messages: tuple[tuple[str, int, int, str, Any], ...], now_ns: int) -> None:
     """Round reports of one instant, each what `handle` does with it. The common one (a report the
     simulator built, of the current epoch with a plan, from a member, inside the round window, with
     no cycle or a built one, that does not complete its round) is recorded here as `on_round_done`
@@ -61,7 +61,7 @@ def round_reports(w: Rules, messages: tuple[tuple[str, int, int, str, Any], ...]
         key = None
 
 
-def on_round_done(w: Rules, msg: Received, r: RoundDone, _now_ns: int) -> None:
+def on_round_done(w: WorkingCopy, msg: Received, r: RoundDone, _now_ns: int) -> None:
     rnd = r.round
     if rnd > w.committed_round + ROUND_WINDOW:
         w.reject(msg, f"round {rnd} is more than {ROUND_WINDOW} rounds past the commit record "
@@ -97,7 +97,7 @@ def on_round_done(w: Rules, msg: Received, r: RoundDone, _now_ns: int) -> None:
     try_commit(w, epoch, rnd, members, got, _now_ns)
 
 
-def reports_of(w: Rules, key: tuple[int, int]) -> dict[str, RoundDone]:
+def reports_of(w: WorkingCopy, key: tuple[int, int]) -> dict[str, RoundDone]:
     """The reports of (epoch, round), this working copy's own to add to (made if none)."""
     got = w.reports.get(key)
     if got is None or key not in w.own_reports:  # copy on write (see __init__)
@@ -106,7 +106,7 @@ def reports_of(w: Rules, key: tuple[int, int]) -> dict[str, RoundDone]:
     return got
 
 
-def try_commit(w: Rules, epoch: int, rnd: int, members: tuple[str, ...], got: dict[str, RoundDone],
+def try_commit(w: WorkingCopy, epoch: int, rnd: int, members: tuple[str, ...], got: dict[str, RoundDone],
                 now_ns: int) -> None:
     hashes = {s: r.param_hash for s, r in got.items()}
     if len(set(hashes.values())) != 1:
@@ -145,14 +145,14 @@ def try_commit(w: Rules, epoch: int, rnd: int, members: tuple[str, ...], got: di
         emit_decision(w, rnd, epoch, decision)
 
 
-def emit_decision(w: Rules, rnd: int, epoch: int, decision: Any) -> None:
+def emit_decision(w: WorkingCopy, rnd: int, epoch: int, decision: Any) -> None:
     """The controller's decision on round `rnd` (after it committed, or while in flight: evidence.in_cycle)."""
     w.emit("controller_decision", round=rnd, commit_epoch=epoch, action=decision.action,
            setting=decision.setting.to_json(), current=w.settings.current.to_json(),
            reason=decision.reason, evidence=decision.evidence)
 
 
-def advance(w: Rules, commit: Commit) -> None:
+def advance(w: WorkingCopy, commit: Commit) -> None:
     w.tip = commit.commit_id
     w.committed_round = commit.round
     w.committed_cursor = commit.cursor_end
@@ -161,7 +161,7 @@ def advance(w: Rules, commit: Commit) -> None:
     w.settings.on_commit(commit.commit_id, commit.step)
 
 
-def apply_plan_lineage(w: Rules, plan: Plan) -> None:
+def apply_plan_lineage(w: WorkingCopy, plan: Plan) -> None:
     """A restore from the store branches the lineage at the frontier's commit. Whoever gets state
     from elsewhere holds it for sure only once a commit includes it (`unproven`)."""
     if plan.restore == Restore.DONOR:

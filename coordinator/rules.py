@@ -7,80 +7,27 @@ and changes the working copy and appends what the shell must do to `out`. No I/O
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any, Callable
 
 from coordinator import claims, commits, membership
 from coordinator.commits import ROUND_WINDOW
 from coordinator.membership import member_set
-from coordinator.core_types import (EVENTS, RECEIVED, Context, CoordState, Emit, Fence, Journal, Messages, Output,
-                                    Received, Send, Tick, membership_config, policy_of)
+from coordinator.core_types import RECEIVED, Context, Fence, Journal, Messages, Received, Send, Tick
 from coordinator.recovery import ClusterView, Frontier, checkpoint_before_waiting, decide_recovery
 from coordinator.replay import after_epoch
-from coordinator.settings import EpochSettings, due_change, setting_for_epoch
-from ground.config import RunConfig
+from coordinator.working import WorkingCopy
+from coordinator.settings import due_change, setting_for_epoch
 from ground.messages import (BadMessage, Built, CheckpointDurable, Heartbeat, Join, PreemptNotice,
                              RoundDone, SiteDone, Telemetry, parse)
 from ground.plans import EpochPlan, Plan, Restore
 from ground.records import EpochRecord
-from ground.schedule import samples_per_round, target_samples, tokens_of_samples
+from ground.schedule import samples_per_round, tokens_of_samples
 from ground.setting import ConsistencySetting
 
-class Rules:
-    """A mutable working copy of one CoordState for one step: the rules act on it, appending to `out`;
-    `freeze` makes the new state. Used only through coordinator/core.py."""
-
-    def __init__(self, s: CoordState, cfg: RunConfig) -> None:
-        self.cfg = cfg
-        self.policy = policy_of(cfg)
-        self.mcfg = membership_config(cfg)
-        self.target = target_samples(cfg)
-        self.out: list[Output] = []
-        self.membership, self.plan, self.recent, self.oracle = s.membership, s.plan, s.recent, s.oracle
-        self.oracle_dropped, self.replanned = set(s.oracle_dropped), set(s.replanned)
-        self.resync, self.checkpoint_first = s.resync, s.checkpoint_first
-        self.commits = list(s.commits)
-        self.tip, self.committed_round, self.committed_cursor = s.tip, s.committed_round, s.committed_cursor
-        self.frontier, self.unproven, self.settle_until_ns = s.frontier, set(s.unproven), s.settle_until_ns
-        self.pending_frontiers = dict(s.pending_frontiers)
-        # Copy on write: the outer map is copied here, a round's reports only when this step adds one
-        # (`own_reports`: the keys whose inner map is this working copy's own), so a step costs O(1)
-        # in the number of members, not a copy of every report held (the simulator at 1,000 sites).
-        self.reports = dict(s.reports)
-        self.own_reports: set[tuple[int, int]] = set()
-        self._own_sites: dict[str, membership.SiteRecord] | None = None  # see _sites_for_write
-        self.claims, self.accusations = dict(s.claims), dict(s.accusations)
-        self.last_reason, self.last_recovery_reason = s.last_reason, s.last_recovery_reason
-        self.shutdown_sent = s.shutdown_sent
-        self.settings = s.settings.copy() if s.settings is not None else EpochSettings(cfg)
-
-    def freeze(self) -> CoordState:
-        return CoordState(membership=self.membership, plan=self.plan, recent=self.recent, oracle=self.oracle,
-                          oracle_dropped=frozenset(self.oracle_dropped), replanned=frozenset(self.replanned),
-                          resync=self.resync, checkpoint_first=self.checkpoint_first, commits=tuple(self.commits),
-                          tip=self.tip, committed_round=self.committed_round, committed_cursor=self.committed_cursor,
-                          frontier=self.frontier, unproven=frozenset(self.unproven),
-                          settle_until_ns=self.settle_until_ns, pending_frontiers=self.pending_frontiers,
-                          reports=self.reports, claims=self.claims, accusations=self.accusations,
-                          last_reason=self.last_reason,
-                          last_recovery_reason=self.last_recovery_reason, shutdown_sent=self.shutdown_sent,
-                          settings=self.settings)
-
-    def emit(self, event: str, **fields: Any) -> None:
-        assert event in EVENTS, event
-        self.out.append(Emit(event, fields))
-
-    @property
-    def epoch_members(self) -> dict[int, tuple[str, ...]]:
-        return self.recent.epoch_members
-
-    def _sites_for_write(self) -> dict[str, membership.SiteRecord]:
-        """The membership's site map, this working copy's own (copied once per step, then changed in
-        place): the membership functions copy it for every change, O(N) per heartbeat at scale."""
-        if self._own_sites is None or self._own_sites is not self.membership.sites:
-            self._own_sites = dict(self.membership.sites)
-            self.membership = replace(self.membership, sites=self._own_sites)
-        return self._own_sites
+class Rules(WorkingCopy):
+    """The handlers and the steps of membership, settings and completion, over the working copy
+    (coordinator/working.py). Used only through coordinator/core.py."""
 
     # ------------------------------------------------------------------ journal
     # ------------------------------------------------------------------ messages
@@ -131,10 +78,6 @@ class Rules:
                 self.handle(RECEIVED(*m), now_ns)
                 epoch, sites = self.membership.epoch, self._sites_for_write()
                 get, good = sites.get, None
-
-    def reject(self, msg: Received, reason: str, **extra: Any) -> None:
-        self.emit("report_rejected", kind=str(msg.kind)[:64], src=msg.src, site=msg.src, msg_epoch=msg.epoch,
-                  reason=reason, **extra)
 
     def on_message(self, msg: Received, now_ns: int) -> None:
         """Check the epoch and the body against the kind's typed message, then dispatch (BadMessage if bad)."""
@@ -261,12 +204,6 @@ class Rules:
                       reason="round not in the commit record yet: becomes the frontier when it commits")
             return
         self.set_frontier(Frontier(c.round, c.cursor, c.manifest_hash, commit))
-
-    def set_frontier(self, f: Frontier) -> None:
-        self.frontier = f
-        self.pending_frontiers = {k: v for k, v in self.pending_frontiers.items() if k[0] > f.round}
-        self.out.append(Journal({"type": "frontier", **asdict(f)}))
-        self.emit("frontier", **asdict(f))
 
     def send_plan(self, to: list[str]) -> None:
         if self.plan is None:

@@ -78,9 +78,9 @@ def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
 
 
 # Circles that exist only through annotations (`if TYPE_CHECKING:` imports: a helper module names the
-# type of the object that calls it). No new one may appear; these are what issue 53 has left.
+# type of the object that calls it). No new one may appear, and one that is broken leaves this list;
+# these are what issue 53 has left.
 TYPE_ONLY_CIRCLES = [
-    ["coordinator.claims", "coordinator.commits", "coordinator.rules"],  # rule helpers name Rules
     ["sim.coord", "sim.faults", "sim.gates", "sim.progress", "sim.rounds", "sim.services", "sim.site", "sim.world"],
     ["site_agent.init_state", "site_agent.state", "site_agent.trainer"],  # the trainer loads its start state
 ]
@@ -102,4 +102,4 @@ def test_no_circle_of_modules_in_the_import_graph():
 
 
 def test_no_new_circle_through_annotations():
-    assert [c for c in _cycles(_graph()) if c not in TYPE_ONLY_CIRCLES] == []
+    assert sorted(_cycles(_graph())) == sorted(TYPE_ONLY_CIRCLES)
