@@ -101,11 +101,18 @@ def _learning(runs: list[dict[str, Any]]) -> dict[str, str]:
                      "baselines": r["record"].get("baselines") or {}} for r in runs])
 
 
-def _pair_learning(evalpairs: list[dict[str, Any]], runs_by_key: dict[str, dict[str, Any]]) -> dict[str, str]:
+def _one_sided(one_sided: list[str]) -> str:
+    return (f"; in {len(one_sided)} pair(s) one run ended short of the bigram baseline and the other did not: "
+            f"{', '.join(one_sided)} (a measured difference, counted)") if one_sided else ""
+
+
+def _pair_learning(evalpairs: list[dict[str, Any]], runs_by_key: dict[str, dict[str, Any]],
+                   exclude: bool = False) -> dict[str, Any]:
     """The learning verdict a learning gate reads: a pair says nothing about learning only when *both* its
     runs ended short of the bigram baseline (two models that learned little). A pair where only one did
     is a measured difference (that run learned less) and counts as one; the study-wide verdict
-    (`_learning`) still describes every run."""
+    (`_learning`) still describes every run. exclude: the pairs with no learning are left out of the
+    gate (named in `excluded`) instead of making it vacuous."""
     from analysis.learning import verdict
 
     empty, one_sided = [], []
@@ -122,13 +129,15 @@ def _pair_learning(evalpairs: list[dict[str, Any]], runs_by_key: dict[str, dict[
             one_sided.append(f"{q['stratum']} ({'treatment' if st[0] != 'learned' else 'control'})")
     if empty:
         runs = [runs_by_key[q[k]] for q in evalpairs if q["stratum"] in empty for k in ("treatment_key", "control_key")]
+        if exclude:
+            return {"status": "learned", "excluded": empty, "text": f"{len(empty)} of {len(evalpairs)} pairs "
+                    f"({', '.join(empty)}) left out: both runs ended short of the bigram baseline (the protocol's "
+                    "evaluation.unlearned_pairs: exclude)" + _one_sided(one_sided)}
         v = verdict([{"policy": r["key"], "final_nll": r["record"].get("final_heldout_nll"),
                       "baselines": r["record"].get("baselines") or {}} for r in runs])
         return {"status": v["status"], "text": f"in {len(empty)} of {len(evalpairs)} pairs ({', '.join(empty)}) both "
                                                f"runs ended short of learning: {v['text']}"}
-    note = (f"; in {len(one_sided)} pair(s) one run ended short of the bigram baseline and the other did not: "
-            f"{', '.join(one_sided)} (a measured difference, counted)") if one_sided else ""
-    return {"status": "learned", "text": f"no pair has both its runs short of the bigram baseline{note}"}
+    return {"status": "learned", "text": f"no pair has both its runs short of the bigram baseline{_one_sided(one_sided)}"}
 
 
 def _trajectory(p: Protocol, runs: list[dict[str, Any]]) -> dict[str, list[dict[str, float]]]:
@@ -236,12 +245,20 @@ def _gates(p: Protocol, evalpairs: list[dict[str, Any]], learning: dict[str, str
             diffs = [q["values"][g.metric]["difference"] for q in evalpairs]
         is_learning = g.metric in LEARNING_METRICS
         # A contrast gate spans blocks of several arms: the study-wide verdict applies to it.
-        lv = (_pair_learning(evalpairs, runs_by_key) if is_learning and not g.contrast and runs_by_key is not None
-              else learning)
+        lv = (_pair_learning(evalpairs, runs_by_key, p.unlearned_pairs == "exclude")
+              if is_learning and not g.contrast and runs_by_key is not None else learning)
+        left_out = set(lv.get("excluded") or ())
+        if left_out:
+            diffs = [v for q, v in zip(evalpairs, diffs) if q["stratum"] not in left_out]
         gate = decide_gate(gd, diffs, learning_status=lv["status"] if is_learning else None,
                            learning_text=lv["text"] if is_learning else "")
         if is_learning and lv is not learning:
             gate["learning_pairs"] = lv["text"]
+        if left_out:
+            gate["excluded_pairs"] = sorted(left_out)
+            if gate.get("cannot_pass"):  # too few pairs left to decide: not a failure of the treatment
+                gate.update(status="unknown", reason=f"{gate['reason']}; with {len(left_out)} pair(s) left out "
+                                                     f"({', '.join(sorted(left_out))}) too few remain to decide")
         gates.append(gate)
     return gates
 
@@ -301,6 +318,8 @@ def build_artifact(p: Protocol, entry: dict[str, Any], finished: dict[str, dict[
         "controls": controls,
         "learning": learning,
         "noise_floor": floor,
+        # the registration's own check of every gate (studies/decidability.py, with the pilot it found)
+        **({"decidability": entry["decidability"]} if entry.get("decidability") else {}),
         "conclusion": concl,
         "versions": earlier,
         "families": families,

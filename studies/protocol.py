@@ -17,7 +17,8 @@ File form (see studies/protocols/*.yaml for complete ones):
       - {name: s0, seed: 0, data_order: 1234, faults: scenarios/one-outage.yaml,
          link: {latency_ms: 20, jitter_ms: 2, bandwidth_kbps: 5000}, split: heldout}
     metrics: [final_heldout_nll, progress_per_flop, attempted_flops, opportunity_ticks, ...]
-    evaluation: {split: heldout}          # which strata the gates are decided on
+    evaluation: {split: heldout}          # which strata the gates are decided on; unlearned_pairs: flag |
+                                          # exclude (a pair whose runs both ended short of the bigram baseline)
     invalidators: [unclean_exit, target_not_reached, unequal_work, ...]
     gates:
       - {name: learning, metric: final_heldout_nll, kind: noninferiority, direction: lower,
@@ -65,7 +66,7 @@ from chaos.fields import FieldChecker, FieldPath
 from chaos.fields import dotted as _dotted
 from chaos.fields import tname as _tname
 from ground.config import POLICIES
-from studies.protocol_model import (ARM_KEYS, Arm, COMPARATOR_KEYS, CONTRAST_KEYS, Comparator, Contrast, GATE_KEYS, GATE_KINDS, Gate, INVALIDATORS, LINK_KEYS, METRICS, Protocol, ProtocolError, ROOT, SPLITS, START_KEYS, STRATUM_KEYS, Stratum, TESTS, TOP_KEYS, _plain)
+from studies.protocol_model import (ARM_KEYS, Arm, COMPARATOR_KEYS, CONTRAST_KEYS, Comparator, Contrast, GATE_KEYS, GATE_KINDS, Gate, INVALIDATORS, LINK_KEYS, METRICS, Protocol, ProtocolError, ROOT, SPLITS, START_KEYS, UNLEARNED_PAIRS, STRATUM_KEYS, Stratum, TESTS, TOP_KEYS, _plain)
 
 class _V(FieldChecker):
     """The validator: every check raises ProtocolError at the line of the path it checks. The line
@@ -293,8 +294,9 @@ class _V(FieldChecker):
             if treatment == control:
                 raise self.err(("contrast", "control"), "the control must be another arm than the treatment")
         ev = self.mapping(d.get("evaluation", {}) or {}, ("evaluation",), "the evaluation")
-        self.unknown(ev, ("split",), ("evaluation",))
+        self.unknown(ev, ("split", "unlearned_pairs"), ("evaluation",))
         split = self.choice(ev.get("split", "heldout"), ("evaluation", "split"), SPLITS)
+        unlearned = self.choice(ev.get("unlearned_pairs", "flag"), ("evaluation", "unlearned_pairs"), UNLEARNED_PAIRS)
         if not any(s.split == split for s in strata):
             raise self.err(("evaluation", "split"), f"no stratum is in the {split!r} split")
         if comparator is not None and comparator.split == split:
@@ -323,7 +325,8 @@ class _V(FieldChecker):
             controls = self._controls(controls, names, [s.name for s in strata])
         notes = self.text(d.get("notes", ""), ("notes",), empty=True)
         return Protocol(name, version, question, claim, target, base, arms, treatment, control, strata, metrics,
-                        split, inval, gates, controls, self.source, self.lines, notes, contrasts, start, comparator)
+                        split, inval, gates, controls, self.source, self.lines, notes, contrasts, start, comparator,
+                        unlearned)
 
     def comparator(self, d: Mapping[str, Any], arms: list[str], treatment: str, strata: tuple[Stratum, ...],
                    metrics: tuple[str, ...]) -> Comparator:

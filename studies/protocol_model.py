@@ -20,6 +20,7 @@ ENERGY_METRICS = ("energy_j", "energy_checkpoint_j", "energy_replay_j")
 INVALIDATORS = ("unclean_exit", "target_not_reached", "unequal_work", "work_unbalanced", "faults_never_fired",
                 "mixed_code_revisions", "eval_set_mismatch", "energy_meter_invalid", "start_state_mismatch")
 SPLITS = ("heldout", "calibration")
+UNLEARNED_PAIRS = ("flag", "exclude")
 GATE_KINDS = ("noninferiority", "superiority")
 TESTS = ("sign_flip_exact",)
 TOP_KEYS = ("name", "version", "question", "claim", "target_useful_tokens", "base_config", "arms", "contrast",
@@ -139,6 +140,10 @@ class Protocol:
     # The rule that chooses `control` (None: the control is named). Until it is decided, `control` is
     # the first candidate; studies/artifact.py decides it from the runs and replaces `control`.
     comparator: Comparator | None = None
+    # A pair whose two runs both ended short of the bigram baseline says nothing about learning:
+    # "flag" makes a learning gate over it vacuous; "exclude" leaves it out of the learning gates
+    # (reported), decided before the runs like everything else here.
+    unlearned_pairs: str = "flag"
 
     def contrast(self, name: str) -> Contrast:
         return next(c for c in self.contrasts if c.name == name)
@@ -158,7 +163,10 @@ class Protocol:
             "strata": [{"name": s.name, "seed": s.seed, "data_order": s.data_order, "faults": _plain(s.faults),
                         "faults_source": s.faults_source, "link": _plain(s.link), "split": s.split,
                         "family": s.family, "region": _plain(s.region)} for s in self.strata],
-            "metrics": list(self.metrics), "evaluation": {"split": self.evaluation_split},
+            "metrics": list(self.metrics),
+            "evaluation": {"split": self.evaluation_split,
+                           # only when set: the canonical form (and the hash) of earlier protocols is unchanged
+                           **({"unlearned_pairs": self.unlearned_pairs} if self.unlearned_pairs != "flag" else {})},
             "invalidators": list(self.invalidators),
             "gates": [{"name": g.name, "metric": g.metric, "kind": g.kind, "direction": g.direction,
                        "margin": g.margin, "alpha": g.alpha, "test": g.test, "note": g.note, "relative": g.relative,

@@ -21,9 +21,14 @@ def gates_table(art: dict[str, Any]) -> str:
     from studies.decidability import check_gate
 
     rows = []
+    # the check made at registration (against the seed floor and the pilot's paired differences) where the
+    # artifact has it; else recomputed from the artifact's noise floor
+    recorded = {c["gate"]: c for c in ((art.get("decidability") or {}).get("gates") or [])}
     for g in art.get("gates", []):
         flags = ("vacuous: " + str(g.get("vacuous_reason"))) if g.get("vacuous") else ""
-        pre = check_gate(g, int(g.get("n") or 0), art.get("noise_floor"))
+        if g.get("excluded_pairs"):
+            flags = "; ".join(x for x in (flags, "left out: " + ", ".join(g["excluded_pairs"])) if x)
+        pre = recorded.get(g["name"]) or check_gate(g, int(g.get("n") or 0), art.get("noise_floor"))
         rows.append([e(g["name"]), e(g["metric"]), e(f"{g['kind']} ({g['direction']} is better)"), fmt(g.get("margin")),
                      fmt(g.get("alpha")), fmt(g.get("n")),
                      f"<td class='{ {'decides': 'pass', 'cannot decide': 'fail'}.get(pre['status'], 'unknown')} "
@@ -32,7 +37,7 @@ def gates_table(art: dict[str, Any]) -> str:
                      e(g.get("reason")), e(flags)])
     return table(f"The frozen decision: {gate_summary(art)}. Beside each verdict, whether the gate could decide at "
                  "all (can pass and can fail with these pairs, alpha and margin, against the control arm's noise "
-                 "floor; studies/decidability.py, computed from the artifact)",
+                 "floor and, where registration had one, a pilot's paired differences; studies/decidability.py)",
                  ["Gate", "Metric", "Kind", "Margin", "Alpha", "Pairs", "Pre-run check", "p", "Status", "Reason",
                   "Flags"], rows, "gates")
 

@@ -95,3 +95,40 @@ def test_a_learning_gate_is_vacuous_only_where_both_runs_of_a_pair_learned_littl
     both = {**one_sided, "b/c": _run("b/c", 2.51)}
     v = _pair_learning(pairs, both)
     assert v["status"] == "weak" and "in 1 of 2 pairs (b) both runs" in v["text"]
+
+
+def test_a_protocol_may_leave_pairs_with_no_learning_out_of_its_learning_gates():
+    from studies.artifact import _gates
+    from studies.protocol import parse_protocol
+    from studies.protocol_model import ProtocolError
+
+    text = """
+name: ex
+question: q
+claim: c
+target_useful_tokens: 1024
+arms: [{name: c}, {name: t}]
+contrast: {treatment: t, control: c}
+strata: [{name: a, seed: 1}, {name: b, seed: 2}, {name: d, seed: 3}, {name: e, seed: 4}, {name: f, seed: 5},
+         {name: g, seed: 6}]
+metrics: [final_heldout_nll]
+evaluation: {split: heldout, unlearned_pairs: exclude}
+gates: [{name: learning, metric: final_heldout_nll, kind: noninferiority, direction: lower, margin: 0.01, alpha: 0.05}]
+"""
+    p = parse_protocol(text, "ex.yaml")
+    assert p.unlearned_pairs == "exclude" and p.to_dict()["evaluation"]["unlearned_pairs"] == "exclude"
+    assert "unlearned_pairs" not in parse_protocol(text.replace(", unlearned_pairs: exclude", ""), "x").to_dict()[
+        "evaluation"]  # a protocol without it hashes as before
+    with pytest.raises(ProtocolError, match=r"evaluation.unlearned_pairs: 'drop' is not one of \['flag', 'exclude'\]"):
+        parse_protocol(text.replace("unlearned_pairs: exclude", "unlearned_pairs: drop"), "ex.yaml")
+    nll = {"a": (2.29, 2.31), "b": (2.52, 2.54), "d": (2.285, 2.30), "e": (2.305, 2.30), "f": (2.27, 2.29),
+           "g": (2.295, 2.32)}  # (treatment, control): both runs of b ended short of the bigram baseline
+    runs = {f"{s}/{arm}": _run(f"{s}/{arm}", v[i]) for s, v in nll.items() for i, arm in enumerate(("t", "c"))}
+    pairs = [{"stratum": s, "treatment_key": f"{s}/t", "control_key": f"{s}/c",
+              "values": {"final_heldout_nll": {"difference": v[0] - v[1], "ratio": v[0] / v[1]}}} for s, v in nll.items()]
+    (g,) = _gates(p, pairs, {"status": "weak", "text": "study-wide"}, {}, runs)
+    assert g["excluded_pairs"] == ["b"] and g["n"] == 5 and not g["vacuous"] and g["status"] == "pass"
+    assert "1 of 6 pairs (b) left out" in g["learning_pairs"]
+    (g,) = _gates(parse_protocol(text.replace(", unlearned_pairs: exclude", ""), "x"), pairs,
+                  {"status": "weak", "text": "study-wide"}, {}, runs)
+    assert g["vacuous"] and g["n"] == 6 and "excluded_pairs" not in g  # flag: the pair makes the gate vacuous
