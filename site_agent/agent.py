@@ -65,6 +65,7 @@ from ground.schedule import steps_per_round, target_samples
 from site_agent.rounds import RoundLoop, _round_samples
 from site_agent.standby import Prepared, load_inputs, prepare, wait_for_site
 from site_agent.state import Snapshot, take_snapshot
+from site_agent.init_state import start_trainer
 from site_agent.trainer import IntraSiteError, SiteTrainer
 from site_agent.unwind import Interrupted, Stop
 from site_agent.worker import WorkerPool, check_workers, threads_per_worker
@@ -164,7 +165,7 @@ def _run(args: argparse.Namespace, cfg: RunConfig, topo: Topology, me: str, log:
         except IntraSiteError as e:
             return _exit_early(log, pool, 4, f"intra-site group failed: {e}")
         group = torch.distributed.group.WORLD
-    trainer = warm.trainer if warm is not None else SiteTrainer(cfg, device, group=group)
+    trainer = warm.trainer if warm is not None else start_trainer(cfg, device, group=group)
     log.emit("site_started", device=str(device), threads=threads, dataset_id=corpus.dataset_id,
              n_params=count_params(trainer.model), flops_per_token=trainer.flops_per_token,
              params_hash=trainer.params_hash(), torch=torch.__version__, pid=os.getpid(), workers_per_site=world,

@@ -61,6 +61,16 @@ def check_init_config(store_dir: str, manifest_sha256: str) -> None:
         _verified(Path(store_dir) / "manifests" / f"{manifest_sha256}.json", manifest_sha256, "manifest")
 
 
+def start_trainer(cfg: Any, device: Any, group: Any = None) -> Any:
+    """A SiteTrainer for `cfg` with its configured start state loaded (train.init_manifest_sha256),
+    before anyone hashes or snapshots its weights: every process that trains builds its trainer here."""
+    from site_agent.trainer import SiteTrainer  # torch: the launcher imports this module's checks without it
+
+    trainer = SiteTrainer(cfg, device, group=group)
+    trainer.init_state = load_init_state(trainer)
+    return trainer
+
+
 def load_init_state(trainer: Any) -> dict[str, Any] | None:
     """Load the configured start state into `trainer` (a SiteTrainer); None when none is configured.
     Returns what the site logs (`init_state`): the manifest hash, its params hash, round and run."""

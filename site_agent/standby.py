@@ -29,6 +29,7 @@ import torch
 from ground.config import RunConfig
 from site_agent.data import load_corpus, sample_order
 from site_agent.model import pick_device
+from site_agent.init_state import start_trainer
 from site_agent.trainer import SiteTrainer
 
 
@@ -74,7 +75,7 @@ def load_inputs(cfg: RunConfig) -> tuple[torch.device, Any, np.ndarray]:
 def prepare(cfg: RunConfig) -> Prepared:
     t0 = time.monotonic_ns()
     device, corpus, order = load_inputs(cfg)
-    trainer = SiteTrainer(cfg, device)
+    trainer = start_trainer(cfg, device)
     warm_up(trainer, cfg)
     return Prepared(device, corpus, order, trainer, t0, time.monotonic_ns())
 

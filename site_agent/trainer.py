@@ -22,6 +22,8 @@ group=None (the default, W = 1) nothing of this runs and the arithmetic is uncha
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -55,11 +57,9 @@ class SiteTrainer:
                                          momentum=cfg.train.outer_momentum, nesterov=cfg.train.outer_momentum > 0)
         self.inner_steps = 0
         self.outer_steps = 0
-        # A configured start state (train.init_manifest_sha256) replaces the seeded weights now, before
-        # anyone hashes or snapshots them; None when the run starts from the seed.
-        from site_agent.init_state import load_init_state
-
-        self.init_state = load_init_state(self)
+        # What start state replaced the seeded weights (site_agent/init_state.py `start_trainer` loads
+        # it); None when the run starts from the seed.
+        self.init_state: dict[str, Any] | None = None
 
     # ----------------------------------------------------------------- sync mode
     def compute_grads(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, np.ndarray]:

@@ -42,13 +42,16 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from site_agent.trainer import IntraSiteError
+
+if TYPE_CHECKING:
+    from site_agent.trainer import SiteTrainer
 from ground.config import ConfigError, RunConfig
 from ground.eventlog import EventLog
 
@@ -373,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     from site_agent.data import load_corpus, sample_order
     from site_agent.model import pick_device
     from ground.schedule import steps_per_round
-    from site_agent.trainer import SiteTrainer
+    from site_agent.init_state import start_trainer
     from ground.config import config_from_json
 
     cfg = config_from_json(args.run_dir / "config.json")
@@ -399,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         with log.span("intra_site_join", master_port=args.master_port):
             _init_group(rank, world, args.master_port, group_timeout(cfg))
         joined = True
-        trainer = SiteTrainer(cfg, device, group=dist.group.WORLD)
+        trainer = start_trainer(cfg, device, group=dist.group.WORLD)
         gather_hashes(trainer.params_hash(), world)  # the initial check (round -1), judged by rank 0
         reason = _serve_rounds(log, cfg, trainer, corpus, order, spr, rank, world)
     except IntraSiteError as e:

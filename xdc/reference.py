@@ -53,11 +53,11 @@ def train_reference(cfg: RunConfig, n_sites: int, eval_at_tokens: list[int],
     the first boundary past it). Returns [(useful_tokens_trained, heldout_nll)]."""
     from site_agent.data import batch_for, load_corpus, sample_order
     from ground.schedule import ids_at, target_samples
-    from site_agent.trainer import SiteTrainer
+    from site_agent.init_state import start_trainer
 
     corpus = load_corpus(cfg.data)
     order = sample_order(corpus, cfg.model.seq_len, cfg.data.shuffle_seed)
-    trainer = SiteTrainer(cfg, torch.device("cpu"))
+    trainer = start_trainer(cfg, torch.device("cpu"))
     global_batch = n_sites * cfg.train.per_site_batch  # samples per step
     target = target_samples(cfg)
     seq = cfg.model.seq_len

@@ -82,7 +82,6 @@ def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
 # these are what issue 53 has left.
 TYPE_ONLY_CIRCLES = [
     ["sim.coord", "sim.faults", "sim.gates", "sim.progress", "sim.rounds", "sim.services", "sim.site", "sim.world"],
-    ["site_agent.init_state", "site_agent.state", "site_agent.trainer"],  # the trainer loads its start state
 ]
 
 

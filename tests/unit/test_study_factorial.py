@@ -183,7 +183,7 @@ def test_a_run_starts_from_a_verified_durable_checkpoint(tmp_path: Path) -> None
     import torch
 
     from ground.config import load_config
-    from site_agent.init_state import InitStateError
+    from site_agent.init_state import InitStateError, start_trainer
     from site_agent.trainer import SiteTrainer
 
     small = {"model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "seq_len": 16},
@@ -196,19 +196,22 @@ def test_a_run_starts_from_a_verified_durable_checkpoint(tmp_path: Path) -> None
     h, blobs = _store_with_state(tmp_path / "store", trained)
     fresh = SiteTrainer(load_config(small), torch.device("cpu"))
     assert fresh.init_state is None and fresh.params_hash() != trained.params_hash()
+    # the trainer itself reads nothing from disk: the start state is start_trainer's
+    assert SiteTrainer(load_config({**small, "train": {**small["train"], "init_store_dir": str(tmp_path / "store"),
+                                                       "init_manifest_sha256": h}}), torch.device("cpu")).init_state is None
     cfg = load_config({**small, "train": {**small["train"], "seed": 0, "init_store_dir": str(tmp_path / "store"),
                                           "init_manifest_sha256": h}})
-    started = SiteTrainer(cfg, torch.device("cpu"))
+    started = start_trainer(cfg, torch.device("cpu"))
     assert started.params_hash() == trained.params_hash()  # not the seed's weights: the checkpoint's
     assert started.init_state["manifest_sha256"] == h and started.init_state["from_round"] == 2
     assert started.inner_opt.state  # the optimizer state came with it
     # a damaged blob, a wrong hash, half a config: refused, naming why
     (tmp_path / "store" / "blobs" / blobs["model"]).write_bytes(b"not the blob")
     with pytest.raises(InitStateError, match="hashes to .* expected"):
-        SiteTrainer(cfg, torch.device("cpu"))
+        start_trainer(cfg, torch.device("cpu"))
     with pytest.raises(InitStateError, match="manifest"):
-        SiteTrainer(load_config({**small, "train": {**small["train"], "init_store_dir": str(tmp_path / "store"),
+        start_trainer(load_config({**small, "train": {**small["train"], "init_store_dir": str(tmp_path / "store"),
                                                      "init_manifest_sha256": "0" * 64}}), torch.device("cpu"))
     with pytest.raises(InitStateError, match="both or neither"):
-        SiteTrainer(load_config({**small, "train": {**small["train"], "init_manifest_sha256": h}}),
+        start_trainer(load_config({**small, "train": {**small["train"], "init_manifest_sha256": h}}),
                     torch.device("cpu"))
