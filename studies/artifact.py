@@ -256,7 +256,10 @@ def _gates(p: Protocol, evalpairs: list[dict[str, Any]], learning: dict[str, str
             gate["learning_pairs"] = lv["text"]
         if left_out:
             gate["excluded_pairs"] = sorted(left_out)
-            if gate.get("cannot_pass"):  # too few pairs left to decide: not a failure of the treatment
+            if not diffs:
+                gate.update(status="unknown", reason=f"every pair left out ({', '.join(sorted(left_out))}): both runs "
+                                                     "of each ended short of the bigram baseline")
+            elif gate.get("cannot_pass"):  # too few pairs left to decide: not a failure of the treatment
                 gate.update(status="unknown", reason=f"{gate['reason']}; with {len(left_out)} pair(s) left out "
                                                      f"({', '.join(sorted(left_out))}) too few remain to decide")
         gates.append(gate)

@@ -154,7 +154,8 @@ def pre_run_checks(p: Protocol) -> dict[str, Any]:
     floor = control_noise_floor(p)
     n_pairs = sum(1 for s in p.strata if s.split == p.evaluation_split)
     controls = list(p.comparator.choose_from) if p.comparator is not None else [p.control]
-    pilot = find_record(p.name, p.version, p.treatment, controls)
+    evaluated = [s.name for s in p.strata if s.split == p.evaluation_split]
+    pilot = find_record(p.name, p.version, p.treatment, controls, strata=evaluated, split=p.evaluation_split)
     # A gate on a named contrast (a factorial block) is not a treatment - control pair: no pilot applies.
     gates = [{"name": g.name, "metric": g.metric, "kind": g.kind, "margin": g.margin, "alpha": g.alpha,
               "relative": g.relative, "direction": g.direction, "contrast": g.contrast} for g in p.gates]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from studies.paired_floor import sign_flip_p
+from studies.paired_floor import MAX_EXACT_PAIRS, sign_flip_p
 
 # A learning difference this many times the measurable one (the noise floor's threshold, about the 95 %
 # band of a difference of two seeds) is beyond anything two arms of one recipe plausibly produce here: the
@@ -79,6 +79,10 @@ def check_gate(gate: dict[str, Any], n_pairs: int, floor: dict[str, Any] | None,
     measurable, source = metric_floor(gate["metric"], bool(gate.get("relative")), floor)
     seed_floor = (measurable, source)
     pilot_out = None
+    if pilot is not None and (pilot["n"] != n_pairs or n_pairs > MAX_EXACT_PAIRS):
+        why.append(f"no pilot check: the pilot has {pilot['n']} pairs, the protocol {n_pairs}"
+                   + (f" (over the {MAX_EXACT_PAIRS} an exact check enumerates)" if n_pairs > MAX_EXACT_PAIRS else ""))
+        pilot = None
     if pilot is not None:
         pilot_out = _pilot_checks(gate, margin if gate["kind"] == "noninferiority" else 0.0, alpha, pilot)
         measurable = pilot["robust_sd"] if gate["kind"] == "noninferiority" else None

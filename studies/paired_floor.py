@@ -40,7 +40,7 @@ def sign_flip_p(x: Sequence[float]) -> float:
         raise ValueError(f"{n} pairs: exact enumeration is limited to {MAX_EXACT_PAIRS}")
     mags = [abs(float(v)) for v in x]
     observed = sum(float(v) for v in x)
-    tol = 1e-12 * max(1.0, sum(mags))
+    tol = 1e-9 * sum(mags)  # relative: progress-per-FLOP differences are ~1e-14
     hits = sum(1 for signs in itertools.product((1.0, -1.0), repeat=n)
                if sum(s * m for s, m in zip(signs, mags)) >= observed - tol)
     return hits / 2 ** n
@@ -98,9 +98,11 @@ def write_record(artifact_path: Path, out_dir: Path = RESULTS_DIR) -> Path:
 
 
 def find_record(study: str, version: int, treatment: str, controls: Sequence[str],
-                results_dir: Path = RESULTS_DIR) -> dict[str, Any] | None:
-    """The newest pilot of this study (an earlier version) with the same treatment and a control among
-    `controls`, with its file name; None when there is none."""
+                results_dir: Path = RESULTS_DIR, strata: Sequence[str] | None = None,
+                split: str | None = None) -> dict[str, Any] | None:
+    """The newest pilot of this study (an earlier version) with the same treatment, a control among
+    `controls` and (when given) the same evaluation split and strata, with its file name; None when
+    there is none."""
     best: dict[str, Any] | None = None
     for path in sorted(results_dir.glob(f"paired_floor_{study}-v*.json")):
         try:
@@ -109,7 +111,9 @@ def find_record(study: str, version: int, treatment: str, controls: Sequence[str
             continue
         src = rec.get("source") or {}
         if (rec.get("kind") != "paired_floor" or src.get("study") != study or int(src.get("version", 0)) >= version
-                or src.get("treatment") != treatment or src.get("control") not in controls):
+                or src.get("treatment") != treatment or src.get("control") not in controls
+                or (split is not None and src.get("split") != split)
+                or (strata is not None and list(src.get("strata") or []) != list(strata))):
             continue
         if best is None or src["version"] > best["source"]["version"]:
             best = {**rec, "record_file": path.name}

@@ -28,9 +28,11 @@ def gates_table(art: dict[str, Any]) -> str:
         flags = ("vacuous: " + str(g.get("vacuous_reason"))) if g.get("vacuous") else ""
         if g.get("excluded_pairs"):
             flags = "; ".join(x for x in (flags, "left out: " + ", ".join(g["excluded_pairs"])) if x)
-        pre = recorded.get(g["name"]) or check_gate(g, int(g.get("n") or 0), art.get("noise_floor"))
+        planned = int(g.get("n") or 0) + len(g.get("excluded_pairs") or [])  # the pairs registration counted
+        pre = recorded.get(g["name"]) or check_gate(g, planned, art.get("noise_floor"))
+        pairs = fmt(g.get("n")) if planned == g.get("n") else f"{fmt(g.get('n'))} of {planned}"
         rows.append([e(g["name"]), e(g["metric"]), e(f"{g['kind']} ({g['direction']} is better)"), fmt(g.get("margin")),
-                     fmt(g.get("alpha")), fmt(g.get("n")),
+                     fmt(g.get("alpha")), pairs,
                      f"<td class='{ {'decides': 'pass', 'cannot decide': 'fail'}.get(pre['status'], 'unknown')} "
                      f"precheck'><b>{e(pre['status'])}</b>: {e(pre['reason'])}</td>",
                      fmt(g.get("p"), ".4g"), f"<td class='{e(g['status'])} gate-status'>{e(g['status'])}</td>",

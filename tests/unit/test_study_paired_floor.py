@@ -132,3 +132,23 @@ gates: [{name: learning, metric: final_heldout_nll, kind: noninferiority, direct
     (g,) = _gates(parse_protocol(text.replace(", unlearned_pairs: exclude", ""), "x"), pairs,
                   {"status": "weak", "text": "study-wide"}, {}, runs)
     assert g["vacuous"] and g["n"] == 6 and "excluded_pairs" not in g  # flag: the pair makes the gate vacuous
+
+
+def test_the_exact_p_of_tiny_differences_is_not_all_ties_and_a_pilot_of_another_size_is_not_used():
+    assert sign_flip_p([1e-14] * 6) == 1 / 64  # progress per FLOP differs by ~1e-14 per pair
+    rec = {**record_from_artifact(_artifact({"final_heldout_nll": EW_V3}), "a.json", "0" * 64), "record_file": "f"}
+    c = check_gate(NLL_GATE, 8, None, gate_pilot(NLL_GATE, rec))
+    assert "pilot" not in c and "the pilot has 6 pairs, the protocol 8" in c["reason"]
+    c = check_gate(NLL_GATE, 20, None, gate_pilot(NLL_GATE, {**rec, "metrics": {"final_heldout_nll": {
+        **rec["metrics"]["final_heldout_nll"], "n": 20, "differences": EW_V3 * 3 + EW_V3[:2]}}}))
+    assert "over the 16 an exact check enumerates" in c["reason"]  # said, not a crash
+
+
+def test_a_pilot_of_other_strata_is_not_found(tmp_path):
+    path = tmp_path / "artifact.json"
+    path.write_text(json.dumps(_artifact({"final_heldout_nll": EW_V3})))
+    write_record(path, tmp_path)
+    strata = [f"s{i}" for i in range(6)]
+    assert find_record("st", 4, "t", ["c"], tmp_path, strata=strata, split="heldout") is not None
+    assert find_record("st", 4, "t", ["c"], tmp_path, strata=strata[:5], split="heldout") is None
+    assert find_record("st", 4, "t", ["c"], tmp_path, strata=strata, split="calibration") is None
