@@ -36,7 +36,7 @@ class EpochAdoption:
     def adopt(self, plan: EpochPlan) -> bool:
         """Take a new epoch's plan; restore the state it names. True if we should train now."""
         log = self.log
-        self.uploads.wait()  # the checkpoint in flight belongs to the epoch we leave; it ends first
+        self.ckpt.wait()  # the checkpoint in flight belongs to the epoch we leave; it ends first
         self.plan = plan
         self.epoch = plan.epoch
         self.status["epoch"] = self.epoch

@@ -26,8 +26,9 @@ With `train.workers_per_site` W > 1 this process is rank 0 of the site's W worke
 (see site_agent/worker.py): it spawns ranks 1..W-1, joins their gloo group, trains on its
 1/W slice of every step's batch with grads averaged over the group, does the WAN collective
 alone, broadcasts its result for every rank to apply and checks after every round that all
-The pieces of `Site`: adopting an epoch and restoring its state (site_agent/adoption.py), the
-round loop (site_agent/rounds.py) and the leader's checkpoints (site_agent/checkpointing.py).
+The pieces of `Site`: adopting an epoch and restoring its state (site_agent/adoption.py) and the
+round loop (site_agent/rounds.py), methods over the site's state; the leader's checkpoints are an
+object the site owns (site_agent/checkpointing.py `Checkpointer`, with its upload thread).
 """
 
 from __future__ import annotations
@@ -49,12 +50,11 @@ from checkpoint_store.blobstore import StoreError
 from control.scripted import check_schedule
 from ground.setting import SettingError, is_fixed
 from site_agent.adoption import EpochAdoption
-from site_agent.checkpointing import Checkpointing
+from site_agent.checkpointing import Checkpointer
 from site_agent.consistency import max_steps_per_round
 from site_agent.collective import AllReduce, CollectiveAborted, CollectiveInterrupted, PeerUnreachable
 from site_agent.data import eval_fields, eval_set
 from site_core.epochs import interrupts, next_plan, not_for_this_process
-from site_agent.background import OneAtATime
 from site_agent.carry import Resume, RoundProgress
 from site_agent.evaluator import BackgroundEval
 from ground.fields import Rejected
@@ -190,7 +190,7 @@ def _run(args: argparse.Namespace, cfg: RunConfig, topo: Topology, me: str, log:
     return site.run()
 
 
-class Site(EpochAdoption, RoundLoop, Checkpointing):
+class Site(EpochAdoption, RoundLoop):
     """One site's state across membership epochs (rank 0 of the site)."""
 
     def __init__(self, cfg: RunConfig, me: str, log: EventLog, node: WanNode, trainer: SiteTrainer, corpus: Any,
@@ -201,7 +201,6 @@ class Site(EpochAdoption, RoundLoop, Checkpointing):
         self.corpus, self.order, self.device, self.stopping, self.pool = corpus, order, device, stopping, pool
         self.evalset = eval_set(corpus, cfg.data, cfg.model.seq_len)  # fixed windows over the held-out split
         self.hx, self.hy = self.evalset.tensors()
-        self.uploads = OneAtATime("checkpoint-upload")  # the leader's periodic checkpoints (see checkpoint())
         # The leader's periodic evaluations run on a copy of the weights in a thread (site_agent.evaluator).
         self.evaluator = BackgroundEval(trainer.model, log, torch.get_num_threads(),
                                         lambda m: eval_fields(m, self.evalset, self.hx, self.hy, self.device))
@@ -212,6 +211,7 @@ class Site(EpochAdoption, RoundLoop, Checkpointing):
         if STORE in node.routes:
             from checkpoint_store.client import StoreClient
             self.store = StoreClient(node, node.inbox(*StoreClient.KINDS), log, cfg.wan.chunk_bytes)
+        self.ckpt = Checkpointer(cfg, log, node, self.store, corpus, order)  # the leader's checkpoints
         self.status: dict[str, Any] = {"round": -1, "epoch": 0}
         node.every(cfg.wan.heartbeat_interval_ms, lambda: node.send(
             COORD, "heartbeat", CONTROL, {"sent_mono_ns": time.monotonic_ns(), **self.status}, reliable=False))
@@ -236,6 +236,12 @@ class Site(EpochAdoption, RoundLoop, Checkpointing):
         self.step_at_end: dict[int, int] = {}  # round -> inner steps taken once it is done (per its setting)
         self.progress: RoundProgress | None = None  # the inner steps of the round in flight (site_agent.carry)
         self.resume: Resume | None = None  # a carried epoch's first round resumes after its kept steps
+
+    def checkpoint(self, rnd: int, cursor: int, background: bool = False) -> None:
+        """Leader: the state after round `rnd` (samples [0, cursor)) to the store (site_agent/checkpointing.py)."""
+        self.ckpt.checkpoint(rnd, cursor, trainer=self.trainer, retained=self.retained, epoch=self.epoch,
+                             frontier_manifest=self.plan.frontier_manifest if self.plan is not None else None,
+                             step=self.step_at_end.get(rnd, (rnd + 1) * self.spr), background=background)
 
     # ------------------------------------------------------------------ control
     def _poll_ctl(self) -> None:
@@ -361,7 +367,7 @@ class Site(EpochAdoption, RoundLoop, Checkpointing):
             log.emit("intra_site_failure", reason=str(e))
         self.evaluator.wait()  # its `eval` span is logged before the site stops
         try:
-            self.uploads.wait()  # a checkpoint in flight finishes (as it did when it was written inline)
+            self.ckpt.wait()  # a checkpoint in flight finishes (as it did when it was written inline)
         except Exception as e:  # leaving anyway: say so, then stop as planned
             log.emit("checkpoint_failed", reason=f"{type(e).__name__}: {e}")
         return _exit(log, node, rc, reason, self.pool)

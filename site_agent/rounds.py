@@ -75,7 +75,7 @@ class RoundLoop:
             self._fault_gates(rnd, cs, ce, cfg)
             rnd += 1
         self.evaluator.wait()  # the last round's evaluation is logged before the site says it is done
-        self.uploads.wait()  # and the last checkpoint is durable
+        self.ckpt.wait()  # and the last checkpoint is durable
         self.done_epoch = self.epoch
         self.node.send(COORD, "site_done", CONTROL, {"round": self.status["round"]})
         log.emit("target_reached", epoch=self.epoch, round=self.status["round"])
