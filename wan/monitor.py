@@ -27,7 +27,7 @@ _PROTOCOL_ERRORS = {getattr(zmq, n): n[len("PROTOCOL_ERROR_"):].lower() for n in
 
 
 class ConnectionMonitorMixin:
-    """Monitor events and connection tracking for WanNode (state: _monitors, _down, _ever_up, _lost, ...)."""
+    """Monitor events and connection tracking for WanNode (state: _monitors, _down, _ever_up, ...; ROUTER connections: wan/connections.py)."""
 
     def _on_monitor(self, msock: zmq.Socket) -> None:
         peer, _sock = self._monitors[msock]
@@ -72,32 +72,19 @@ class ConnectionMonitorMixin:
 
     def _note_connection(self, peer: str, fd: int | None) -> None:
         """An authenticated message from `peer` arrived on connection `fd`: it is connected."""
-        if fd is not None and self._peer_fd.get(peer) != fd:
-            old = self._peer_fd.get(peer)
-            if old is not None and self._fd_peer.get(old) == peer:
-                del self._fd_peer[old]
-            self._fd_peer[fd] = peer
-            self._peer_fd[peer] = fd
-        if peer in self._lost:
-            with self._lock:
-                since = self._lost.pop(peer, None)
-            if since is not None:  # how long a live peer was unheard after its connection closed
-                self.log.emit("peer_reconnected", peer=peer, silent_ms=round((time.monotonic_ns() - since) / 1e6, 1))
+        silent_ms = self.router_connections.heard(peer, fd, time.monotonic_ns())
+        if silent_ms is not None:  # how long a live peer was unheard after its connection closed
+            self.log.emit("peer_reconnected", peer=peer, silent_ms=silent_ms)
 
     def _on_router_disconnect(self, fd: int) -> None:
         """A ROUTER connection closed. If it was a member's newest one, that member is lost until
-        it is heard again (TCP delivers everything sent on a connection before its close, so any
-        later message came over a new connection)."""
-        peer = self._fd_peer.pop(fd, None)
-        if peer is None or self._peer_fd.get(peer) != fd:
-            return
-        del self._peer_fd[peer]
-        now = time.monotonic_ns()
-        self.log.emit("peer_disconnected", peer=peer, link=self.server_links.get(peer, f"{peer}_to_{self.name}"),
-                      fd=fd)  # logged before anyone can act on it
-        with self._lock:
-            self._lost[peer] = now
-
+        it is heard again (wan/connections.py)."""
+        peer = self.router_connections.closed(fd)
+        if peer is not None:
+            now = time.monotonic_ns()
+            self.log.emit("peer_disconnected", peer=peer, link=self.server_links.get(peer, f"{peer}_to_{self.name}"),
+                          fd=fd)  # logged before anyone can act on it
+            self.router_connections.mark_lost(peer, now)
     def _mark_in_doubt(self, peer: str, now_ns: int) -> int:
         """Bytes handed to the route within DOUBT_WINDOW_NS before it closed: counted as sent, but
         they may have died in the connection's buffers. Recorded as side `doubt` (no class owns

@@ -71,6 +71,7 @@ import zmq
 
 from wan import keys as keymod
 from wan import sockets
+from wan.connections import RouterConnections
 from wan.counters import ByteCounters
 from wan.delivery import HELD_ACKS_MAX, INBOX_MAX_BYTES, INBOX_MAX_MESSAGES, Inbox, SeqWindow
 from wan.reliable import ReliableChannel
@@ -162,13 +163,8 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
         self.refused_over_cap = 0  # reliable messages refused: their destination held too much unacked (WanConfig)
         self.refused_undeliverable = 0  # messages refused: over a receiver's size limits (frames.undeliverable)
         self.refused_by_peer = 0  # reliable messages a peer refused for good (`refused` notices, wan.receiver)
-        # ROUTER connections, for the coordinator's failure detection (`lost_connections`): the
-        # member each connection (file descriptor, ZMQ_SRCFD) last authenticated as, the newest
-        # connection of each member, and member -> mono ns at which its newest connection closed,
-        # while nothing has come from it since.
-        self._fd_peer: dict[int, str] = {}
-        self._peer_fd: dict[str, int] = {}
-        self._lost: dict[str, int] = {}
+        # ROUTER connections, for the coordinator's failure detection (`lost_connections`)
+        self.router_connections = RouterConnections()
         # Acks for a peer this node reaches over its own client route, held while that route is down
         # and sent when it is up again (wan/receiver.py `_send_ack`).
         self._held_acks: dict[str, collections.deque[list[Any]]] = collections.defaultdict(
@@ -252,8 +248,7 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
     def lost_connections(self) -> dict[str, int]:
         """Members whose connection to this node's ROUTER closed, with the mono ns it closed at,
         that sent nothing since (a message from a member removes it: it is connected again)."""
-        with self._lock:
-            return dict(self._lost)
+        return self.router_connections.lost()
 
     def check(self) -> None:
         """Raise if the I/O thread died: a process must not wait forever on a dead endpoint."""

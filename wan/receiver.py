@@ -163,7 +163,7 @@ class ReceivingMixin:
                 self._send_stale_notice(peer, msg, fence.epoch)
             return
         if rid is not None:
-            lost_since = self._lost.get(msg.src)  # when its previous connection here closed, if it did
+            lost_since = self.router_connections.lost_since(msg.src)  # when its previous connection here closed
             self._note_connection(msg.src, fd)
             self._learn_peer(msg.src, rid, lost_since)
         if rid is None:
