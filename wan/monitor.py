@@ -11,13 +11,11 @@ connection closed (`WanNode.lost_connections`). Failed handshakes are logged.
 
 from __future__ import annotations
 
-import collections
 import time
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from wan.sender import DOUBT_WINDOW_NS
 
 _EVENT_NAMES = {getattr(zmq, n): n[len("EVENT_"):].lower() for n in dir(zmq) if n.startswith("EVENT_")
                 and n not in ("EVENT_ALL", "EVENT_ALL_V1", "EVENT_ALL_V2")}
@@ -27,7 +25,8 @@ _PROTOCOL_ERRORS = {getattr(zmq, n): n[len("PROTOCOL_ERROR_"):].lower() for n in
 
 
 class ConnectionMonitorMixin:
-    """Monitor events and connection tracking for WanNode (state: _monitors, _down, _ever_up, ...; ROUTER connections: wan/connections.py)."""
+    """Monitor events and connection tracking for WanNode (state: _monitors, _periodic, ...; the routes' state: wan/route_state.py; ROUTER connections:
+    wan/connections.py)."""
 
     def _on_monitor(self, msock: zmq.Socket) -> None:
         peer, _sock = self._monitors[msock]
@@ -52,14 +51,10 @@ class ConnectionMonitorMixin:
                                   detail=f"ZMTP/CURVE handshake failed (code {ev['value']}{', ' + what if what else ''})")
                 continue
             if name == "disconnected":
-                self._down[peer] = True
                 doubt = self._mark_in_doubt(peer, time.monotonic_ns())
                 self.log.emit("link_down", peer=peer, link=self.routes[peer].link, in_doubt_bytes=doubt)
             elif name == "handshake_succeeded":
-                was_down = self._down.get(peer, False)
-                reconnect = was_down or self._ever_up.get(peer, False)
-                self._down[peer] = False
-                self._ever_up[peer] = True
+                reconnect = self.route_states.handshake(peer)
                 if reconnect:
                     self.log.emit("link_up", peer=peer, link=self.routes[peer].link, reconnect=True)
                     for _interval, _fn, last in self._periodic:
@@ -86,14 +81,12 @@ class ConnectionMonitorMixin:
                           fd=fd)  # logged before anyone can act on it
             self.router_connections.mark_lost(peer, now)
     def _mark_in_doubt(self, peer: str, now_ns: int) -> int:
-        """Bytes handed to the route within DOUBT_WINDOW_NS before it closed: counted as sent, but
-        they may have died in the connection's buffers. Recorded as side `doubt` (no class owns
-        them; the reconciliation allows at most these bytes of excess on the link)."""
-        recent = self._recent.pop(peer, None) or collections.deque()
+        """The route went down. Bytes handed to it within the doubt window before it closed: counted
+        as sent, but they may have died in the connection's buffers. Recorded as side `doubt` (no class
+        owns them; the reconciliation allows at most these bytes of excess on the link)."""
         link = self.routes[peer].link
         total = 0
-        for t, cls, wire in recent:
-            if now_ns - t <= DOUBT_WINDOW_NS:
-                self.counters.add("doubt", link, "up", cls, wire)
-                total += wire
+        for cls, wire in self.route_states.disconnected(peer, now_ns):
+            self.counters.add("doubt", link, "up", cls, wire)
+            total += wire
         return total

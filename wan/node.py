@@ -73,6 +73,7 @@ from wan import keys as keymod
 from wan import sockets
 from wan.connections import RouterConnections
 from wan.counters import ByteCounters
+from wan.route_state import RouteStates
 from wan.delivery import HELD_ACKS_MAX, INBOX_MAX_BYTES, INBOX_MAX_MESSAGES, Inbox, SeqWindow
 from wan.reliable import ReliableChannel
 from wan.frames import UNFENCED_KINDS, Fence, encode, undeliverable
@@ -151,9 +152,8 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._wake_addr = f"inproc://wake-{id(self)}"
-        # Per DEALER route: (mono_ns, cls, wire bytes) of what was handed to ZeroMQ recently, so a
-        # disconnect can say which bytes may have died in the connection (`doubt` counters).
-        self._recent: dict[str, collections.deque[tuple[int, str, int]]] = collections.defaultdict(collections.deque)
+        # Per DEALER route: up or down, and what it was handed recently (`doubt` counters on a disconnect)
+        self.route_states = RouteStates()
         self.dropped_while_down = 0  # unreliable messages not sent because their link was down
         self.rejected = 0
         self.crashed: str | None = None
@@ -335,8 +335,7 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
     def route_down(self, peer: str) -> bool:
         """Whether this node's own route (DEALER) to `peer` is down now (between a disconnect and the
         next handshake): reliable messages for `peer` wait, parked, until it is up again."""
-        with self._lock:
-            return self._down.get(peer, False)
+        return self.route_states.is_down(peer)
 
     def parked(self, dest: str) -> int:
         """Reliable messages for `dest` taken off the outbox that were never handed to ZeroMQ (their
@@ -405,8 +404,6 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
             self._router = r
         self._dealers: dict[str, zmq.Socket] = {}
         self._dealer_peer: dict[zmq.Socket, str] = {}
-        self._ever_up: dict[str, bool] = {}
-        self._down: dict[str, bool] = {}
         for peer, route in self.routes.items():
             d = sockets.dealer(ctx, self.wan, self.name, peer, keypair, self._keys_dir)
             self._monitors[d.get_monitor_socket()] = (peer, d)

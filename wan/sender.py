@@ -2,7 +2,7 @@
 
 A message is handed to ZeroMQ only over a route that is up (`_route_up`); every send is counted per
 link/direction/class, and what a DEALER route was handed recently is kept so that a disconnect can
-count the bytes that may have died in the connection (`DOUBT_WINDOW_NS`). Unacked reliable messages
+count the bytes that may have died in the connection (wan/route_state.py). Unacked reliable messages
 are resent after a reconnect or after `retransmit_timeout_ms` without ack progress.
 
 `SendingMixin` holds methods only: `WanNode` (wan/node.py) owns the state they use.
@@ -16,10 +16,6 @@ from typing import Any
 import zmq
 
 from wan.zmq_text import wire_size
-
-# A message handed to ZeroMQ this long before its connection was seen to close may have died in
-# the connection's buffers without reaching the proxy: its bytes are "in doubt" (ns).
-DOUBT_WINDOW_NS = 250_000_000
 
 
 class SendingMixin:
@@ -39,7 +35,7 @@ class SendingMixin:
         message is not handed over: a reliable one waits among the unacked and goes out when the
         handshake succeeds; an unreliable one is dropped and tallied (`dropped_while_down`).
         """
-        return dest not in self._dealers or (self._ever_up.get(dest, False) and not self._down.get(dest, False))
+        return dest not in self._dealers or self.route_states.usable(dest)
 
     def _raw_send(self, dest: str, frames: list[Any], cls: str) -> bool:
         if not self._route_up(dest):
@@ -67,11 +63,7 @@ class SendingMixin:
         wire = wire_size(frames, self.wan.curve)
         self.counters.add(side, link, direction, cls, wire)
         if dest in self._dealers:
-            now = time.monotonic_ns()
-            recent = self._recent[dest]
-            recent.append((now, cls, wire))
-            while recent and now - recent[0][0] > DOUBT_WINDOW_NS:
-                recent.popleft()
+            self.route_states.sent(dest, time.monotonic_ns(), cls, wire)
         return True
 
     def _flush_outbox(self) -> None:
