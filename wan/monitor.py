@@ -25,7 +25,7 @@ _PROTOCOL_ERRORS = {getattr(zmq, n): n[len("PROTOCOL_ERROR_"):].lower() for n in
 
 
 class ConnectionMonitorMixin:
-    """Monitor events and connection tracking for WanNode (state: _monitors, _periodic, ...; the routes' state: wan/route_state.py; ROUTER connections:
+    """Monitor events and connection tracking for WanNode (state: _monitors, ...; periodic tasks: wan/periodic.py; the routes' state: wan/route_state.py; ROUTER connections:
     wan/connections.py)."""
 
     def _on_monitor(self, msock: zmq.Socket) -> None:
@@ -57,8 +57,7 @@ class ConnectionMonitorMixin:
                 reconnect = self.route_states.handshake(peer)
                 if reconnect:
                     self.log.emit("link_up", peer=peer, link=self.routes[peer].link, reconnect=True)
-                    for _interval, _fn, last in self._periodic:
-                        last[0] = 0.0  # heartbeats go out at once: the peer hears we are alive
+                    self.periodic.run_all_next()  # heartbeats go out at once: the peer hears we are alive
                 self._send_held_acks(peer)
                 self._resend_all(peer, "reconnected" if reconnect else "connected")
             elif name.startswith("handshake_failed"):

@@ -73,6 +73,7 @@ from wan import keys as keymod
 from wan import sockets
 from wan.connections import RouterConnections
 from wan.counters import ByteCounters
+from wan.periodic import Periodic
 from wan.route_state import RouteStates
 from wan.delivery import HELD_ACKS_MAX, INBOX_MAX_BYTES, INBOX_MAX_MESSAGES, Inbox, SeqWindow
 from wan.reliable import ReliableChannel
@@ -148,7 +149,7 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
         # member -> the ROUTER routing id that last delivered an authenticated message from it
         self._peer_rid: dict[str, bytes] = {}
         self._on_crash = on_crash
-        self._periodic: list[tuple[float, Callable[[], None], list[float]]] = []
+        self.periodic = Periodic()  # the I/O thread's periodic tasks (heartbeats)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._wake_addr = f"inproc://wake-{id(self)}"
@@ -188,7 +189,7 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
 
     def every(self, interval_ms: float, fn: Callable[[], None]) -> None:
         """Run fn on the I/O thread every interval (heartbeats). fn may call send()."""
-        self._periodic.append((interval_ms / 1000.0, fn, [0.0]))
+        self.periodic.add(interval_ms / 1000.0, fn)
 
     def set_fence(self, epoch: int, members: Sequence[str] | None = None) -> None:
         with self._lock:
@@ -466,19 +467,12 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
                 self._wake_tx = None
 
     def _next_timer_ms(self) -> int:
-        now = time.monotonic()
-        t = 50.0
-        for interval, _fn, last in self._periodic:
-            t = min(t, max(0.0, (last[0] + interval - now) * 1000))
-        return int(t) + 1
+        return self.periodic.sleep_ms(time.monotonic())
 
     def _run_periodic(self) -> None:
-        now = time.monotonic()
-        for interval, fn, last in self._periodic:
-            if now - last[0] >= interval:
-                last[0] = now
-                try:
-                    fn()
-                except Exception as e:
-                    self.log.emit("periodic_task_failed", error=f"{type(e).__name__}: {e}")
+        for fn in self.periodic.due(time.monotonic()):
+            try:
+                fn()
+            except Exception as e:
+                self.log.emit("periodic_task_failed", error=f"{type(e).__name__}: {e}")
         self._flush_outbox()
