@@ -22,6 +22,6 @@ def test_tasks_run_at_once_then_every_interval_and_at_once_again_after_a_reconne
 def test_the_loop_sleeps_until_the_next_task_and_at_most_50_ms():
     assert Periodic().sleep_ms(0.0) == 51
     p = Periodic()
-    p.add(0.02, lambda: None)
-    p.due(100.0)
-    assert p.sleep_ms(100.0) == 21  # 20 ms until it is due again, +1
+    p.add(0.03125, lambda: None)  # 1/32 s: exact in binary, so the arithmetic below is too
+    p.due(1.0)
+    assert p.sleep_ms(1.0) == 32  # 31.25 ms until it is due again, whole ms + 1
