@@ -4,8 +4,9 @@ Every received multipart message is taken off the socket within bounds (`_recv_b
 checked against the identity of its connection and the node's fence, counted, then either an ack
 (clears the sender's pending message) or delivered once to its kind's inbox and acked. Anything
 rejected is counted and logged as `frame_rejected` with its reason; the node goes on. A reliable
-message refused only for its stale epoch is answered with a stale notice (`_send_stale_notice`), so its
-sender stops resending what this node's fence will never admit.
+message refused only for its stale epoch is answered with a stale notice (`_send_stale_notice`), and
+one of a kind this node has no inbox for with a refusal (`_send_refusal`), so its sender stops
+resending what this node will never admit.
 
 `ReceivingMixin` holds methods only: `WanNode` (wan/node.py) owns the state they use.
 """
@@ -161,6 +162,8 @@ class ReceivingMixin:
                           kind=msg.kind, msg_epoch=msg.epoch, msg_run=msg.run, src=msg.src)
             if stale:
                 self._send_stale_notice(peer, msg, fence.epoch)
+            elif reason.startswith("unknown_kind") and msg.seq > 0:  # identity and fence passed: for good
+                self._send_refusal(peer, msg, "unknown_kind")
             return
         if rid is not None:
             lost_since = self.router_connections.lost_since(msg.src)  # when its previous connection here closed
@@ -228,6 +231,16 @@ class ReceivingMixin:
                         body={"seq": msg.seq, "inc": msg.inc, "stale_fence": fence_epoch})
         self._raw_send(peer, notice, "control")
 
+    def _send_refusal(self, peer: str, msg: Message, why: str) -> None:
+        """Tell the sender of a reliable message that this node refuses it for good (`why`): no inbox
+        of this incarnation takes its kind (inboxes are registered before the node starts). Not an
+        ack; the sender forgets the message instead of resending it every retransmit timeout. Like the
+        stale notice, it goes only over a route this node already has to `peer`."""
+        notice = encode(kind="ack", cls="control", run=self.run_id, epoch=self.epoch, step=self.step,
+                        src=self.name, inc=self.inc, seq=0,
+                        body={"seq": msg.seq, "inc": msg.inc, "refused": why, "refused_kind": str(msg.kind)[:64]})
+        self._raw_send(peer, notice, "control")
+
     def _window(self, msg: Message) -> SeqWindow:
         """The sequence window of (msg.src, msg.inc); only the latest INCARNATIONS_KEPT per member are kept."""
         per_src = self._seen[msg.src]
@@ -273,6 +286,18 @@ class ReceivingMixin:
         if stale_fence is not None:  # a stale-epoch notice (`_send_stale_notice`), not an ack
             if isinstance(stale_fence, int) and not isinstance(stale_fence, bool):
                 self._drop_superseded(msg.src, stale_fence, msg.inc)
+            return
+        refused = msg.body.get("refused")
+        if refused is not None:  # a refusal (`_send_refusal`), not an ack: only msg.src can refuse its own
+            with self._lock:
+                ch = self._channels.get(msg.src)
+                p = ch.refused(seq, time.monotonic_ns()) if ch is not None else None
+            if p is not None:
+                self.refused_by_peer += 1
+                kind, why = msg.body.get("refused_kind"), refused
+                self.log.emit("send_refused", dest=msg.src,
+                              kind=kind[:64] if isinstance(kind, str) else safe_repr(kind, 64),
+                              reason=f"refused by {msg.src}: " + (why[:80] if isinstance(why, str) else safe_repr(why, 80)))
             return
         with self._lock:
             ch = self._channels.get(msg.src)

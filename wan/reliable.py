@@ -79,6 +79,15 @@ class ReliableChannel:
             self.acked_sent_ns = max(self.acked_sent_ns, p.last_sent_ns)
         return p
 
+    def refused(self, seq: int, now_ns: int) -> Pending | None:
+        """The destination refused `seq` for good (it has no inbox for its kind): forget it, not acked.
+        None when it was not outstanding."""
+        p = self.pending.pop(seq, None)
+        if p is not None:
+            self.held_bytes -= p.wire
+            self.progress_ns = now_ns  # what is left gets a fresh timeout
+        return p
+
     def drop_superseded(self, fence_epoch: int, now_ns: int) -> tuple[int, int]:
         """The destination's fence stands at `fence_epoch` (it only rises): forget every outstanding
         message of a fenced kind from an earlier epoch, which it would refuse at every resend. Returns

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import zmq
 
-from wan.frames import MAX_BUFFERS, encode
+from wan.frames import MAX_BUFFERS, decode, encode
 from wan.keys import generate_cluster_keys, load_keypair, load_public
 from wan.node import WAN_CRASH_EXIT_CODE, Route, WanNode
 from wan.toxiproxy import free_port
@@ -138,18 +138,19 @@ def test_key_holder_claiming_another_members_routing_id_is_refused_and_the_genui
     assert not [e for e in read_events(cluster.tmp / "a.jsonl") if e["event"] == "link_down"]
 
 
-def test_insider_with_its_own_identity_sending_an_unregistered_kind_is_rejected_unacked(cluster):
+def test_insider_with_its_own_identity_sending_an_unregistered_kind_is_rejected_unacked_and_refused(cluster):
     b_in = cluster.b.inbox("data")
     cluster.b.start()
     s = cluster.insider(b"c#1234")
-    s.send_multipart(frames(kind="no_such_kind", seq=1))
     s.send_multipart(frames(kind="data", seq=2, body={"i": 5}))
-    m = drain(b_in, 1)[0]
+    m = drain(b_in, 1)[0]  # accepted first: b now has a route back to c (a refusal needs one)
+    s.send_multipart(frames(kind="no_such_kind", seq=1))
     assert (m.src, m.body["i"]) == ("c", 5)
-    acks = []
+    replies = []
     while s.poll(500):
-        acks.append(s.recv_multipart())
-    assert len(acks) == 1, "only the registered kind is acked"
+        replies.append(decode(s.recv_multipart(copy=False), max_frame_bytes=1 << 20, max_header_bytes=1 << 16))
+    assert sorted((m.kind, m.body["seq"], m.body.get("refused")) for m in replies) == [
+        ("ack", 1, "unknown_kind"), ("ack", 2, None)], "the registered kind acked, the other refused for good"
     assert wait_until(lambda: any(e["reason"] == "unknown_kind" for e in rejected(cluster.tmp / "b.jsonl")))
     e = next(e for e in rejected(cluster.tmp / "b.jsonl") if e["reason"] == "unknown_kind")
     assert e["kind"] == "no_such_kind" and e["src"] == "c"

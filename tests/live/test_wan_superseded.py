@@ -93,11 +93,12 @@ def test_an_insider_cannot_make_a_node_drop_messages_for_another_member(cluster)
     a alone, and a notice claiming to come from a is refused as an identity mismatch."""
     b_in = cluster.b.inbox("hello")
     cluster.b.start()
-    cluster.a.start()  # a registered no inbox for "data": b's messages to a stay unacked (unknown_kind)
+    cluster.a.start()
     cluster.a.send("b", "hello", "control", {})
     assert drain(b_in, 1), "b never heard from a"  # b now routes to a through a's connection
+    cluster.a.close()  # a is gone: b's message to a stays unacked
     seq = cluster.b.send("a", "data", "control", {"i": 1}, epoch=0)
-    assert wait_until(lambda: any(e["reason"] == "unknown_kind" for e in rejected(cluster.tmp / "a.jsonl")))
+    time.sleep(0.5)
     assert cluster.b.unacked("a") == 1
     s = cluster.insider(b"c#77")
     notice = {"seq": seq, "inc": cluster.b.inc, "stale_fence": 99}
@@ -108,3 +109,22 @@ def test_an_insider_cannot_make_a_node_drop_messages_for_another_member(cluster)
     assert cluster.b.unacked("a") == 1
     assert cluster.b.superseded == 0
     assert not events(cluster.tmp / "b.jsonl", "superseded_dropped")
+
+
+def test_a_message_of_a_kind_the_receiver_has_no_inbox_for_is_refused_once_not_resent(cluster):
+    """The receiver registered no inbox for "data" (inboxes are fixed before a node starts): it
+    refuses the message for good instead of leaving it unacked, and the sender forgets it and says
+    so (`send_refused`), instead of resending it every retransmit timeout for the rest of the run."""
+    b_in = cluster.b.inbox("heartbeat")
+    cluster.b.start()
+    cluster.a.start()
+    cluster.a.send("b", "heartbeat", "control", {"i": 2}, epoch=0)
+    assert [m.body["i"] for m in drain(b_in, 1)] == [2]  # b has a route back to a (a refusal needs one)
+    cluster.a.send("b", "data", "control", {"i": 1}, epoch=0)
+    assert cluster.a.wait_acked(10, "b"), f"a still holds {cluster.a.unacked('b')} messages for b"
+    assert cluster.a.refused_by_peer == 1 and cluster.a.retransmits == 0
+    assert wait_until(lambda: events(cluster.tmp / "a.jsonl", "send_refused"))
+    (e,) = events(cluster.tmp / "a.jsonl", "send_refused")
+    assert (e["dest"], e["kind"], e["reason"]) == ("b", "data", "refused by b: unknown_kind")
+    time.sleep(3 * 0.3)  # three retransmit timeouts: nothing comes again
+    assert [r["reason"] for r in rejected(cluster.tmp / "b.jsonl")] == ["unknown_kind"]
