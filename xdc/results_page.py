@@ -257,7 +257,7 @@ def readme_block(results: dict[str, dict[str, Any]], page_rel: str = "results/si
     lines = ["| Question | Published answer |", "|---|---|"]
     for section in SECTIONS:
         state, sentence, _ = section_parts(section, fill[section])
-        text = html.unescape(re.sub(r"<[^>]+>", "", sentence))
+        text = " ".join(html.unescape(re.sub(r"<[^>]+>", "", sentence)).split())  # one table row: no newline
         text = text if len(text) <= 300 else text[:297].rstrip() + "…"
         lines.append(f"| [{QUESTIONS[section]}]({page_rel}#{section}) | **{state}** — {text.replace('|', '/')} |")
     return "\n".join(lines) + "\n"

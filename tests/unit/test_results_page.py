@@ -115,3 +115,11 @@ def test_the_controller_timeline_draws_both_arms_settings_and_marks_and_their_co
     assert led.count("<tr>") == 2 + 9 + 11 and "local H=8 int8" in led
     assert "No controller timeline: no stratum has both runs" in _controller_svg(
         {"stratum": None, "rule": "no stratum has both runs", "runs": []})
+
+
+def test_every_answer_in_the_readme_is_one_table_row():
+    """A claim written as a YAML folded block ends in a newline; the README's table row must not break."""
+    block = readme_block(load_results(RESULTS))
+    rows = block.strip().splitlines()
+    assert all(r.startswith("| ") and r.endswith(" |") for r in rows), [r for r in rows if not r.endswith(" |")]
+    assert len(rows) == 2 + len(SECTIONS)
