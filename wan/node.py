@@ -78,7 +78,7 @@ from wan.route_state import RouteStates
 from wan.delivery import HELD_ACKS_MAX, INBOX_MAX_BYTES, INBOX_MAX_MESSAGES, Inbox, SeqWindow
 from wan.reliable import ReliableChannel
 from wan.frames import UNFENCED_KINDS, Fence, encode, undeliverable
-from wan.monitor import ConnectionMonitorMixin
+from wan.monitor import ConnectionMonitor
 from wan.receiver import ReceivingMixin
 from wan.sender import SendingMixin
 from wan.zmq_text import describe_error
@@ -99,7 +99,7 @@ def terminate_process(reason: str) -> None:
     os._exit(WAN_CRASH_EXIT_CODE)
 
 
-class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
+class WanNode(SendingMixin, ReceivingMixin):
     def __init__(
         self,
         *,
@@ -395,26 +395,37 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
                 raise keymod.CurveKeyError("wan.curve is on but no keys directory was given")
             keypair = keymod.load_keypair(self._keys_dir, self.name)
         self._router: zmq.Socket | None = None
-        self._monitors: dict[zmq.Socket, tuple[str, zmq.Socket]] = {}
+        self.monitor = ConnectionMonitor(
+            name=self.name, log=self.log, counters=self.counters, routes=self.routes, server_links=self.server_links,
+            route_states=self.route_states, router_connections=self.router_connections, periodic=self.periodic,
+            on_route_up=self._route_up_again, on_handshake_refused=self._handshake_refused)
         if self.bind is not None:
             if keypair is not None:
                 self._auth = keymod.start_authenticator(ctx, self._keys_dir)
             r = sockets.router(ctx, self.wan, keypair)
-            self._monitors[r.get_monitor_socket()] = ("server", r)
+            self.monitor.watch(r, "server")
             r.bind(self.bind)
             self._router = r
         self._dealers: dict[str, zmq.Socket] = {}
         self._dealer_peer: dict[zmq.Socket, str] = {}
         for peer, route in self.routes.items():
             d = sockets.dealer(ctx, self.wan, self.name, peer, keypair, self._keys_dir)
-            self._monitors[d.get_monitor_socket()] = (peer, d)
+            self.monitor.watch(d, peer)
             d.connect(route.address)
             self._dealers[peer] = d
             self._dealer_peer[d] = peer
         self._poller = zmq.Poller()
-        for sock in (self._wake_rx, self._router, *self._dealers.values(), *self._monitors):
+        for sock in (self._wake_rx, self._router, *self._dealers.values(), *self.monitor.sockets):
             if sock is not None:
                 self._poller.register(sock, zmq.POLLIN)
+
+    def _route_up_again(self, peer: str, reconnect: bool) -> None:
+        """The route to `peer` completed a handshake: the acks held for it and what it left unacked go out."""
+        self._send_held_acks(peer)
+        self._resend_all(peer, "reconnected" if reconnect else "connected")
+
+    def _handshake_refused(self) -> None:
+        self.rejected += 1
 
     def _run(self, ready: threading.Event, errors: list[BaseException]) -> None:
         try:
@@ -440,8 +451,8 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
                                 self._wake_rx.recv(zmq.NOBLOCK)
                             except zmq.Again:
                                 break
-                    elif sock in self._monitors:
-                        self._on_monitor(sock)
+                    elif sock in self.monitor.sockets:
+                        self.monitor.on_events(sock)
                     else:
                         self._drain(sock)
                 self._flush_outbox()
@@ -455,8 +466,7 @@ class WanNode(SendingMixin, ReceivingMixin, ConnectionMonitorMixin):
                 self._on_crash(self.crashed)
             raise
         finally:
-            for s in list(self._monitors):
-                s.close(0)
+            self.monitor.close()
             for d in self._dealers.values():
                 d.close()
             if self._router is not None:

@@ -167,7 +167,7 @@ class ReceivingMixin:
             return
         if rid is not None:
             lost_since = self.router_connections.lost_since(msg.src)  # when its previous connection here closed
-            self._note_connection(msg.src, fd)
+            self.monitor.heard(msg.src, fd)
             self._learn_peer(msg.src, rid, lost_since)
         if rid is None:
             # Over this node's own client connection to msg.src, whose server key the handshake
@@ -258,7 +258,7 @@ class ReceivingMixin:
         Where this ROUTER is the route to `peer` (a node without a client route to it, e.g. the
         coordinator answering a site), everything unacked goes again over the new connection.
         Where this node has its own client route to `peer`, its messages travel over that route
-        (whose reconnect resends what may have died in it, `_on_monitor`) and only the acks come
+        (whose reconnect resends what may have died in it, wan/monitor.py) and only the acks come
         back over `peer`'s connection here; `peer` holds acks while its route is down. So only
         messages sent before `peer`'s previous connection here closed (`lost_since`, ns), whose
         acks may have died in it, go again. Resending everything sent every unacked message twice
