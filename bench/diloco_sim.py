@@ -47,11 +47,11 @@ def simulate_diloco(cfg: RunConfig, n_workers: int, evaluate, eval_every_tokens:
     from site_agent.data import batch_for, load_corpus, sample_order
     from site_agent.lr_schedule import step_frontier_tokens
     from ground.schedule import ids_at, round_span, site_positions, steps_per_round, target_samples
-    from site_agent.trainer import SiteTrainer
+    from site_agent.init_state import start_trainer
 
     corpus = load_corpus(cfg.data)
     order = sample_order(corpus, cfg.model.seq_len, cfg.data.shuffle_seed)
-    workers = [SiteTrainer(cfg, torch.device("cpu")) for _ in range(n_workers)]
+    workers = [start_trainer(cfg, torch.device("cpu")) for _ in range(n_workers)]
     target = target_samples(cfg)
     seq = cfg.model.seq_len
     curve = [(0, evaluate(workers[0].model))]
